@@ -1,0 +1,191 @@
+"""The generic l0 ops the op_api composes: Contiguous, Cast, ReduceSum, RealDiv, UnsqueezeNd,
+BroadcastTo, Fill and ViewCopy (reference §7). Each call records one node, even when CANN would
+launch nothing for it (the ``free`` predicates say when; level-1 pruning removes those).
+
+    >>> from opgraph.ir import Graph, TensorType
+    >>> from opgraph.dtypes import DataType
+    >>> g = Graph()
+    >>> x = g.add_input("x", TensorType((3,), DataType.FLOAT))
+    >>> y = UnsqueezeNd(g, x, dims=(0,))
+    >>> str(BroadcastTo(g, y, shape=(2, 3)).type)
+    'f32[2,3]'
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from opgraph.dtypes import DataType
+from opgraph.ir import TensorType
+from .registry import DType, L0Error, OpAttrs, define_op, require
+
+
+def _same(ts, a):
+    return [ts[0].with_()]
+
+
+def _contiguous(xs, a):
+    return [np.ascontiguousarray(xs[0])]
+
+
+Contiguous = define_op(
+    "Contiguous", infer=_same, compute=_contiguous, kind="copy", num_inputs=1,
+    free=lambda node: node.inputs[0].type.is_contiguous,
+    doc="A contiguous copy of a (possibly strided) tensor; free when the input is contiguous.")
+
+
+class CastAttrs(OpAttrs):
+    to: DType
+
+
+def cast_array(x: np.ndarray, to: DataType) -> np.ndarray:
+    """numpy semantics of Cast: round-to-nearest-even into floats; float→int truncates, NaN→0."""
+    dst = to.np
+    if x.dtype == dst:
+        return x
+    src_is_float = x.dtype.kind == "f" or x.dtype == DataType.BF16.np
+    if src_is_float and dst.kind in "iu":
+        return np.trunc(np.nan_to_num(x.astype(np.float64), nan=0.0)).astype(dst)
+    return x.astype(dst)
+
+
+Cast = define_op(
+    "Cast", attrs=CastAttrs, num_inputs=1, kind="elementwise",
+    infer=lambda ts, a: [ts[0].with_(dtype=a.to)],
+    compute=lambda xs, a: [cast_array(xs[0], a.to)],
+    free=lambda node: node.inputs[0].dtype == node.attrs.to,
+    doc="Elementwise dtype conversion; identity (no kernel) when the dtype already matches.")
+
+
+class ReduceSumAttrs(OpAttrs):
+    axes: tuple[int, ...]
+    keepdims: bool = False
+
+
+def _norm_axes(op: str, axes, rank: int) -> tuple[int, ...]:
+    out = []
+    for d in axes:
+        require(-max(rank, 1) <= d < max(rank, 1), op, f"axis {d} out of range for rank {rank}")
+        out.append(d % rank if rank else 0)
+    require(len(set(out)) == len(out), op, f"repeated axes {tuple(axes)}")
+    return tuple(out)
+
+
+def _reduce_infer(ts, a):
+    t = ts[0]
+    axes = _norm_axes("ReduceSum", a.axes, t.rank)
+    shape = tuple(1 if i in axes else n for i, n in enumerate(t.shape) if a.keepdims or i not in axes)
+    dtype = DataType.INT64 if t.dtype == DataType.BOOL else t.dtype
+    return [t.with_(shape=shape, dtype=dtype)]
+
+
+def _reduce_compute(xs, a):
+    x = xs[0]
+    if not a.axes:
+        return [x]
+    axes = _norm_axes("ReduceSum", a.axes, x.ndim)
+    dtype = np.int64 if x.dtype == np.bool_ else x.dtype
+    return [np.asarray(np.sum(x, axis=axes, keepdims=a.keepdims, dtype=dtype))]
+
+
+ReduceSum = define_op(
+    "ReduceSum", attrs=ReduceSumAttrs, num_inputs=1, kind="reduce",
+    infer=_reduce_infer, compute=_reduce_compute,
+    free=lambda node: not node.attrs.axes,
+    doc="Sum over ``axes`` (empty axes is the identity); BOOL sums to INT64.")
+
+
+def _div_infer(ts, a):
+    x, y = ts
+    require(x.dtype == y.dtype, "RealDiv", f"operand dtypes differ ({x.dtype.short} vs {y.dtype.short})")
+    try:
+        shape = np.broadcast_shapes(x.shape, y.shape)
+    except ValueError:
+        raise L0Error(f"RealDiv: shapes {list(x.shape)} and {list(y.shape)} do not broadcast") from None
+    return [x.with_(shape=shape)]
+
+
+RealDiv = define_op(
+    "RealDiv", num_inputs=2, kind="elementwise", infer=_div_infer,
+    compute=lambda xs, a: [np.asarray(np.divide(xs[0], xs[1]), dtype=xs[0].dtype)],
+    doc="Broadcasting true division of two tensors of one dtype.")
+
+
+class UnsqueezeAttrs(OpAttrs):
+    dims: tuple[int, ...]
+
+
+def _unsqueeze_dims(rank_in: int, dims) -> tuple[int, ...]:
+    out_rank = rank_in + len(dims)
+    norm = _norm_axes("UnsqueezeNd", dims, out_rank)
+    return tuple(sorted(norm))
+
+
+def _unsqueeze_infer(ts, a):
+    t = ts[0]
+    require(t.is_contiguous, "UnsqueezeNd", "input must be contiguous")
+    dims = _unsqueeze_dims(t.rank, a.dims)
+    shape = list(t.shape)
+    for d in dims:
+        shape.insert(d, 1)
+    return [t.with_(shape=tuple(shape))]
+
+
+UnsqueezeNd = define_op(
+    "UnsqueezeNd", attrs=UnsqueezeAttrs, num_inputs=1, kind="view", infer=_unsqueeze_infer,
+    compute=lambda xs, a: [np.expand_dims(xs[0], _unsqueeze_dims(xs[0].ndim, a.dims))],
+    free=lambda node: True,
+    doc="Insert size-1 dims at output positions ``dims``; a pure view (no kernel).")
+
+
+class ShapeAttrs(OpAttrs):
+    shape: tuple[int, ...]
+
+
+def _broadcast_infer(ts, a):
+    t = ts[0]
+    try:
+        out = np.broadcast_shapes(t.shape, a.shape)
+    except ValueError:
+        out = None
+    require(out == tuple(a.shape), "BroadcastTo", f"cannot broadcast {list(t.shape)} to {list(a.shape)}")
+    return [t.with_(shape=tuple(a.shape))]
+
+
+BroadcastTo = define_op(
+    "BroadcastTo", attrs=ShapeAttrs, num_inputs=1, kind="movement", infer=_broadcast_infer,
+    compute=lambda xs, a: [np.array(np.broadcast_to(xs[0], a.shape))],
+    doc="Materialise a broadcast to ``shape`` (always a kernel in CANN).")
+
+
+class FillAttrs(OpAttrs):
+    shape: tuple[int, ...]
+    value: float
+    dtype: DType = DataType.FLOAT
+
+
+Fill = define_op(
+    "Fill", attrs=FillAttrs, num_inputs=0, kind="source",
+    infer=lambda ts, a: [TensorType(a.shape, a.dtype)],
+    compute=lambda xs, a: [np.full(a.shape, a.value, dtype=a.dtype.np)],
+    doc="A new tensor of ``shape`` filled with ``value`` (writes a fresh buffer).")
+
+
+def _viewcopy_infer(ts, a):
+    x, y = ts
+    require(x.dtype == y.dtype, "ViewCopy", f"dtypes differ ({x.dtype.short} -> {y.dtype.short})")
+    require(x.shape == y.shape or (x.numel == 1 and y.numel == 1), "ViewCopy",
+            f"shapes differ ({list(x.shape)} -> {list(y.shape)})")
+    return [y]
+
+
+def _viewcopy_compute(xs, a):
+    x, dst = xs
+    np.copyto(dst, x.reshape(dst.shape))
+    return [dst]
+
+
+ViewCopy = define_op(
+    "ViewCopy", num_inputs=2, kind="copy", writes=(1,), infer=_viewcopy_infer,
+    compute=_viewcopy_compute,
+    free=lambda node: node.inputs[1].type.is_contiguous and node.inputs[0].producer is not None,
+    doc="Copy x into the (possibly strided) user tensor y, touching only y's view; an effect.")

@@ -1,0 +1,82 @@
+"""Memory planning: which values need workspace, their lifetimes, and 512-byte-aligned offsets in
+one arena with buffer reuse. The plan's size is what phase 1 reports as the workspace.
+
+    >>> from opgraph.ir import Graph, TensorType
+    >>> from opgraph.dtypes import DataType
+    >>> g = Graph(); x = g.add_input("x", TensorType((256,), DataType.FLOAT))
+    >>> y = g.add_node("Cast", [x], to=DataType.FLOAT16).outputs[0]
+    >>> z = g.add_node("Cast", [y], to=DataType.FLOAT).outputs[0]
+    >>> g.outputs = [z]
+    >>> plan_memory(g).size        # y: 512 B; z is an output and lives in its own buffer
+    512
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+ALIGN = 512
+
+
+def align_up(n: int, a: int = ALIGN) -> int:
+    return (n + a - 1) // a * a
+
+
+@dataclass
+class MemoryPlan:
+    """``offsets[value name] = (offset, bytes)`` inside a workspace of ``size`` bytes."""
+
+    size: int = 0
+    offsets: dict[str, tuple[int, int]] = field(default_factory=dict)
+    aliases: dict[str, str] = field(default_factory=dict)  # value -> value whose buffer it uses
+    lifetimes: dict[str, tuple[int, int]] = field(default_factory=dict)
+
+
+def buffer_root(node) -> "int | None":
+    """Index of the operand whose memory ``node``'s output reuses, or None for a new buffer:
+    free nodes (identities and views) alias operand 0, writers alias their destination."""
+    opdef = node.opdef
+    if opdef.writes:
+        return opdef.writes[0]
+    if node.inputs and opdef.is_free(node):
+        return 0
+    return None
+
+
+def plan_memory(graph) -> MemoryPlan:
+    """Liveness over the node order, then first-fit offsets (lowest gap that fits)."""
+    plan = MemoryPlan()
+    root: dict[str, str] = {v.name: v.name for v in graph.inputs}
+    owners: dict[str, int] = {}  # buffer name -> defining node index (workspace buffers only)
+    last: dict[str, int] = {}
+    sizes: dict[str, int] = {}
+    for i, node in enumerate(graph.nodes):
+        for v in node.inputs:
+            last[root[v.name]] = i
+        k = buffer_root(node)
+        for j, v in enumerate(node.outputs):
+            if k is not None and j == 0:
+                root[v.name] = root[node.inputs[k].name]
+                plan.aliases[v.name] = root[v.name]
+            else:
+                root[v.name] = v.name
+                owners[v.name] = i
+                sizes[v.name] = v.type.nbytes
+                last.setdefault(v.name, i)
+    outputs = {root[v.name] for v in graph.outputs}
+    live: list[tuple[int, int, int]] = []  # (offset, size, last use)
+    for name, start in sorted(owners.items(), key=lambda kv: kv[1]):
+        if name in outputs:
+            continue  # a graph output that is not a user tensor is returned, not workspace
+        end = last.get(name, start)
+        plan.lifetimes[name] = (start, end)
+        nbytes = align_up(sizes[name]) if sizes[name] else 0
+        live = [b for b in live if b[2] >= start]
+        offset = 0
+        for b_off, b_size, _ in sorted(live):
+            if offset + nbytes <= b_off:
+                break
+            offset = max(offset, b_off + b_size)
+        live.append((offset, nbytes, end))
+        plan.offsets[name] = (offset, nbytes)
+        plan.size = max(plan.size, offset + nbytes)
+    return plan

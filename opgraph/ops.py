@@ -1,0 +1,55 @@
+"""The Pythonic API: numpy arrays in, numpy array out, ``AclnnError`` on bad input.
+
+    >>> import numpy as np
+    >>> x = np.arange(8, dtype=np.float32).reshape(1, 2, 4)
+    >>> c = lambda *v: np.float32(v)
+    >>> y = batch_norm_elemt_backward(x, x, c(0, 0), c(1, 1), c(1, 1), c(0, 0), c(1, 1), c(5, 5))
+    >>> np.allclose(y, 0.9 * x)
+    True
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import numpy as np
+
+from .aclnn import aclGetRecentErrMsg
+from .aclnn.batch_norm_elemt_backward import (aclnnBatchNormElemtBackward,
+                                              aclnnBatchNormElemtBackwardGetWorkspaceSize)
+from .status import AclnnError, Status
+from .tensor import Tensor, tensor
+
+
+def _as_tensor(x: Any) -> Optional[Tensor]:
+    if x is None or isinstance(x, Tensor):
+        return x
+    return tensor(x)
+
+
+def _raise(status: Status) -> None:
+    msg = aclGetRecentErrMsg()
+    prefix = f"{status.name} ({int(status)}): "
+    raise AclnnError(status, msg[len(prefix):] if msg.startswith(prefix) else msg)
+
+
+def batch_norm_elemt_backward(grad_out: Any, input: Any, mean: Any, invstd: Any, weight: Any,
+                              sum_dy: Any, sum_dy_xmu: Any, counter: Any,
+                              out: "np.ndarray | Tensor | None" = None) -> np.ndarray:
+    """SyncBatchNorm's element-wise input gradient on numpy arrays (or opgraph Tensors).
+
+    ``out`` (any float dtype, may be a strided view) receives the result; by default a new array
+    of input's shape and dtype. Raises :class:`AclnnError` (and writes nothing) on bad input.
+    """
+    args = [_as_tensor(a) for a in (grad_out, input, mean, invstd, weight, sum_dy, sum_dy_xmu, counter)]
+    if out is None:
+        if args[1] is None:
+            raise AclnnError(Status.ACLNN_ERR_PARAM_NULLPTR, "input: must not be NULL")
+        out = np.empty(args[1].shape, dtype=args[1].dtype.np)
+    out_t = _as_tensor(out)
+    status, ws, ex = aclnnBatchNormElemtBackwardGetWorkspaceSize(*args, out_t)
+    if status != Status.ACLNN_SUCCESS:
+        _raise(status)
+    status = aclnnBatchNormElemtBackward(bytearray(ws) if ws else None, ws, ex)
+    if status != Status.ACLNN_SUCCESS:
+        _raise(status)
+    return out if isinstance(out, np.ndarray) else out_t.numpy()

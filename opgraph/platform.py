@@ -1,0 +1,89 @@
+"""SoC presets and the current platform (a context variable: thread- and task-safe).
+
+    >>> get_platform().soc
+    'Ascend910B'
+    >>> with platform("Ascend950") as p:
+    ...     p.npu_arch, p.vector_cores, p.ub_size
+    (3510, 64, 245760)
+"""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from dataclasses import dataclass
+from typing import Iterator
+
+
+@dataclass(frozen=True)
+class Platform:
+    """One SoC: its short version, NpuArch number, AI Vector core count and UB bytes."""
+
+    soc: str
+    soc_version: int  # opbase SocVersion enum value
+    npu_arch: int
+    vector_cores: int
+    ub_size: int
+    supports_elemt_backward: bool = True
+
+    @property
+    def arch_name(self) -> str:
+        return f"DAV_{self.npu_arch}"
+
+    @property
+    def is_regbase(self) -> bool:
+        """Only DAV_3510 (Ascend950) is a regbase arch."""
+        return self.npu_arch == 3510
+
+    @property
+    def core_count(self) -> int:
+        return self.vector_cores
+
+
+PRESETS: dict[str, Platform] = {
+    p.soc: p
+    for p in [
+        Platform("Ascend910B", 1, 2201, 40, 196608),
+        Platform("Ascend910_93", 2, 2201, 48, 196608),
+        Platform("Ascend950", 3, 3510, 64, 245760),
+        Platform("Ascend910", 0, 1001, 32, 262144),
+        Platform("Ascend310P", 6, 2002, 8, 262144, supports_elemt_backward=False),
+        Platform("Ascend310B", 7, 3002, 1, 196608, supports_elemt_backward=False),
+    ]
+}
+_ALIASES = {"Ascend910_95": "Ascend950"}
+DEFAULT = "Ascend910B"
+
+_current: contextvars.ContextVar[Platform] = contextvars.ContextVar("opgraph_platform", default=PRESETS[DEFAULT])
+
+
+def lookup(name: "str | Platform") -> Platform:
+    """The preset named ``name`` (``Ascend910_95`` is an alias of ``Ascend950``)."""
+    if isinstance(name, Platform):
+        return name
+    key = _ALIASES.get(name, name)
+    try:
+        return PRESETS[key]
+    except KeyError:
+        raise ValueError(f"unknown platform {name!r}; known: {', '.join(PRESETS)}") from None
+
+
+def get_platform() -> Platform:
+    """The platform phase 1 records for (default Ascend910B)."""
+    return _current.get()
+
+
+def set_platform(name: "str | Platform") -> Platform:
+    """Set the platform for the current thread/context; returns it."""
+    p = lookup(name)
+    _current.set(p)
+    return p
+
+
+@contextlib.contextmanager
+def platform(name: "str | Platform") -> Iterator[Platform]:
+    """Run a block on another SoC: ``with opgraph.platform("Ascend950"): ...``."""
+    token = _current.set(lookup(name))
+    try:
+        yield _current.get()
+    finally:
+        _current.reset(token)

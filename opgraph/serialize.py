@@ -1,0 +1,223 @@
+"""Graph dumps: JSON (schema-versioned, validated, never executed), DOT and networkx.
+
+    >>> from opgraph.ir import Graph, TensorType
+    >>> from opgraph.dtypes import DataType
+    >>> g = Graph("g"); x = g.add_input("x", TensorType((2,), DataType.FLOAT))
+    >>> g.outputs = [g.add_node("Cast", [x], to=DataType.FLOAT16).outputs[0]]
+    >>> Graph.from_json(g.to_json()) == g
+    True
+"""
+from __future__ import annotations
+
+import json
+from typing import Any, Optional
+
+import networkx as nx
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+
+from .dtypes import DataType, Format, dtype_of, format_of
+from .ir import Graph, GraphError, Node, TensorType, Value
+
+SCHEMA = "opgraph.graph"
+SCHEMA_VERSION = 1
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ValueModel(_Strict):
+    name: str
+    shape: list[int]
+    dtype: str
+    format: str = "ND"
+    strides: Optional[list[int]] = None
+
+    @field_validator("dtype")
+    @classmethod
+    def _dtype(cls, v: str) -> str:
+        dtype_of(v)
+        return v
+
+    @field_validator("format")
+    @classmethod
+    def _format(cls, v: str) -> str:
+        format_of(v)
+        return v
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not v or any(c in v for c in " \t\n%\"{}"):
+            raise ValueError(f"bad value name {v!r}")
+        return v
+
+    def to_type(self) -> TensorType:
+        return TensorType(tuple(self.shape), dtype_of(self.dtype), format_of(self.format),
+                          None if self.strides is None else tuple(self.strides))
+
+    @classmethod
+    def of(cls, v: Value) -> "ValueModel":
+        t = v.type
+        return cls(name=v.name, shape=list(t.shape), dtype=t.dtype.name, format=t.format.name,
+                   strides=None if t.strides is None else list(t.strides))
+
+
+class NodeModel(_Strict):
+    op: str
+    inputs: list[str]
+    attrs: dict[str, Any] = {}
+    outputs: list[ValueModel]
+
+
+class GraphModel(_Strict):
+    schema_: str = SCHEMA
+    version: int = SCHEMA_VERSION
+    name: str
+    inputs: list[ValueModel]
+    nodes: list[NodeModel]
+    outputs: list[str]
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    def __init__(self, **data: Any):
+        if "schema" in data:
+            data["schema_"] = data.pop("schema")
+        super().__init__(**data)
+
+
+def graph_to_dict(g: Graph) -> dict:
+    """A plain-JSON dict of the graph (the JSON dump before encoding)."""
+    return {
+        "schema": SCHEMA,
+        "version": SCHEMA_VERSION,
+        "name": g.name,
+        "inputs": [ValueModel.of(v).model_dump() for v in g.inputs],
+        "nodes": [{"op": n.op, "inputs": [v.name for v in n.inputs],
+                   "attrs": n.attrs.model_dump(mode="json"),
+                   "outputs": [ValueModel.of(v).model_dump() for v in n.outputs]} for n in g.nodes],
+        "outputs": [v.name for v in g.outputs],
+    }
+
+
+def to_json(g: Graph, indent: "int | None" = 1) -> str:
+    return json.dumps(graph_to_dict(g), indent=indent)
+
+
+def from_json(text: "str | bytes") -> Graph:
+    """Rebuild a graph from :func:`to_json` output. Only data is read: op names must be
+    registered l0 ops, attrs are validated by the op's model, and the result is verified."""
+    try:
+        raw = json.loads(text)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise GraphError(f"graph JSON is malformed: {e}") from None
+    if not isinstance(raw, dict):
+        raise GraphError("graph JSON must be an object")
+    if raw.get("schema") != SCHEMA:
+        raise GraphError(f"not an opgraph graph: schema is {raw.get('schema')!r}, expected {SCHEMA!r}")
+    if raw.get("version") != SCHEMA_VERSION:
+        raise GraphError(f"unsupported graph schema version {raw.get('version')!r} "
+                         f"(this opgraph reads version {SCHEMA_VERSION})")
+    try:
+        model = GraphModel(**raw)
+    except ValidationError as e:
+        err = e.errors()[0]
+        loc = ".".join(map(str, err["loc"]))
+        raise GraphError(f"graph JSON is invalid at {loc}: {err['msg']}") from None
+    from l0ops.registry import get_op
+    g = Graph(model.name)
+    env: dict[str, Value] = {}
+    for vm in model.inputs:
+        env[vm.name] = g.add_input(vm.name, vm.to_type())
+    max_id = -1
+    for i, nm in enumerate(model.nodes):
+        try:
+            opdef = get_op(nm.op)
+        except KeyError as e:
+            raise GraphError(f"graph JSON node {i}: {e.args[0]}") from None
+        try:
+            args = [env[name] for name in nm.inputs]
+        except KeyError as e:
+            raise GraphError(f"graph JSON node {i} ({nm.op}) uses undefined value %{e.args[0]}") from None
+        try:
+            attrs = opdef.make_attrs(**nm.attrs)
+        except ValueError as e:
+            raise GraphError(f"graph JSON node {i}: {e}") from None
+        try:
+            node = g.add_node(nm.op, args, attrs, out_names=[o.name for o in nm.outputs])
+        except ValueError as e:
+            raise GraphError(f"graph JSON node {i} ({nm.op}) does not type-check: {e}") from None
+        for v, vm in zip(node.outputs, nm.outputs):
+            if v.type != vm.to_type():
+                raise GraphError(f"graph JSON node {i}: recorded type of %{vm.name} "
+                                 f"({vm.to_type()}) differs from the inferred {v.type}: {node}")
+            if vm.name in env:
+                raise GraphError(f"graph JSON node {i}: value %{vm.name} defined twice")
+            env[vm.name] = v
+            if vm.name.isdigit():
+                max_id = max(max_id, int(vm.name))
+        if len(node.outputs) != len(nm.outputs):
+            raise GraphError(f"graph JSON node {i}: {nm.op} has {len(node.outputs)} outputs, "
+                             f"{len(nm.outputs)} recorded")
+    try:
+        g.outputs = [env[name] for name in model.outputs]
+    except KeyError as e:
+        raise GraphError(f"graph JSON output %{e.args[0]} is not defined") from None
+    g._next = max_id + 1
+    return g.verify()
+
+
+# --- DOT ----------------------------------------------------------------------------------
+def _q(s: str) -> str:
+    """A DOT double-quoted string with quotes, backslashes and newlines escaped."""
+    return '"' + s.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+
+
+def _node_label(n: Node) -> str:
+    from .ir import format_attr
+    attrs = ", ".join(f"{k}={format_attr(v)}" for k, v in n.attr_items() if k != "body")
+    return n.op + (f"\n{attrs}" if attrs else "")
+
+
+def to_dot(g: Graph) -> str:
+    """Graphviz DOT: one box per node, an ellipse per graph input, edges labelled with types."""
+    lines = [f"digraph {_q(g.name)} {{", "  rankdir=TB;", '  node [fontname="monospace"];']
+    for v in g.inputs:
+        lines.append(f"  {_q('in:' + v.name)} [shape=ellipse, label={_q('%' + v.name + chr(10) + str(v.type))}];")
+    ids = {}
+    for i, n in enumerate(g.nodes):
+        ids[id(n)] = f"n{i}"
+        style = ', style=filled, fillcolor="#ffe0e0"' if n.opdef.has_effects else ""
+        lines.append(f"  n{i} [shape=box, label={_q(_node_label(n))}{style}];")
+    for i, n in enumerate(g.nodes):
+        for v in n.inputs:
+            src = ids[id(v.producer)] if v.producer is not None else _q("in:" + v.name)
+            lines.append(f"  {src} -> n{i} [label={_q('%' + v.name + ' ' + str(v.type))}];")
+    for k, v in enumerate(g.outputs):
+        lines.append(f"  {_q('out:' + str(k))} [shape=doublecircle, label={_q('out ' + '%' + v.name)}];")
+        src = ids[id(v.producer)] if v.producer is not None else _q("in:" + v.name)
+        lines.append(f"  {src} -> {_q('out:' + str(k))};")
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def to_networkx(g: Graph) -> "nx.MultiDiGraph":
+    """A MultiDiGraph: nodes ``in:<name>`` for inputs and ``n<i>`` for ops (attrs op, attrs,
+    node), one edge per operand use keyed by operand index, with the value's name and type."""
+    G = nx.MultiDiGraph(name=g.name)
+    for v in g.inputs:
+        G.add_node(f"in:{v.name}", kind="input", value=v.name, type=str(v.type))
+    ids = {}
+    for i, n in enumerate(g.nodes):
+        ids[id(n)] = f"n{i}"
+        G.add_node(f"n{i}", kind="op", op=n.op, attrs=n.attrs.model_dump(mode="json"),
+                   outputs=[v.name for v in n.outputs], text=str(n))
+    for i, n in enumerate(g.nodes):
+        for k, v in enumerate(n.inputs):
+            src = ids[id(v.producer)] if v.producer is not None else f"in:{v.name}"
+            G.add_edge(src, f"n{i}", key=k, value=v.name, type=str(v.type))
+    return G
+
+
+__all__ = ["to_json", "from_json", "to_dot", "to_networkx", "graph_to_dict", "SCHEMA_VERSION",
+           "DataType", "Format"]
