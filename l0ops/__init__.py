@@ -8,7 +8,8 @@ from .registry import DType, L0Error, OpAttrs, OpDef, all_ops, define_op, get_op
 from .basic import (BroadcastTo, Cast, Contiguous, Fill, RealDiv, ReduceSum, UnsqueezeNd,
                     ViewCopy, cast_array)
 from .batchnorm import SyncBatchNormBackwardElemt, elemt_backward
+from .fused import FusedAttrs, FusedElementwise, Instr, run_fused
 
 __all__ = ["DType", "L0Error", "OpAttrs", "OpDef", "all_ops", "define_op", "get_op",
            "BroadcastTo", "Cast", "Contiguous", "Fill", "RealDiv", "ReduceSum", "UnsqueezeNd",
-           "ViewCopy", "SyncBatchNormBackwardElemt", "cast_array", "elemt_backward"]
+           "ViewCopy", "SyncBatchNormBackwardElemt", "FusedAttrs", "FusedElementwise", "Instr", "run_fused", "cast_array", "elemt_backward"]

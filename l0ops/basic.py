@@ -184,8 +184,14 @@ def _viewcopy_compute(xs, a):
     return [dst]
 
 
+class ViewCopyAttrs(OpAttrs):
+    redirect: bool = False  # set by level-1 pruning: the producer writes straight into y
+
+
 ViewCopy = define_op(
-    "ViewCopy", num_inputs=2, kind="copy", writes=(1,), infer=_viewcopy_infer,
-    compute=_viewcopy_compute,
-    free=lambda node: node.inputs[1].type.is_contiguous and node.inputs[0].producer is not None,
-    doc="Copy x into the (possibly strided) user tensor y, touching only y's view; an effect.")
+    "ViewCopy", attrs=ViewCopyAttrs, num_inputs=2, kind="copy", writes=(1,),
+    infer=_viewcopy_infer, compute=_viewcopy_compute,
+    free=lambda node: node.attrs.redirect,
+    doc="Copy x into the (possibly strided) user tensor y, touching only y's view; an effect. "
+        "With redirect=True (contiguous y, x an intermediate) no kernel runs: x's producer "
+        "writes into y's memory.")

@@ -49,8 +49,10 @@ class OpDef:
     """Everything opgraph knows about an l0 op.
 
     ``kind``: elementwise / movement / view / reduce / copy / source / kernel (fused kernels).
-    ``writes``: operand indices the op writes in place (ViewCopy's destination). Such nodes are
-    effects: DCE and CSE never drop or merge them. ``free_if``: a predicate on the node telling
+    ``writes``: operand indices the op writes in place (ViewCopy's destination); ops whose
+    written operands depend on attrs pass ``writes_fn=lambda node: (...)``. Such nodes are
+    effects: DCE and CSE never drop or merge them. ``expand``: an optional decomposition into
+    FusedElementwise primitives, which makes the op fusable. ``free_if``: a predicate on the node telling
     when CANN launches no kernel for it (used by stats and pruning).
     """
 
@@ -82,9 +84,14 @@ class OpDef:
         pred = self.extra.get("free")
         return bool(pred(node)) if pred else False
 
+    def written(self, node: Any) -> tuple[int, ...]:
+        """Operand indices ``node`` writes in place (``writes``, or the op's ``writes_fn``)."""
+        fn = self.extra.get("writes_fn")
+        return tuple(fn(node)) if fn else self.writes
+
     @property
     def has_effects(self) -> bool:
-        return bool(self.writes)
+        return bool(self.writes) or "writes_fn" in self.extra
 
     def __call__(self, ex: Any, *inputs: Any, **attrs: Any):
         """Record one call on an executor (or graph); returns the output value (or a tuple)."""

@@ -13,8 +13,17 @@ from .ir import Graph, GraphError, Node, TensorType, Value
 from .executor import Executor
 from .config import (get_backend_name, get_opt_level, opt_level, set_backend, set_opt_level,
                      use_backend)
-import l0ops as _l0ops  # noqa: F401  (registers the l0 ops)
-from . import aclnn, ops, passes
+import l0ops as _l0ops  # noqa: F401,E402  (registers the l0 ops)
+
+_LAZY = ("aclnn", "ops", "passes", "serialize", "memory", "cli")
+
+
+def __getattr__(name: str):
+    """Submodules that import l0ops are loaded on first use (avoids an import cycle)."""
+    if name in _LAZY:
+        import importlib
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module 'opgraph' has no attribute {name!r}")
 
 __version__ = "0.1.0"
 

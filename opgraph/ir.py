@@ -123,7 +123,8 @@ class Node:
         line = f"{lhs} = {self.op}({', '.join(args)})"
         body = getattr(self.attrs, "body", None)
         if body:
-            line += " {\n" + "\n".join("      " + b for b in body) + "\n    }"
+            from l0ops.fused import body_lines
+            line += " {\n" + "\n".join("      " + b for b in body_lines(self.attrs)) + "\n  }"
         return line
 
     __repr__ = __str__
@@ -251,7 +252,7 @@ class Graph:
             if types != [v.type for v in n.outputs]:
                 raise GraphError(f"node {i} output types {[str(t) for t in types]} differ from "
                                  f"the recorded ones: {n}")
-            for k in opdef.writes:
+            for k in opdef.written(n):
                 dst = n.inputs[k]
                 if dst.producer is not None:
                     raise GraphError(f"node {i} writes %{dst.name}, which is not a user tensor: {n}")

@@ -35,8 +35,9 @@ def buffer_root(node) -> "int | None":
     """Index of the operand whose memory ``node``'s output reuses, or None for a new buffer:
     free nodes (identities and views) alias operand 0, writers alias their destination."""
     opdef = node.opdef
-    if opdef.writes:
-        return opdef.writes[0]
+    written = opdef.written(node)
+    if written:
+        return written[0]
     if node.inputs and opdef.is_free(node):
         return 0
     return None
@@ -49,12 +50,18 @@ def plan_memory(graph) -> MemoryPlan:
     owners: dict[str, int] = {}  # buffer name -> defining node index (workspace buffers only)
     last: dict[str, int] = {}
     sizes: dict[str, int] = {}
+    # ViewCopy redirect: the copied value lives in the destination user tensor from the start.
+    redirected = {n.inputs[0].name: n.inputs[1].name for n in graph.nodes
+                  if n.op == "ViewCopy" and n.attrs.redirect}
     for i, node in enumerate(graph.nodes):
         for v in node.inputs:
             last[root[v.name]] = i
         k = buffer_root(node)
         for j, v in enumerate(node.outputs):
-            if k is not None and j == 0:
+            if v.name in redirected:
+                root[v.name] = root[redirected[v.name]]
+                plan.aliases[v.name] = root[v.name]
+            elif k is not None and j == 0:
                 root[v.name] = root[node.inputs[k].name]
                 plan.aliases[v.name] = root[v.name]
             else:

@@ -168,7 +168,7 @@ def _set_addr(executor: Optional[Executor], names: list[str], index: int, t: Any
 
 
 def _io_names(executor: Executor, output: bool) -> list[str]:
-    written = {n.inputs[k].name for n in executor.graph.nodes for k in n.opdef.writes}
+    written = {n.inputs[k].name for n in executor.graph.nodes for k in n.opdef.written(n)}
     return [v.name for v in executor.graph.inputs if (v.name in written) == output]
 
 

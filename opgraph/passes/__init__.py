@@ -1,14 +1,52 @@
-"""Graph passes. ``optimize(graph, level)``: 0 = as recorded, 1 = what CANN launches, 2 = fused.
+"""Graph passes. ``optimize(graph, level)``: 0 = as recorded, 1 = what CANN launches
+(pruned), 2 = fused. Every default pass keeps results bit-identical; the opt-in
+``fast-math-channel-affine`` pass does not, and says so in its name.
 
     >>> from opgraph.ir import Graph
-    >>> optimize(Graph("empty"), 0).nodes
+    >>> optimize(Graph("empty"), 2).nodes
     []
+    >>> [p.name for p in pipeline(1)]
+    ['prune-identities', 'constant-fold', 'cse', 'dce', 'viewcopy-redirect']
 """
 from __future__ import annotations
 
+from typing import Sequence
 
-def optimize(graph, level: int):
+from .core import (DumpInstrument, FunctionPass, Instrument, Pass, PassError, PassManager,
+                   PassStats, PrintInstrument, Rule, RewritePass, TimingInstrument,
+                   VerifyInstrument, sweep_dead)
+from .prune import LEVEL1, constant_fold, cse, dce, identities, viewcopy_redirect
+from .fuse import LEVEL2, fuse_elementwise, fuse_store, kernel_variants
+from .fastmath import fast_math_channel_affine
+from .stats import GraphStats, graph_stats
+
+LEVELS = (0, 1, 2)
+NAMED: dict[str, Pass] = {p.name: p for p in LEVEL1 + LEVEL2 + [fast_math_channel_affine]}
+
+
+def pipeline(level: int, fast_math: bool = False) -> list[Pass]:
+    """The passes of ``level``; ``fast_math`` adds the bit-changing affine rewrite before fusion."""
+    if level not in LEVELS:
+        raise ValueError(f"opt level must be one of {LEVELS}, got {level!r}")
+    passes: list[Pass] = []
+    if level >= 1:
+        passes += LEVEL1
+    if fast_math:
+        passes.append(fast_math_channel_affine)
+    if level >= 2:
+        passes += LEVEL2 + [dce]
+    return passes
+
+
+def optimize(graph, level: int, *, fast_math: bool = False,
+             instruments: Sequence[Instrument] = ()):
     """A new graph optimised at ``level`` (the input graph is never modified)."""
-    if level not in (0, 1, 2):
-        raise ValueError(f"opt level must be 0, 1 or 2, got {level!r}")
-    return graph.copy()
+    out, _ = PassManager(pipeline(level, fast_math), instruments).run(graph.copy())
+    return out
+
+
+__all__ = ["optimize", "pipeline", "NAMED", "LEVELS", "Pass", "PassStats", "PassManager",
+           "PassError", "Rule", "RewritePass", "FunctionPass", "Instrument", "VerifyInstrument",
+           "PrintInstrument", "DumpInstrument", "TimingInstrument", "sweep_dead", "identities",
+           "constant_fold", "cse", "dce", "viewcopy_redirect", "kernel_variants",
+           "fuse_elementwise", "fuse_store", "fast_math_channel_affine", "graph_stats", "GraphStats"]

@@ -1,0 +1,308 @@
+"""FusedElementwise: one kernel that runs a body of primitive instructions over an iteration
+space, reading broadcast inputs by stride (no materialised broadcasts) and optionally storing
+straight into a user tensor. Level-2 fusion builds these; backends render or interpret them.
+
+Body instructions are primitives with exact IEEE semantics in their dtype: ``add``, ``sub``,
+``mul``, ``div`` (one rounding to the instruction's dtype, no FMA) and ``cast`` (RNE into floats).
+Registers ``in0``…``inK`` are the node's inputs; ``t0``… are temporaries.
+
+    >>> from opgraph.dtypes import DataType as D
+    >>> body = (Instr(op="sub", args=("in0", "in1"), dtype=D.FLOAT16),)
+    >>> import numpy as np
+    >>> a = FusedAttrs(shape=(2, 2), body=body, result="t0", out_dtype=D.FLOAT16)
+    >>> run_fused(a, [np.float16([[1, 2], [3, 4]]), np.float16([[1], [1]])]).tolist()
+    [[0.0, 1.0], [2.0, 3.0]]
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable, Sequence
+
+import numpy as np
+
+from opgraph.dtypes import DataType
+from opgraph.ir import TensorType
+from .basic import cast_array
+from .registry import DType, L0Error, OpAttrs, define_op, require
+
+F32, F16, BF16, F64 = DataType.FLOAT, DataType.FLOAT16, DataType.BF16, DataType.DOUBLE
+ARITH = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide}
+PRIMS = tuple(ARITH) + ("cast", "view", "sum", "fill")
+CHUNK_ELEMS = 1 << 16
+
+
+class Instr(OpAttrs):
+    """``<dst>: dtype = op(args)``; dst is ``t<index in body>``.
+
+    ``view`` reshapes a per-channel (hoisted) register to ``shape``; ``sum`` reduces a register
+    over all its elements to a scalar; ``fill`` is the scalar constant ``value``.
+    """
+
+    op: str
+    args: tuple[str, ...] = ()
+    dtype: DType
+    shape: "tuple[int, ...] | None" = None
+    value: "float | None" = None
+
+    def render(self, dst: str) -> str:
+        shape = "" if self.shape is None else "[" + ",".join(map(str, self.shape)) + "]"
+        args = ", ".join(self.args) if self.op != "fill" else repr(self.value)
+        return f"{dst}: {self.dtype.short}{shape} = {self.op}({args})"
+
+
+class FusedAttrs(OpAttrs):
+    shape: tuple[int, ...]
+    body: tuple[Instr, ...]
+    result: str
+    out_dtype: DType
+    store: bool = False  # the last input is a user tensor the kernel writes (like ViewCopy)
+
+
+def body_lines(a: FusedAttrs) -> list[str]:
+    lines = [i.render(f"t{k}") for k, i in enumerate(a.body)]
+    lines.append(("store " if a.store else "return ") + a.result)
+    return lines
+
+
+def _reg_types(a: FusedAttrs, in_types: Sequence[TensorType]) -> dict[str, tuple[DataType, tuple[int, ...]]]:
+    """dtype and (numpy-broadcast) shape of every register; raises L0Error on a malformed body."""
+    regs = {f"in{k}": (t.dtype, t.shape) for k, t in enumerate(in_types)}
+    for k, ins in enumerate(a.body):
+        where = f"t{k} ({ins.render(f't{k}')})"
+        require(ins.op in PRIMS, "FusedElementwise", f"{where}: unknown primitive {ins.op!r}")
+        for r in ins.args:
+            require(r in regs, "FusedElementwise", f"{where}: register {r} used before definition")
+        arity = {"fill": 0, "cast": 1, "view": 1, "sum": 1}.get(ins.op, 2)
+        require(len(ins.args) == arity, "FusedElementwise", f"{where}: {ins.op} takes {arity} operands")
+        if ins.op == "fill":
+            require(ins.value is not None, "FusedElementwise", f"{where}: fill needs a value")
+            regs[f"t{k}"] = (ins.dtype, ())
+            continue
+        if ins.op == "view":
+            src = regs[ins.args[0]][1]
+            require(ins.shape is not None and math.prod(ins.shape) == math.prod(src),
+                    "FusedElementwise", f"{where}: view must keep the element count of {list(src)}")
+            require(regs[ins.args[0]][0] == ins.dtype, "FusedElementwise", f"{where}: view keeps the dtype")
+            regs[f"t{k}"] = (ins.dtype, tuple(ins.shape))
+            continue
+        if ins.op == "sum":
+            require(regs[ins.args[0]][0] == ins.dtype, "FusedElementwise", f"{where}: sum keeps the dtype")
+            regs[f"t{k}"] = (ins.dtype, ())
+            continue
+        shapes = [regs[r][1] for r in ins.args]
+        if ins.op != "cast":
+            dts = {regs[r][0] for r in ins.args}
+            require(dts == {ins.dtype}, "FusedElementwise",
+                    f"{where}: operands {[d.short for d in dts]} differ from {ins.dtype.short}")
+        try:
+            regs[f"t{k}"] = (ins.dtype, tuple(np.broadcast_shapes(*shapes)))
+        except ValueError:
+            raise L0Error(f"FusedElementwise: {where}: operand shapes do not broadcast") from None
+    require(a.result in regs, "FusedElementwise", f"result register {a.result} is undefined")
+    try:
+        ok = np.broadcast_shapes(regs[a.result][1], a.shape) == tuple(a.shape)
+    except ValueError:
+        ok = False
+    require(ok, "FusedElementwise", f"result shape {list(regs[a.result][1])} does not broadcast "
+            f"to {list(a.shape)}")
+    return regs
+
+
+def _infer(ts, a: FusedAttrs):
+    ins = ts[:-1] if a.store else ts
+    regs = _reg_types(a, ins)
+    require(regs[a.result][0] == a.out_dtype, "FusedElementwise", "result dtype differs from out_dtype")
+    if a.store:
+        dst = ts[-1]
+        require(dst.shape == a.shape and dst.dtype == a.out_dtype, "FusedElementwise",
+                f"store destination {dst} does not match {a.out_dtype.short}{list(a.shape)}")
+        return [dst]
+    return [TensorType(a.shape, a.out_dtype)]
+
+
+# --- numpy execution -------------------------------------------------------------------------
+def _load(x: np.ndarray, d: DataType) -> np.ndarray:
+    """Register representation: f16/bf16/f32 values held as float32; others natively."""
+    if d in (F16, BF16):
+        return x.astype(np.float32)
+    return x
+
+
+def _round(x: np.ndarray, d: DataType) -> np.ndarray:
+    if d in (F16, BF16):
+        return x.astype(d.np).astype(np.float32)
+    return x
+
+
+def _exec(ins: Instr, regs: dict, types: dict) -> np.ndarray:
+    args = [regs[r] for r in ins.args]
+    if ins.op == "fill":
+        return _load(np.asarray(ins.value, dtype=ins.dtype.np), ins.dtype)
+    if ins.op == "view":
+        return args[0].reshape(ins.shape)
+    if ins.op == "sum":  # the same numpy reduction as ReduceSum over all axes
+        d = ins.dtype
+        real = args[0].astype(d.np) if d in (F16, BF16) else args[0]
+        return _load(np.asarray(np.sum(real, axis=tuple(range(real.ndim)), dtype=real.dtype)), d)
+    if ins.op == "cast":
+        src = types[ins.args[0]][0]
+        x = args[0]
+        if ins.dtype in (F16, BF16, F32) and src in (F16, BF16, F32):
+            return _round(x.astype(np.float32, copy=False), ins.dtype)
+        real = x.astype(src.np) if src in (F16, BF16) else x
+        return _load(cast_array(real, ins.dtype), ins.dtype)
+    return _round(ARITH[ins.op](*args), ins.dtype)
+
+
+def chunks(shape: tuple[int, ...], limit: int = CHUNK_ELEMS):
+    """Index tuples splitting ``shape`` into C-order blocks of at most ~``limit`` elements."""
+    if math.prod(shape) == 0:
+        return
+    k = 0
+    while k < len(shape) and math.prod(shape[k + 1:]) > limit:
+        k += 1
+    if k == len(shape):
+        k = len(shape) - 1
+    inner = max(math.prod(shape[k + 1:]), 1)
+    step = max(1, limit // inner)
+    for outer in np.ndindex(*shape[:k]):
+        for s in range(0, shape[k], step):
+            yield tuple(outer) + (slice(s, min(s + step, shape[k])),)
+
+
+def _sub(x: np.ndarray, idx: tuple) -> np.ndarray:
+    """The part of a (broadcastable) array a chunk needs; size-1 dims stay whole."""
+    return x[tuple(i if n != 1 else (slice(None) if isinstance(i, slice) else 0)
+                   for i, n in zip(idx, x.shape))]
+
+
+class Hoisted:
+    """The per-channel part of a fused body, evaluated once: ``values`` holds every register that
+    does not vary over the iteration space (small inputs, per-channel terms); ``live`` lists the
+    instructions left to run per element, ``big`` the full-size inputs."""
+
+    def __init__(self, a: FusedAttrs, inputs: Sequence[np.ndarray]):
+        from opgraph.dtypes import dtype_of
+        in_types = [TensorType(x.shape, dtype_of(x.dtype)) for x in inputs]
+        self.types = _reg_types(a, in_types)
+        full = tuple(a.shape)
+        self.values: dict[str, np.ndarray] = {f"in{k}": _load(np.asarray(x), in_types[k].dtype)
+                                              for k, x in enumerate(inputs) if x.shape != full}
+        self.big = {f"in{k}": x for k, x in enumerate(inputs) if x.shape == full}
+        varying = set(self.big)
+        for k, ins in enumerate(a.body):
+            name = f"t{k}"
+            if any(r in varying for r in ins.args) or self.types[name][1] == full:
+                varying.add(name)
+            else:
+                self.values[name] = _exec(ins, self.values, self.types)
+        self.live = [(f"t{k}", ins) for k, ins in enumerate(a.body) if f"t{k}" in varying]
+        for name, v in self.values.items():  # right-align low-rank values for chunk slicing
+            if 0 < v.ndim < len(full):
+                self.values[name] = v.reshape((1,) * (len(full) - v.ndim) + v.shape)
+
+
+def run_fused(a: FusedAttrs, inputs: Sequence[np.ndarray], out: "np.ndarray | None" = None,
+              limit: int = CHUNK_ELEMS) -> np.ndarray:
+    """Evaluate the body chunk by chunk. Instructions on smaller-than-full shapes (per-channel
+    terms) are hoisted and computed once; the rest never allocates a full-size temporary."""
+    h = Hoisted(a, inputs)
+    full = tuple(a.shape)
+    if out is None:
+        out = np.empty(full, dtype=a.out_dtype.np)
+    rd = h.types[a.result][0]
+    if a.result in h.values:
+        out[...] = _finish(h.values[a.result], rd, a.out_dtype)
+        return out
+    for idx in chunks(full, limit):
+        regs = {name: _sub(v, idx) for name, v in h.values.items() if v.ndim == len(full)}
+        regs.update({name: v for name, v in h.values.items() if v.ndim != len(full)})
+        regs.update({name: _load(x[idx], h.types[name][0]) for name, x in h.big.items()})
+        for name, ins in h.live:
+            regs[name] = _exec(ins, regs, h.types)
+        out[idx] = _finish(regs[a.result], rd, a.out_dtype)
+    return out
+
+
+def _finish(res: np.ndarray, rd: DataType, out_dtype: DataType) -> np.ndarray:
+    """Register value of dtype ``rd`` → an array of ``out_dtype`` (exact for rd == out_dtype)."""
+    if rd in (F16, BF16):
+        res = res.astype(rd.np)
+    return cast_array(res, out_dtype)
+
+
+def _compute(xs, a: FusedAttrs):
+    if a.store:
+        dst = xs[-1]
+        if dst.flags.writeable and dst.flags.c_contiguous:
+            run_fused(a, xs[:-1], out=dst)
+        else:
+            dst[...] = run_fused(a, xs[:-1])
+        return [dst]
+    return [run_fused(a, xs)]
+
+
+FusedElementwise = define_op(
+    "FusedElementwise", attrs=FusedAttrs, kind="kernel", infer=_infer, compute=_compute,
+    writes_fn=lambda node: (len(node.inputs) - 1,) if node.attrs.store else (),
+    doc="A fused elementwise kernel: primitive body, stride-0 broadcast reads, optional store.")
+
+
+# --- decomposition of l0 elementwise ops into primitives --------------------------------------
+Emit = Callable[..., str]  # emit(op, args, dtype, shape=None, value=None) -> register
+
+
+def expand_cast(emit: Emit, args, attrs, in_types) -> str:
+    return emit("cast", args, attrs.to)
+
+
+def expand_realdiv(emit: Emit, args, attrs, in_types) -> str:
+    return emit("div", args, in_types[0].dtype)
+
+
+def expand_elemt(emit: Emit, args, attrs, in_types) -> str:
+    """SyncBatchNormBackwardElemt's vector steps (design §4) as primitives."""
+    from .batchnorm import kernel_flavour
+    T, T1 = in_types[0].dtype, in_types[2].dtype
+    flavour = kernel_flavour(attrs.arch)
+    cd = T if flavour == "dav2201" and T == T1 and T in (F16, F32) else F32
+    go, x, mu, inv, w, md, mdx = [a if t.dtype == cd else emit("cast", [a], cd)
+                                  for a, t in zip(args, in_types)]
+    if flavour == "dav2201":
+        s1 = emit("sub", [go, md], cd)
+        s2 = emit("sub", [x, mu], cd)
+        m = emit("mul", [inv, inv], cd)
+        m = emit("mul", [m, mdx], cd)
+        s2 = emit("mul", [s2, m], cd)
+        s1 = emit("sub", [s1, s2], cd)
+        s1 = emit("mul", [s1, inv], cd)
+        res = emit("mul", [s1, w], cd)
+    else:
+        sub1 = emit("sub", [go, md], cd)
+        sub2 = emit("sub", [x, mu], cd)
+        m1 = emit("mul", [inv, inv], cd)
+        m2 = emit("mul", [mdx, m1], cd)
+        m3 = emit("mul", [sub2, m2], cd)
+        sub3 = emit("sub", [sub1, m3], cd)
+        ww = emit("mul", [inv, w], cd)
+        res = emit("mul", [sub3, ww], cd)
+    return res if cd == T else emit("cast", [res], T)
+
+
+def expand_fused(emit: Emit, args, attrs: FusedAttrs, in_types) -> str:
+    """Inline another (non-storing) fused body."""
+    regs = {f"in{k}": a for k, a in enumerate(args)}
+    for k, ins in enumerate(attrs.body):
+        regs[f"t{k}"] = emit(ins.op, [regs[r] for r in ins.args], ins.dtype,
+                             shape=ins.shape, value=ins.value)
+    return regs[attrs.result]
+
+
+def _register_expansions() -> None:
+    from .registry import get_op
+    for name, fn in (("Cast", expand_cast), ("RealDiv", expand_realdiv),
+                     ("SyncBatchNormBackwardElemt", expand_elemt), ("FusedElementwise", expand_fused)):
+        get_op(name).extra.setdefault("expand", fn)
+
+
+_register_expansions()

@@ -1,0 +1,208 @@
+"""Pass infrastructure: passes return a new graph plus stats; rewrite rules live in tables run to
+a fixed point with per-rule hit counts; a pass manager runs pipelines with instruments
+(verify, print, numbered dumps, timing).
+
+    >>> from opgraph.ir import Graph, TensorType
+    >>> from opgraph.dtypes import DataType
+    >>> g = Graph(); x = g.add_input("x", TensorType((2,), DataType.FLOAT))
+    >>> g.outputs = [g.add_node("Cast", [x], to=DataType.FLOAT).outputs[0]]
+    >>> drop = Rule("identity-cast", "Cast", lambda n: n.inputs[0].dtype == n.attrs.to,
+    ...             lambda g, n: g.replace_all_uses_with(n.outputs[0], n.inputs[0]))
+    >>> new, stats = RewritePass("demo", [drop]).run(g)
+    >>> len(new.nodes), stats.counts
+    (0, {'identity-cast': 1})
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Optional, Sequence, TextIO
+
+from ..ir import Graph, GraphError, Node
+
+
+class PassError(RuntimeError):
+    """A pass produced an invalid graph; the message names the pass."""
+
+
+@dataclass
+class PassStats:
+    """What one pass did: ``counts`` per rule (or per kind of change) and its wall time."""
+
+    name: str
+    counts: dict[str, int] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    @property
+    def changed(self) -> bool:
+        return any(self.counts.values())
+
+    def __str__(self) -> str:
+        hits = ", ".join(f"{k}={v}" for k, v in self.counts.items() if v) or "no change"
+        return f"{self.name}: {hits} ({self.seconds * 1e3:.2f} ms)"
+
+
+class Pass:
+    """A graph-to-graph transformation. ``bit_exact`` is False only for passes that change
+    result bits; those must say so in their name and are never in a default pipeline."""
+
+    name = "pass"
+    bit_exact = True
+
+    def run(self, graph: Graph) -> tuple[Graph, PassStats]:
+        g = graph.copy()
+        counts = self.apply(g)
+        return g, PassStats(self.name, counts)
+
+    def apply(self, graph: Graph) -> dict[str, int]:
+        """Mutate ``graph`` (already a copy) and return what changed."""
+        raise NotImplementedError
+
+
+class FunctionPass(Pass):
+    """A pass from a function ``fn(graph) -> counts`` that edits the copy in place."""
+
+    def __init__(self, name: str, fn: Callable[[Graph], dict[str, int]], bit_exact: bool = True):
+        self.name, self.fn, self.bit_exact = name, fn, bit_exact
+
+    def apply(self, graph: Graph) -> dict[str, int]:
+        return self.fn(graph)
+
+
+@dataclass(frozen=True)
+class Rule:
+    """``pattern → replacement``: on nodes of op ``op`` (None: any) for which ``when(node)``
+    holds, ``then(graph, node)`` rewrites the graph (dead nodes are swept afterwards)."""
+
+    name: str
+    op: Optional[str]
+    when: Callable[[Node], bool]
+    then: Callable[[Graph, Node], None]
+
+
+def sweep_dead(graph: Graph) -> int:
+    """Remove nodes whose outputs are unused and that have no effects; returns how many."""
+    removed, changed = 0, True
+    while changed:
+        changed = False
+        for node in reversed(list(graph.nodes)):
+            if node.opdef.written(node):
+                continue
+            if any(v.users or v in graph.outputs for v in node.outputs):
+                continue
+            graph.remove_node(node)
+            removed += 1
+            changed = True
+    return removed
+
+
+class RewritePass(Pass):
+    """Apply a table of rules until none fires (bounded by ``max_rounds``)."""
+
+    def __init__(self, name: str, rules: Sequence[Rule], max_rounds: int = 100):
+        self.name, self.rules, self.max_rounds = name, list(rules), max_rounds
+
+    def apply(self, graph: Graph) -> dict[str, int]:
+        counts = {r.name: 0 for r in self.rules}
+        for _ in range(self.max_rounds):
+            fired = False
+            for node in list(graph.nodes):
+                if node not in graph.nodes:
+                    continue
+                for rule in self.rules:
+                    if (rule.op is None or rule.op == node.op) and rule.when(node):
+                        rule.then(graph, node)
+                        counts[rule.name] += 1
+                        fired = True
+                        break
+            sweep_dead(graph)
+            if not fired:
+                return counts
+        raise PassError(f"pass {self.name}: rules did not reach a fixed point in {self.max_rounds} rounds")
+
+
+# --- instruments ------------------------------------------------------------------------------
+class Instrument:
+    """Hooks around every pass of a pipeline."""
+
+    def before(self, index: int, p: Pass, graph: Graph) -> None: ...
+    def after(self, index: int, p: Pass, graph: Graph, stats: PassStats) -> None: ...
+
+
+class VerifyInstrument(Instrument):
+    """``graph.verify()`` after every pass; a failure names the pass."""
+
+    def after(self, index, p, graph, stats):
+        try:
+            graph.verify()
+        except GraphError as e:
+            raise PassError(f"pass {index} ({p.name}) produced an invalid graph: {e}") from None
+
+
+class PrintInstrument(Instrument):
+    """Print the graph (and stats) after every pass."""
+
+    def __init__(self, stream: TextIO = sys.stdout):
+        self.stream = stream
+
+    def after(self, index, p, graph, stats):
+        print(f"// after pass {index:02d} {p.name}: {stats}", file=self.stream)
+        print(graph, file=self.stream)
+
+
+class DumpInstrument(Instrument):
+    """Write numbered dumps ``NN-<pass>.{txt,json,dot}`` into ``directory``."""
+
+    def __init__(self, directory: str, formats: Iterable[str] = ("txt", "json", "dot")):
+        self.directory, self.formats = directory, tuple(formats)
+        os.makedirs(directory, exist_ok=True)
+        self.files: list[str] = []
+
+    def _write(self, stem: str, graph: Graph) -> None:
+        render = {"txt": str, "json": Graph.to_json, "dot": Graph.to_dot}
+        for ext in self.formats:
+            path = os.path.join(self.directory, f"{stem}.{ext}")
+            with open(path, "w") as f:
+                f.write(render[ext](graph))
+            self.files.append(path)
+
+    def before(self, index, p, graph):
+        if index == 0:
+            self._write("00-input", graph)
+
+    def after(self, index, p, graph, stats):
+        self._write(f"{index + 1:02d}-{p.name}", graph)
+
+
+class TimingInstrument(Instrument):
+    """Collect ``(pass name, seconds)`` for every pass."""
+
+    def __init__(self):
+        self.times: list[tuple[str, float]] = []
+
+    def after(self, index, p, graph, stats):
+        self.times.append((p.name, stats.seconds))
+
+
+class PassManager:
+    """Run passes in order with instruments; returns the final graph and per-pass stats."""
+
+    def __init__(self, passes: Sequence[Pass], instruments: Sequence[Instrument] = (),
+                 verify: bool = True):
+        self.passes = list(passes)
+        self.instruments = ([VerifyInstrument()] if verify else []) + list(instruments)
+
+    def run(self, graph: Graph) -> tuple[Graph, list[PassStats]]:
+        all_stats = []
+        for i, p in enumerate(self.passes):
+            for ins in self.instruments:
+                ins.before(i, p, graph)
+            t0 = time.perf_counter()
+            graph, stats = p.run(graph)
+            stats.seconds = time.perf_counter() - t0
+            all_stats.append(stats)
+            for ins in self.instruments:
+                ins.after(i, p, graph, stats)
+        return graph, all_stats

@@ -1,0 +1,139 @@
+"""Level-1 pruning: what CANN launches. Identity Contiguous/Cast/ReduceSum, UnsqueezeNd chains
+as one pure view, constant folding of constant (Fill-rooted) subgraphs, CSE, DCE and the
+ViewCopy redirect (the producing kernel writes straight into a contiguous user output).
+
+    >>> from opgraph.ir import Graph, TensorType
+    >>> from opgraph.dtypes import DataType
+    >>> g = Graph(); x = g.add_input("x", TensorType((3,), DataType.FLOAT))
+    >>> y = g.add_node("UnsqueezeNd", [x], dims=(0,)).outputs[0]
+    >>> g.outputs = [g.add_node("UnsqueezeNd", [y], dims=(2, 3)).outputs[0]]
+    >>> new, stats = identities.run(g)
+    >>> print(new.nodes[0])
+    %2: f32[1,3,1,1] = UnsqueezeNd(%x, dims=[0,2,3])
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from l0ops.basic import cast_array
+from ..ir import Graph, Node
+from .core import FunctionPass, Rule, RewritePass, sweep_dead
+
+
+def _forward(g: Graph, n: Node) -> None:
+    """Replace the node's output by its first operand (an identity)."""
+    g.replace_all_uses_with(n.outputs[0], n.inputs[0])
+
+
+def _replace(g: Graph, n: Node, op: str, inputs, **attrs) -> None:
+    """Insert ``op(inputs, attrs)`` where ``n`` stands and route n's users to it."""
+    new = g.add_node(op, inputs, index=g.nodes.index(n), **attrs)
+    g.replace_all_uses_with(n.outputs[0], new.outputs[0])
+
+
+def merged_unsqueeze_dims(rank: int, inner: tuple[int, ...], outer: tuple[int, ...]) -> tuple[int, ...]:
+    """Output positions of UnsqueezeNd(UnsqueezeNd(x: rank, inner), outer) as one call."""
+    tokens = ["x"] * rank
+    for d in sorted(d % (rank + len(inner)) for d in inner):
+        tokens.insert(d, "u")
+    for d in sorted(d % (len(tokens) + len(outer)) for d in outer):
+        tokens.insert(d, "u")
+    return tuple(i for i, t in enumerate(tokens) if t == "u")
+
+
+def _merge_unsqueeze(g: Graph, n: Node) -> None:
+    inner = n.inputs[0].producer
+    dims = merged_unsqueeze_dims(inner.inputs[0].type.rank, inner.attrs.dims, n.attrs.dims)
+    _replace(g, n, "UnsqueezeNd", [inner.inputs[0]], dims=dims)
+
+
+def _is_fill(v) -> bool:
+    return v.producer is not None and v.producer.op == "Fill"
+
+
+def _fold_constant(g: Graph, n: Node) -> None:
+    """Evaluate a node whose operands are all Fills on one element each; the result is a Fill.
+    Same op, same operand values: the folded value has the result's exact bits."""
+    args = [np.full((), v.producer.attrs.value, dtype=v.dtype.np) for v in n.inputs]
+    if n.op in ("Contiguous", "UnsqueezeNd", "BroadcastTo"):
+        value = args[0]
+    else:
+        value = n.opdef.compute(args, n.attrs)[0]
+    out = n.outputs[0].type
+    _replace(g, n, "Fill", [], shape=out.shape, value=float(cast_array(np.asarray(value), out.dtype)),
+             dtype=out.dtype)
+
+
+def _foldable(n: Node) -> bool:
+    if not n.inputs or not all(_is_fill(v) for v in n.inputs) or n.opdef.written(n):
+        return False
+    return n.op in ("Contiguous", "UnsqueezeNd", "BroadcastTo") or (
+        n.opdef.kind == "elementwise" and len(n.outputs) == 1)
+
+
+IDENTITY_RULES = [
+    Rule("identity-contiguous", "Contiguous", lambda n: n.inputs[0].type.is_contiguous, _forward),
+    Rule("identity-cast", "Cast", lambda n: n.inputs[0].dtype == n.attrs.to, _forward),
+    Rule("identity-reducesum", "ReduceSum", lambda n: not n.attrs.axes, _forward),
+    Rule("unsqueeze-view-merge", "UnsqueezeNd",
+         lambda n: n.inputs[0].producer is not None and n.inputs[0].producer.op == "UnsqueezeNd"
+         and len(n.inputs[0].users) == 1, _merge_unsqueeze),
+]
+CONSTANT_RULES = [Rule("fold-constant", None, _foldable, _fold_constant)]
+
+identities = RewritePass("prune-identities", IDENTITY_RULES)
+constant_fold = RewritePass("constant-fold", CONSTANT_RULES)
+
+
+def _cse(g: Graph) -> dict[str, int]:
+    """Merge nodes with the same op, operands and attributes (effects are never merged)."""
+    seen: dict[tuple, Node] = {}
+    merged = 0
+    for n in list(g.nodes):
+        if n.opdef.written(n):
+            continue
+        key = (n.op, tuple(id(v) for v in n.inputs), json.dumps(n.attrs.model_dump(mode="json"), sort_keys=True))
+        first = seen.get(key)
+        if first is None:
+            seen[key] = n
+            continue
+        for old, new in zip(n.outputs, first.outputs):
+            g.replace_all_uses_with(old, new)
+        merged += 1
+    return {"merged": merged, "dead": sweep_dead(g)}
+
+
+def _dce(g: Graph) -> dict[str, int]:
+    return {"removed": sweep_dead(g)}
+
+
+def _redirect_ok(n: Node) -> bool:
+    src, dst = n.inputs
+    p = src.producer
+    return (not n.attrs.redirect and dst.type.is_contiguous and p is not None
+            and not p.opdef.is_free(p) and not p.opdef.written(p) and len(src.users) == 1)
+
+
+def _redirect(g: Graph) -> dict[str, int]:
+    """ViewCopy into a contiguous user tensor from a kernel's fresh output becomes a redirect:
+    no copy kernel; the memory planner places the producer's output in the user tensor."""
+    count = 0
+    for i, n in enumerate(g.nodes):
+        if n.op == "ViewCopy" and _redirect_ok(n):
+            g.nodes[i] = Node(n.op, n.inputs, n.attrs.model_copy(update={"redirect": True}))
+            g.nodes[i].outputs = n.outputs
+            for v in n.outputs:
+                v.producer = g.nodes[i]
+            for v in n.inputs:
+                v.users = [g.nodes[i] if u is n else u for u in v.users]
+            count += 1
+    return {"redirected": count}
+
+
+cse = FunctionPass("cse", _cse)
+dce = FunctionPass("dce", _dce)
+viewcopy_redirect = FunctionPass("viewcopy-redirect", _redirect)
+
+LEVEL1 = [identities, constant_fold, cse, dce, viewcopy_redirect]
