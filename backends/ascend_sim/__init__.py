@@ -1,0 +1,109 @@
+"""The ``ascend-sim`` backend: SyncBatchNormBackwardElemt runs as a simulation of the DAV_2201
+(910B) kernel — tiled over AI Vector cores, CopyIn → Compute → CopyOut, UB checked — and every
+other node runs on numpy. Results are bit-identical to the numpy backend; each kernel launch
+leaves a :class:`KernelTrace` (``backend.last_trace``).
+
+    >>> import numpy as np, opgraph, backends
+    >>> x = np.arange(8, dtype=np.float32).reshape(1, 2, 4)
+    >>> f = lambda *v: opgraph.tensor(np.float32(v))
+    >>> out = np.zeros_like(x)
+    >>> with opgraph.opt_level(0):
+    ...     st, ws, ex = opgraph.aclnn.aclnnBatchNormElemtBackwardGetWorkspaceSize(
+    ...         opgraph.tensor(x), opgraph.tensor(x), f(0, 0), f(1, 1), f(1, 1), f(0, 0), f(1, 1),
+    ...         f(5, 5), opgraph.tensor(out))
+    >>> with opgraph.use_backend("ascend-sim"):
+    ...     opgraph.aclnn.aclnnBatchNormElemtBackward(bytearray(ws) if ws else None, ws, ex)
+    <Status.ACLNN_SUCCESS: 0>
+    >>> trace = backends.get("ascend-sim").last_trace
+    >>> trace.tiling.block_dim, [f.kind for f in trace.findings][:1]
+    (1, ['read-past-end'])
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping, Optional
+
+import numpy as np
+
+from opgraph.dtypes import dtype_of
+from opgraph.platform import PRESETS, Platform, get_platform, lookup
+from ..numpy_backend import NumpyBackend
+from .sim import CoreTrace, Finding, KernelTrace, run_kernel, simulate
+from .tiling import (NotModelledError, Tiling, TilingData, check_modelled, compute_tiling)
+
+KERNEL_OP = "SyncBatchNormBackwardElemt"
+
+
+class AscendSimBackend(NumpyBackend):
+    """Numpy for every node except SyncBatchNormBackwardElemt, which runs on the simulated kernel.
+
+    ``platform`` (name or Platform) fixes the SoC; by default it is the current platform when its
+    NpuArch matches the node's ``arch`` attr, else the first preset with that arch. ``cores``
+    and ``ub_size`` override the platform's vector-core count R and UB bytes.
+    """
+
+    name = "ascend-sim"
+
+    def __init__(self, platform: "str | Platform | None" = None, *, cores: Optional[int] = None,
+                 ub_size: Optional[int] = None):
+        self.platform = lookup(platform) if platform is not None else None
+        self.cores, self.ub_size = cores, ub_size
+        self.traces: list[KernelTrace] = []      # every launch of the last run, in order
+        self.last_trace: Optional[KernelTrace] = None
+
+    @property
+    def lowerings(self) -> dict:  # type: ignore[override]
+        """The numpy lowerings (read live), with SyncBatchNormBackwardElemt on the simulator."""
+        return {**NumpyBackend.lowerings, KERNEL_OP: self._lower_elemt}
+
+    def platform_for(self, arch: int) -> Platform:
+        """The SoC a node recorded for NpuArch ``arch`` runs on (NotModelledError if none)."""
+        p = self.platform
+        if p is None:
+            cur = get_platform()
+            p = cur if cur.npu_arch == arch else next(
+                (q for q in PRESETS.values() if q.npu_arch == arch), cur)
+        if p.npu_arch != arch:
+            raise NotModelledError(f"{KERNEL_OP} was recorded for DAV_{arch} but ascend-sim is "
+                                   f"set to {p.soc} ({p.arch_name})")
+        check_modelled(p)
+        return p
+
+    def tiling_for(self, numel: int, dtype: Any, param_dtype: Any, arch: int = 2201) -> Tiling:
+        """The tiling this backend would launch for ``numel`` elements of (T, T1)."""
+        p = self.platform_for(arch)
+        return compute_tiling(numel, dtype, param_dtype, cores=self.cores_of(p))
+
+    def cores_of(self, p: Platform) -> int:
+        """R: the override, else the platform's vector-core count."""
+        return p.vector_cores if self.cores is None else self.cores
+
+    def ub_of(self, p: Platform) -> int:
+        """UB bytes per core: the override, else the platform's."""
+        return p.ub_size if self.ub_size is None else self.ub_size
+
+    def evaluate(self, graph, bindings: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        """Run the graph (``run`` calls this); ``traces``/``last_trace`` describe this run."""
+        for node in graph.nodes:  # refuse an unmodelled kernel before any side effect
+            if node.op == KERNEL_OP:
+                self.platform_for(node.attrs.arch)
+        self.traces, self.last_trace = [], None
+        outputs = super().evaluate(graph, bindings)
+        self.last_trace = self.traces[-1] if self.traces else None
+        return outputs
+
+    def _lower_elemt(self, node, args: list) -> list:
+        arch = node.attrs.arch
+        p = self.platform_for(arch)
+        shape, T = args[0].shape, args[0].dtype
+        numel = int(np.prod(shape))
+        if numel == 0:  # CANN launches no kernel for an empty tensor
+            return [np.empty(shape, T)]
+        tiling = self.tiling_for(numel, dtype_of(T), dtype_of(args[2].dtype), arch)
+        flat = [np.ascontiguousarray(a).reshape(-1) for a in args]
+        out, trace = run_kernel(tiling, flat, ub_size=self.ub_of(p), soc=p.soc, arch=arch)
+        self.traces.append(trace)
+        return [out.reshape(shape)]
+
+
+__all__ = ["AscendSimBackend", "CoreTrace", "Finding", "KernelTrace", "NotModelledError",
+           "Tiling", "TilingData", "check_modelled", "compute_tiling", "run_kernel", "simulate"]
