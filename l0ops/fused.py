@@ -64,40 +64,69 @@ def body_lines(a: FusedAttrs) -> list[str]:
     return lines
 
 
+class _Sig:
+    """The (dtype, shape) of an operand: the part of a TensorType a fused body needs."""
+
+    __slots__ = ("dtype", "shape")
+
+    def __init__(self, dtype: DataType, shape: tuple[int, ...]):
+        self.dtype, self.shape = dtype, tuple(shape)
+
+
+_TYPES_CACHE: dict = {}
+
+
 def _reg_types(a: FusedAttrs, in_types: Sequence[TensorType]) -> dict[str, tuple[DataType, tuple[int, ...]]]:
-    """dtype and (numpy-broadcast) shape of every register; raises L0Error on a malformed body."""
+    """dtype and (numpy-broadcast) shape of every register; raises L0Error on a malformed body.
+    Results are memoised per (attrs object, input types)."""
+    key = (id(a), tuple((t.dtype, t.shape) for t in in_types))
+    hit = _TYPES_CACHE.get(key)
+    if hit is not None and hit[0] is a:
+        return hit[1]
+    regs = _check_body(a, in_types)
+    if len(_TYPES_CACHE) > 4096:
+        _TYPES_CACHE.clear()
+    _TYPES_CACHE[key] = (a, regs)
+    return regs
+
+
+def _check_body(a: FusedAttrs, in_types: Sequence[TensorType]) -> dict[str, tuple[DataType, tuple[int, ...]]]:
     regs = {f"in{k}": (t.dtype, t.shape) for k, t in enumerate(in_types)}
+
+    def fail(k: int, ins: Instr, msg: str):
+        raise L0Error(f"FusedElementwise: t{k} ({ins.render(f't{k}')}): {msg}")
+
     for k, ins in enumerate(a.body):
-        where = f"t{k} ({ins.render(f't{k}')})"
-        require(ins.op in PRIMS, "FusedElementwise", f"{where}: unknown primitive {ins.op!r}")
+        if ins.op not in PRIMS:
+            fail(k, ins, f"unknown primitive {ins.op!r}")
         for r in ins.args:
-            require(r in regs, "FusedElementwise", f"{where}: register {r} used before definition")
-        arity = {"fill": 0, "cast": 1, "view": 1, "sum": 1}.get(ins.op, 2)
-        require(len(ins.args) == arity, "FusedElementwise", f"{where}: {ins.op} takes {arity} operands")
+            if r not in regs:
+                fail(k, ins, f"register {r} used before definition")
+        arity = _ARITY.get(ins.op, 2)
+        if len(ins.args) != arity:
+            fail(k, ins, f"{ins.op} takes {arity} operands")
         if ins.op == "fill":
-            require(ins.value is not None, "FusedElementwise", f"{where}: fill needs a value")
+            if ins.value is None:
+                fail(k, ins, "fill needs a value")
             regs[f"t{k}"] = (ins.dtype, ())
             continue
+        src_dtype, src_shape = regs[ins.args[0]]
+        if ins.op in ("view", "sum") and src_dtype != ins.dtype:
+            fail(k, ins, f"{ins.op} keeps the dtype")
         if ins.op == "view":
-            src = regs[ins.args[0]][1]
-            require(ins.shape is not None and math.prod(ins.shape) == math.prod(src),
-                    "FusedElementwise", f"{where}: view must keep the element count of {list(src)}")
-            require(regs[ins.args[0]][0] == ins.dtype, "FusedElementwise", f"{where}: view keeps the dtype")
+            if ins.shape is None or math.prod(ins.shape) != math.prod(src_shape):
+                fail(k, ins, f"view must keep the element count of {list(src_shape)}")
             regs[f"t{k}"] = (ins.dtype, tuple(ins.shape))
             continue
         if ins.op == "sum":
-            require(regs[ins.args[0]][0] == ins.dtype, "FusedElementwise", f"{where}: sum keeps the dtype")
             regs[f"t{k}"] = (ins.dtype, ())
             continue
-        shapes = [regs[r][1] for r in ins.args]
-        if ins.op != "cast":
-            dts = {regs[r][0] for r in ins.args}
-            require(dts == {ins.dtype}, "FusedElementwise",
-                    f"{where}: operands {[d.short for d in dts]} differ from {ins.dtype.short}")
+        if ins.op != "cast" and any(regs[r][0] != ins.dtype for r in ins.args):
+            fail(k, ins, f"operand dtypes differ from {ins.dtype.short}")
         try:
-            regs[f"t{k}"] = (ins.dtype, tuple(np.broadcast_shapes(*shapes)))
+            regs[f"t{k}"] = (ins.dtype, tuple(np.broadcast_shapes(*(regs[r][1] for r in ins.args))))
         except ValueError:
-            raise L0Error(f"FusedElementwise: {where}: operand shapes do not broadcast") from None
+            fail(k, ins, "operand shapes do not broadcast")
     require(a.result in regs, "FusedElementwise", f"result register {a.result} is undefined")
     try:
         ok = np.broadcast_shapes(regs[a.result][1], a.shape) == tuple(a.shape)
@@ -106,6 +135,9 @@ def _reg_types(a: FusedAttrs, in_types: Sequence[TensorType]) -> dict[str, tuple
     require(ok, "FusedElementwise", f"result shape {list(regs[a.result][1])} does not broadcast "
             f"to {list(a.shape)}")
     return regs
+
+
+_ARITY = {"fill": 0, "cast": 1, "view": 1, "sum": 1}
 
 
 def _infer(ts, a: FusedAttrs):
@@ -183,7 +215,7 @@ class Hoisted:
 
     def __init__(self, a: FusedAttrs, inputs: Sequence[np.ndarray]):
         from opgraph.dtypes import dtype_of
-        in_types = [TensorType(x.shape, dtype_of(x.dtype)) for x in inputs]
+        in_types = [_Sig(dtype_of(x.dtype), x.shape) for x in inputs]
         self.types = _reg_types(a, in_types)
         full = tuple(a.shape)
         self.values: dict[str, np.ndarray] = {f"in{k}": _load(np.asarray(x), in_types[k].dtype)

@@ -39,6 +39,7 @@ class Executor:
         self.repeatable = False
         self.runs = 0
         self.destroyed = False
+        self.cached = False
 
     @property
     def name(self) -> str:
@@ -58,7 +59,7 @@ class Executor:
         from .memory import plan_memory
         from .passes import optimize
         self.opt_level = level
-        self.compiled = optimize(self.graph, level) if self.graph.nodes else self.graph
+        self.compiled = optimize(self.graph, level, verify_each=False) if self.graph.nodes else self.graph
         self.memory_plan = plan_memory(self.compiled)
         self.workspace_size = self.memory_plan.size
 

@@ -49,7 +49,7 @@ class Tensor:
     ``storage`` and touch only the view's elements.
     """
 
-    __slots__ = ("storage", "shape", "strides", "offset", "format", "storage_shape", "dtype")
+    __slots__ = ("storage", "shape", "strides", "offset", "format", "storage_shape", "dtype", "_view")
 
     def __init__(self, storage: np.ndarray, shape: Sequence[int], strides: Sequence[int],
                  offset: int = 0, format: "Format | str" = "ND",
@@ -57,7 +57,8 @@ class Tensor:
         storage = np.asarray(storage)
         if storage.ndim != 1:
             raise ValueError(f"storage must be a flat 1-D array, got shape {storage.shape}")
-        if storage.itemsize and storage.strides[0] != storage.itemsize:
+        # numpy 2 gives 0- and 1-element arrays stride 0, so only check longer storages
+        if storage.size > 1 and storage.strides[0] != storage.itemsize:
             raise ValueError("storage must be a contiguous 1-D array")
         shape, strides = tuple(int(n) for n in shape), tuple(int(s) for s in strides)
         if len(shape) != len(strides):
@@ -101,7 +102,14 @@ class Tensor:
 
     # --- data -----------------------------------------------------------------------------
     def view(self) -> np.ndarray:
-        """A live numpy view of the tensor (writes go to ``storage``)."""
+        """A live numpy view of the tensor (writes go to ``storage``); built once."""
+        try:
+            return self._view
+        except AttributeError:
+            self._view = self._make_view()
+            return self._view
+
+    def _make_view(self) -> np.ndarray:
         item = self.storage.itemsize
         base = self.storage[self.offset:] if self.numel else self.storage[:0]
         return np.lib.stride_tricks.as_strided(

@@ -25,6 +25,8 @@ from l0ops.registry import L0Error
 
 from ..config import get_backend_name, get_opt_level
 from ..executor import Executor
+from ..platform import get_platform
+from .cache import EXECUTOR_CACHE, CompiledOp, cache_key
 from ..status import AclnnError, Status
 from ..tensor import Tensor
 
@@ -66,11 +68,23 @@ def record(name: str, compose: Callable[[Executor], None]) -> tuple[Status, int,
 
 
 def op_api(name: str) -> Callable[[Callable[..., None]], Callable[..., tuple[Status, int, Optional[Executor]]]]:
-    """Turn ``compose(ex, *args)`` into ``aclnnXxxGetWorkspaceSize(*args) -> (status, size, executor)``."""
+    """Turn ``compose(ex, *args)`` into ``aclnnXxxGetWorkspaceSize(*args) -> (status, size, executor)``.
+
+    Successful compilations are cached by argument metadata (see :mod:`.cache`): a second call
+    with the same shapes, dtypes, strides, formats, NULL pattern, platform and level reuses the
+    compiled plan and only rebinds the tensors."""
     def deco(compose: Callable[..., None]):
         @functools.wraps(compose)
         def get_workspace_size(*args: Any) -> tuple[Status, int, Optional[Executor]]:
-            return record(name, lambda ex: compose(ex, *args))
+            key = cache_key(name, args, get_platform(), get_opt_level())
+            hit = EXECUTOR_CACHE.get(key) if key is not None else None
+            if hit is not None:
+                _last_error.msg = ""
+                return Status.ACLNN_SUCCESS, hit.workspace_size, hit.instantiate(args)
+            status, size, ex = record(name, lambda ex: compose(ex, *args))
+            if ex is not None and key is not None:
+                EXECUTOR_CACHE.put(key, CompiledOp.from_executor(ex, args))
+            return status, size, ex
         get_workspace_size.op_name = name  # type: ignore[attr-defined]
         return get_workspace_size
     return deco

@@ -39,9 +39,15 @@ def pipeline(level: int, fast_math: bool = False) -> list[Pass]:
 
 
 def optimize(graph, level: int, *, fast_math: bool = False,
-             instruments: Sequence[Instrument] = ()):
-    """A new graph optimised at ``level`` (the input graph is never modified)."""
-    out, _ = PassManager(pipeline(level, fast_math), instruments).run(graph.copy())
+             instruments: Sequence[Instrument] = (), verify_each: bool = True):
+    """A new graph optimised at ``level`` (the input graph is never modified). With
+    ``verify_each=False`` (phase 1's hot path) only the final graph is verified."""
+    out, _ = PassManager(pipeline(level, fast_math), instruments, verify=verify_each).run(graph.copy())
+    if not verify_each:
+        try:
+            out.verify()
+        except Exception as e:
+            raise PassError(f"level {level} pipeline produced an invalid graph: {e}") from None
     return out
 
 

@@ -144,12 +144,13 @@ class VerifyInstrument(Instrument):
 class PrintInstrument(Instrument):
     """Print the graph (and stats) after every pass."""
 
-    def __init__(self, stream: TextIO = sys.stdout):
+    def __init__(self, stream: Optional[TextIO] = None):
         self.stream = stream
 
     def after(self, index, p, graph, stats):
-        print(f"// after pass {index:02d} {p.name}: {stats}", file=self.stream)
-        print(graph, file=self.stream)
+        out = self.stream or sys.stdout
+        print(f"// after pass {index:02d} {stats}", file=out)
+        print(graph, file=out)
 
 
 class DumpInstrument(Instrument):
