@@ -1,0 +1,183 @@
+"""Benchmark aclnnBatchNormElemtBackward on the CPU: opgraph levels 0/1/2 (numpy backend), the
+native backend when a C compiler is present, a naive numpy formula, torch eager and
+torch.compile when torch is installed, and a memory-traffic floor (``np.add(a, b, out=c)``).
+
+Variants run interleaved in one process; we report medians, the spread (min–max) and ratios to
+the floor and to level 0 measured in the same run. Also: per-call latency for the small shape
+(phase 1 uncached / cached + phase 2) and peak extra memory (tracemalloc) per variant.
+
+    python benchmarks/bench_elemt_backward.py            # full run (a few minutes)
+    python benchmarks/bench_elemt_backward.py --quick    # smaller shapes, fewer repeats
+"""
+from __future__ import annotations
+
+import argparse
+import platform as host
+import statistics
+import time
+import tracemalloc
+from typing import Callable
+
+import ml_dtypes
+import numpy as np
+
+import opgraph
+from opgraph.aclnn import aclnnBatchNormElemtBackward as phase2
+from opgraph.aclnn import aclnnBatchNormElemtBackwardGetWorkspaceSize as phase1
+from opgraph.aclnn.cache import EXECUTOR_CACHE
+
+DTYPES = {"fp32": np.float32, "fp16": np.float16, "bf16": ml_dtypes.bfloat16}
+SHAPES = [(1, 2, 4), (8, 64, 28, 28), (32, 64, 56, 56)]
+
+
+def make_inputs(shape, dt, seed=0):
+    rng = np.random.default_rng(seed)
+    C = shape[1]
+    arr = [rng.standard_normal(shape).astype(dt), rng.standard_normal(shape).astype(dt)]
+    arr += [rng.standard_normal(C).astype(dt), (rng.random(C) + 0.5).astype(dt),
+            rng.standard_normal(C).astype(dt), rng.standard_normal(C).astype(dt),
+            rng.standard_normal(C).astype(dt), np.full(2, 7, np.int32)]
+    return arr, np.empty(shape, dt)
+
+
+def opgraph_variant(level: int, backend: str, arrays, out) -> Callable[[], None]:
+    tensors = [opgraph.tensor(a) for a in arrays]
+    out_t = opgraph.tensor(out)
+
+    def call():
+        with opgraph.opt_level(level), opgraph.use_backend(backend):
+            st, ws, ex = phase1(*tensors, out_t)
+            st2 = phase2(bytearray(ws) if ws else None, ws, ex)
+        assert st == 0 and st2 == 0
+    return call
+
+
+def naive_variant(arrays, out) -> Callable[[], None]:
+    go, x, mu, inv, w, sdy, sdx, cnt = arrays
+    b = (1, -1) + (1,) * (go.ndim - 2)
+
+    def call():
+        f = np.float32
+        total = cnt.astype(f).sum()
+        md, mdx = (sdy.astype(f) / total).reshape(b), (sdx.astype(f) / total).reshape(b)
+        i, m, ww = inv.astype(f).reshape(b), mu.astype(f).reshape(b), w.astype(f).reshape(b)
+        out[...] = (((go.astype(f) - md) - (x.astype(f) - m) * (i * i * mdx)) * i * ww).astype(out.dtype)
+    return call
+
+
+def floor_variant(arrays, out) -> Callable[[], None]:
+    a, b = arrays[0], arrays[1]
+    return lambda: np.add(a, b, out=out)
+
+
+def torch_variants(arrays, out) -> dict[str, Callable[[], None]]:
+    try:
+        import torch
+    except ImportError:
+        return {}
+    torch.set_num_threads(2)
+    tdt = {np.dtype(np.float32): torch.float32, np.dtype(np.float16): torch.float16,
+           np.dtype(ml_dtypes.bfloat16): torch.bfloat16}[np.dtype(arrays[0].dtype)]
+    ts = [torch.from_numpy(a.astype(np.float32)).to(tdt) if a.dtype != np.int32 else torch.from_numpy(a)
+          for a in arrays]
+    go, x, mu, inv, w, sdy, sdx, cnt = ts
+    b = (1, -1) + (1,) * (go.dim() - 2)
+
+    def f(go, x, mu, inv, w, sdy, sdx, cnt):
+        total = cnt.float().sum()
+        md, mdx = (sdy / total).view(b), (sdx / total).view(b)
+        i = inv.view(b)
+        return ((go - md) - (x - mu.view(b)) * (i * i * mdx)) * i * w.view(b)
+
+    res = {"torch eager": lambda: f(*ts)}
+    try:
+        cf = torch.compile(f, dynamic=False)
+        cf(*ts)
+        res["torch.compile"] = lambda: cf(*ts)
+    except Exception as e:  # compile toolchain missing: report, don't fail
+        print(f"  (torch.compile unavailable: {type(e).__name__}: {str(e).splitlines()[0][:80]})")
+    return res
+
+
+def peak_extra_bytes(fn: Callable[[], None]) -> int:
+    fn()
+    tracemalloc.start()
+    fn()
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    return peak
+
+
+def bench_shape(shape, dname, reps: int) -> None:
+    dt = DTYPES[dname]
+    arrays, out = make_inputs(shape, dt)
+    variants: dict[str, Callable[[], None]] = {"floor np.add": floor_variant(arrays, out)}
+    for level in (0, 1, 2):
+        variants[f"opgraph L{level} numpy"] = opgraph_variant(level, "numpy", arrays, out)
+    import backends
+    if "native" in backends.available():
+        variants["opgraph L2 native"] = opgraph_variant(2, "native", arrays, out)
+    variants["naive numpy"] = naive_variant(arrays, out)
+    variants.update(torch_variants(arrays, out))
+    for fn in variants.values():  # warm-up (compiles, caches)
+        fn()
+    times: dict[str, list[float]] = {k: [] for k in variants}
+    for _ in range(reps):  # interleaved
+        for name, fn in variants.items():
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+    floor = statistics.median(times["floor np.add"])
+    l0 = statistics.median(times["opgraph L0 numpy"])
+    nbytes = out.nbytes
+    print(f"\n{dname} {list(shape)}  ({reps} interleaved runs; tensor {nbytes / 2**20:.1f} MiB)")
+    print(f"  {'variant':20s} {'median':>10s} {'min–max':>19s} {'/floor':>7s} {'/L0':>6s} {'peak extra':>11s}")
+    for name, ts in times.items():
+        med = statistics.median(ts)
+        peak = peak_extra_bytes(variants[name]) if not name.startswith("torch") else float("nan")
+        peak_s = f"{peak / nbytes:9.2f}×T" if peak == peak else "        n/a"
+        print(f"  {name:20s} {med * 1e3:8.3f}ms {min(ts) * 1e3:8.3f}–{max(ts) * 1e3:8.3f}ms "
+              f"{med / floor:6.2f}× {med / l0:5.2f}× {peak_s}")
+
+
+def bench_latency(reps: int) -> None:
+    arrays, out = make_inputs((1, 2, 4), np.float32)
+    tensors, out_t = [opgraph.tensor(a) for a in arrays], opgraph.tensor(out)
+    print("\nper-call latency, shape [1,2,4] fp32 (phase 1 + phase 2), medians:")
+    for level in (0, 1, 2):
+        with opgraph.opt_level(level):
+            def call():
+                st, ws, ex = phase1(*tensors, out_t)
+                phase2(bytearray(ws) if ws else None, ws, ex)
+            unc, cac = [], []
+            for _ in range(reps):
+                EXECUTOR_CACHE.clear()
+                t0 = time.perf_counter()
+                call()
+                unc.append(time.perf_counter() - t0)
+            for _ in range(reps * 5):
+                t0 = time.perf_counter()
+                call()
+                cac.append(time.perf_counter() - t0)
+        print(f"  level {level}: uncached {statistics.median(unc) * 1e6:8.1f} µs   "
+              f"cached {statistics.median(cac) * 1e6:7.1f} µs")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="skip the largest shape, fewer repeats")
+    ap.add_argument("--reps", type=int, default=None)
+    ap.add_argument("--dtypes", default="fp32,fp16,bf16")
+    args = ap.parse_args()
+    reps = args.reps or (5 if args.quick else 9)
+    shapes = SHAPES[:2] if args.quick else SHAPES
+    print(f"machine: {host.machine()} {host.processor() or ''} python {host.python_version()} "
+          f"numpy {np.__version__}; opgraph {opgraph.__version__}")
+    bench_latency(200 if not args.quick else 50)
+    for shape in shapes:
+        for d in args.dtypes.split(","):
+            bench_shape(shape, d, reps)
+
+
+if __name__ == "__main__":
+    main()
