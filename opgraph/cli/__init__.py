@@ -1,0 +1,67 @@
+"""The ``opgraph`` command line: ``opgraph demo``, ``opgraph dump``, ``opgraph run``.
+
+Each command is a module with ``add_parser(subparsers)`` that registers a subparser and sets
+``func`` (``args -> exit status``); add a command by writing one module and listing it in
+:data:`COMMANDS`. Shared options and input construction live in :mod:`opgraph.cli.common`.
+
+    >>> main(["--version"])  # doctest: +ELLIPSIS
+    opgraph 0...
+    0
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Optional, Sequence
+
+from .. import __version__
+from . import demo, dump, run, tiling
+from .common import CliError, Parser
+
+COMMANDS = [demo, dump, run, tiling]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The top-level parser with one subcommand per module in :data:`COMMANDS`."""
+    parser = Parser(
+        prog="opgraph",
+        description="Record, inspect, optimise and run CANN aclnn operator graphs "
+                    "(op_api + l0 ops) in Python.",
+        epilog="run 'opgraph COMMAND --help' for the options of a command")
+    parser.add_argument("--version", action="version", version=f"opgraph {__version__}")
+    parser.add_argument("--traceback", action="store_true",
+                        help="show the Python traceback of an unexpected error")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for module in COMMANDS:
+        module.add_parser(sub)
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Run the CLI and return its exit status (0 ok, 1 failed op or error, 2 usage error).
+
+    >>> main(["dump", "nope"])
+    2
+    """
+    parser = build_parser()
+    args = None
+    try:
+        args = parser.parse_args(argv)
+        return int(args.func(args) or 0)
+    except SystemExit as e:  # --help, --version and usage errors
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except CliError as e:
+        print(f"opgraph: error: {e}", file=sys.stderr)
+        return e.code
+    except KeyboardInterrupt:
+        print("opgraph: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # a bug: one line unless --traceback
+        if args is not None and args.traceback:
+            raise
+        print(f"opgraph: internal error: {type(e).__name__}: {e} (rerun with --traceback)",
+              file=sys.stderr)
+        return 1
+
+
+__all__ = ["COMMANDS", "build_parser", "main"]
