@@ -7,7 +7,7 @@ depends on except data pointers. Bounded (LRU) and thread-safe.
     >>> import numpy as np, opgraph
     >>> t = opgraph.tensor(np.zeros((2, 3), np.float32))
     >>> cache_key("op", (t, None), opgraph.get_platform(), 2)[1]
-    ((('T', (2, 3), (3, 1), 0, 2), None), (0, 1))
+    (('T', (2, 3), (3, 1), 0, 2), None)
 """
 from __future__ import annotations
 

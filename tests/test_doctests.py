@@ -1,0 +1,29 @@
+"""Every docstring example in the library runs and prints what it claims."""
+from __future__ import annotations
+
+import doctest
+import importlib
+import pkgutil
+
+import pytest
+
+import backends
+import l0ops
+import opgraph
+
+SKIP = {"opgraph.__main__"}
+
+
+def _modules():
+    for pkg in (opgraph, l0ops, backends):
+        yield pkg.__name__
+        for info in pkgutil.walk_packages(pkg.__path__, pkg.__name__ + "."):
+            if info.name not in SKIP and ".cli" not in info.name:
+                yield info.name
+
+
+@pytest.mark.parametrize("name", sorted(set(_modules())))
+def test_docstring_examples(name):
+    mod = importlib.import_module(name)
+    result = doctest.testmod(mod, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+    assert result.failed == 0, f"{result.failed} docstring example(s) failed in {name}"
