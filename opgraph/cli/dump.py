@@ -14,7 +14,7 @@ import sys
 from typing import Any
 
 from ..ir import Graph
-from ..passes import optimize
+from ..passes import PassManager, PrintInstrument, graph_stats, optimize, pipeline
 from .common import CliError, add_op_options, build_case, check, record
 
 FORMATS = ("text", "json", "dot")
@@ -26,13 +26,30 @@ def render(graph: Graph, fmt: str) -> str:
     return text if text.endswith("\n") else text + "\n"
 
 
+def print_stats(graph: Graph, fast_math: bool = False) -> None:
+    """Levels 0/1/2 side by side: nodes, kernel launches, bytes moved, workspace bytes."""
+    rows = [("level", "nodes", "launches", "bytes moved", "workspace")]
+    for level in (0, 1, 2):
+        st = graph_stats(optimize(graph, level, fast_math=fast_math and level == 2))
+        rows.append((str(level), str(st.nodes), str(st.launches), str(st.bytes_moved), str(st.workspace)))
+    widths = [max(len(r[i]) for r in rows) for i in range(5)]
+    for r in rows:
+        print("  ".join(c.rjust(w) for c, w in zip(r, widths)))
+
+
 def run(args: argparse.Namespace) -> int:
     case = build_case(args)
     rec = record(case)
     check(rec.status, f"{case.spec.name}GetWorkspaceSize")
     graph = rec.executor.graph
-    if case.level > 0:
-        graph = optimize(graph, case.level)
+    if args.stats:
+        print_stats(graph, args.fast_math)
+        return 0
+    if args.passes:
+        PassManager(pipeline(case.level, args.fast_math), [PrintInstrument()]).run(graph)
+        return 0
+    if case.level > 0 or args.fast_math:
+        graph = optimize(graph, case.level, fast_math=args.fast_math)
     text = render(graph, args.format)
     if args.output in (None, "-"):
         sys.stdout.write(text)
@@ -56,5 +73,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     add_op_options(p, level_default=0)
     p.add_argument("--format", choices=FORMATS, default="text", help="dump format (default: text)")
     p.add_argument("-o", "--output", metavar="FILE", help="write to FILE instead of stdout")
+    p.add_argument("--passes", action="store_true",
+                   help="print the graph after each pass of --level's pipeline, with its stats")
+    p.add_argument("--stats", action="store_true",
+                   help="print nodes, kernel launches, bytes moved and workspace for levels 0, 1, 2")
+    p.add_argument("--fast-math", action="store_true",
+                   help="add the opt-in, NOT bit-exact fast-math-channel-affine rewrite")
     p.set_defaults(func=run)
     return p
