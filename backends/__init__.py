@@ -86,6 +86,7 @@ def status() -> dict[str, str]:
 def _register_builtins() -> None:
     from .numpy_backend import NumpyBackend
     register("numpy", NumpyBackend)
+    register("native", lambda: __import__("backends.native", fromlist=["_"]).NativeBackend())
     register("ascend-sim", lambda: __import__("backends.ascend_sim", fromlist=["_"]).AscendSimBackend())
 
 

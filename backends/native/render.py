@@ -1,0 +1,223 @@
+"""Render the per-element part of a FusedElementwise body as one C kernel.
+
+:func:`plan` splits a body with :class:`l0ops.fused.Hoisted` (the per-channel part is evaluated
+once in numpy) and checks that the rest is float arithmetic the kernel supports; :func:`render`
+turns the plan into C source. The kernel makes one pass over the data:
+
+* registers hold ``float``; f16/bf16 loads widen exactly; every f16 / bf16 instruction is
+  computed in float and rounded to its dtype (RNE) right after, like the numpy reference;
+* operands are the ``big`` full-size inputs (f32 / f16 / bf16 at any element strides), the
+  hoisted registers the live instructions read (float32, stride 0 on broadcast dims) and the
+  output (any element strides);
+* the iteration space is collapsed by the caller; the kernel runs an OpenMP-parallel loop over
+  (outer index, block of the innermost dim) with SIMD inner loops when the innermost strides are
+  1 (data) and 0 or 1 (hoisted registers), and a generic strided loop otherwise.
+
+    >>> import numpy as np
+    >>> from l0ops.fused import FusedAttrs, Hoisted, Instr
+    >>> from opgraph.dtypes import DataType as D
+    >>> a = FusedAttrs(shape=(2, 2), body=(Instr(op="sub", args=("in0", "in1"), dtype=D.FLOAT16),),
+    ...                result="t0", out_dtype=D.FLOAT16)
+    >>> p = plan(a, Hoisted(a, [np.ones((2, 2), np.float16), np.ones((2, 1), np.float16)]))
+    >>> [name for name, _ in p.big], p.hoisted
+    (['in0'], ('in1',))
+    >>> "opg_rnd_f16(r_in0 - r_in1)" in render(p)
+    True
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Callable
+
+from l0ops.fused import ARITH, FusedAttrs, Hoisted, Instr
+from opgraph.dtypes import DataType
+
+F32, F16, BF16 = DataType.FLOAT, DataType.FLOAT16, DataType.BF16
+FLOATS = (F32, F16, BF16)
+C_TYPE = {F32: "float", F16: "uint16_t", BF16: "uint16_t"}
+LOAD = {F32: "{}", F16: "opg_ld_f16({})", BF16: "opg_ld_bf16({})"}
+STORE = {F32: "{}", F16: "opg_st_f16({})", BF16: "opg_st_bf16({})"}
+ROUND = {F32: "{}", F16: "opg_rnd_f16({})", BF16: "opg_rnd_bf16({})"}
+C_OP = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
+BLOCK = 8192          # elements of the innermost dim per work item
+PARALLEL_MIN = 32768  # below this many elements the kernel runs on one thread
+
+
+class Unsupported(ValueError):
+    """The body has a part the C kernel does not render (the backend runs it on numpy)."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a kernel computes: operands in call order, then the per-element instructions.
+
+    ``big``: (register, dtype) of full-size inputs read at their own strides; ``hoisted``:
+    per-channel registers passed as float32 arrays; ``live``: (register, instruction).
+    """
+
+    big: tuple[tuple[str, DataType], ...]
+    hoisted: tuple[str, ...]
+    live: tuple[tuple[str, Instr], ...]
+    result: str
+    out_dtype: DataType
+
+
+def plan(a: FusedAttrs, h: Hoisted) -> Plan:
+    """The kernel plan of body ``a`` split by ``h``; raises :class:`Unsupported` with a reason."""
+    if a.result in h.values:
+        raise Unsupported("the result does not vary over the iteration space")
+    if a.out_dtype not in FLOATS:
+        raise Unsupported(f"output dtype {a.out_dtype.short}")
+    used: list[str] = []
+    for dst, ins in h.live:
+        if ins.op not in ARITH and ins.op != "cast":
+            raise Unsupported(f"{ins.render(dst)}: {ins.op} per element")
+        if ins.dtype not in FLOATS:
+            raise Unsupported(f"{ins.render(dst)}: {ins.dtype.short} register")
+        for r in ins.args:
+            if h.types[r][0] not in FLOATS:
+                raise Unsupported(f"{ins.render(dst)}: operand {r} is {h.types[r][0].short}")
+            if r not in used and (r in h.big or r in h.values):
+                used.append(r)
+    if a.result in h.big and a.result not in used:
+        used.append(a.result)
+    big = tuple((r, h.types[r][0]) for r in sorted(h.big, key=_reg_order) if r in used)
+    if any(d not in FLOATS for _, d in big):
+        raise Unsupported("a full-size input is not f32/f16/bf16")
+    hoisted = tuple(r for r in used if r in h.values)
+    return Plan(big, hoisted, tuple(h.live), a.result, a.out_dtype)
+
+
+def _reg_order(name: str) -> tuple[str, int]:
+    return name[:2], int(name.lstrip("int"))
+
+
+HELPERS = r"""#include <stdint.h>
+#include <string.h>
+
+static inline float opg_f(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+static inline uint32_t opg_u(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+
+/* Branch-free so that loops vectorise. NaNs come out quiet with their top payload bits. */
+
+/* bfloat16: the top half of a float; float -> bf16 rounds to nearest even */
+static inline float opg_ld_bf16(uint16_t h) { return opg_f((uint32_t)h << 16); }
+static inline uint16_t opg_st_bf16(float f) {
+    uint32_t u = opg_u(f), r = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+    return (uint16_t)((u & 0x7FFFFFFFu) > 0x7F800000u ? (u >> 16) | 0x0040u : r);
+}
+static inline float opg_rnd_bf16(float f) { return opg_ld_bf16(opg_st_bf16(f)); }
+
+/* IEEE binary16 held in float. opg_rnd_f16 rounds to the nearest half (ties to even): 11
+   significant bits for |f| >= 2^-14, a multiple of 2^-24 below (the +0.5f sum rounds there),
+   infinity from 65520 up. */
+static inline float opg_rnd_f16(float f) {
+    uint32_t u = opg_u(f), sign = u & 0x80000000u, a = u & 0x7FFFFFFFu;
+    uint32_t nrm = (a + 0xFFFu + ((a >> 13) & 1u)) & 0xFFFFE000u;
+    nrm = nrm >= 0x47800000u ? 0x7F800000u : nrm;
+    uint32_t sub = opg_u((opg_f(a) + 0.5f) - 0.5f);
+    uint32_t r = a < 0x38800000u ? sub : nrm;
+    r = a > 0x7F800000u ? (a & 0xFFFFE000u) | 0x00400000u : r;
+    return opg_f(sign | r);
+}
+static inline float opg_ld_f16(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, em = h & 0x7FFFu;
+    uint32_t nrm = (em << 13) + 0x38000000u;                /* exponent bias 15 -> 127 */
+    nrm = em >= 0x7C00u ? nrm + 0x38000000u : nrm;          /* inf / NaN: exponent 255 */
+    /* subnormal: (1 + m/1024) * 2^-14 - 2^-14 = m * 2^-24, exact */
+    uint32_t sub = opg_u(opg_f((em << 13) + 0x38800000u) - 6.103515625e-05f);
+    return opg_f(sign | (em < 0x0400u ? sub : nrm));
+}
+static inline uint16_t opg_st_f16(float f) {
+    uint32_t u = opg_u(opg_rnd_f16(f)), sign = (u >> 16) & 0x8000u, a = u & 0x7FFFFFFFu;
+    uint32_t nrm = (a - 0x38000000u) >> 13;                 /* exact: low 13 bits are zero */
+    nrm = a >= 0x7F800000u ? 0x7C00u | ((a >> 13) & 0x3FFu) : nrm;
+    uint32_t sub = opg_u(opg_f(a) + 0.5f) - 0x3F000000u;    /* exact: a multiple of 2^-24 */
+    return (uint16_t)(sign | (a < 0x38800000u ? sub : nrm));
+}
+"""
+
+
+def _body(p: Plan, load: Callable[[int, str], str]) -> list[str]:
+    """Statements computing one element; ``load(operand index, register)`` reads an operand."""
+    lines = []
+    for k, (r, d) in enumerate(p.big):
+        lines.append(f"const float r_{r} = {LOAD[d].format(load(k, r))};")
+    for k, r in enumerate(p.hoisted, start=len(p.big)):
+        lines.append(f"const float r_{r} = {load(k, r)};")
+    for dst, ins in p.live:
+        args = [f"r_{r}" for r in ins.args]
+        expr = args[0] if ins.op == "cast" else f" {C_OP[ins.op]} ".join(args)
+        lines.append(f"const float r_{dst} = {ROUND[ins.dtype].format(expr)};  /* {ins.render(dst)} */")
+    out = load(len(p.big) + len(p.hoisted), "")
+    lines.append(f"{out} = {STORE[p.out_dtype].format('r_' + p.result)};")
+    return lines
+
+
+def _loop(p: Plan, load: Callable[[int, str], str], pre: list[str], simd: bool) -> list[str]:
+    """The inner loop over ``j < n`` (inside the work-item loop), preceded by ``pre``."""
+    pad = " " * 12
+    lines = [pad + s for s in pre]
+    if simd:
+        lines.append(pad + "#pragma omp simd")
+    lines.append(pad + "for (int64_t j = 0; j < n; ++j) {")
+    lines += [pad + "    " + s for s in _body(p, load)]
+    lines.append(pad + "}")
+    return lines
+
+
+@functools.lru_cache(maxsize=256)
+def render(p: Plan) -> str:
+    """C source of ``void opg_kernel(ndim, shape, ptrs, strides, block)`` for plan ``p``.
+
+    ``ptrs`` lists big inputs, hoisted registers, then the output; ``strides[k*ndim + d]`` is the
+    element stride of operand ``k`` in dim ``d`` (0 where broadcast).
+    """
+    nb, nh = len(p.big), len(p.hoisted)
+    nops = nb + nh + 1
+    ctypes_ = [C_TYPE[d] for _, d in p.big] + ["float"] * nh + [C_TYPE[p.out_dtype]]
+    out = [HELPERS, f"/* {len(p.live)} live instructions; result {p.result}: "
+                    f"{p.out_dtype.short} */",
+           "void opg_kernel(int64_t ndim, const int64_t *shape, void *const *ptrs,",
+           "                const int64_t *st, int64_t block)", "{",
+           "    const int64_t inner = shape[ndim - 1];",
+           "    int64_t outer = 1;",
+           "    for (int64_t d = 0; d + 1 < ndim; ++d) outer *= shape[d];",
+           "    const int64_t nblk = (inner + block - 1) / block, work = outer * nblk;"]
+    for k, t in enumerate(ctypes_):
+        const = "" if k == nops - 1 else "const "
+        out.append(f"    {const}{t} *const b{k} = ({const}{t} *)ptrs[{k}];")
+        out.append(f"    const int64_t *const s{k} = st + {k} * ndim;")
+    dense = [f"s{k}[ndim - 1] == 1" for k in range(nops) if not nb <= k < nb + nh]
+    bcast = [f"s{k}[ndim - 1] == 0" for k in range(nb, nb + nh)]
+    vec = [f"s{k}[ndim - 1] == 1" for k in range(nb, nb + nh)]
+    out.append(f"    const int scalar_h = {' && '.join(dense + bcast)};")
+    out.append(f"    const int vector_h = {' && '.join(dense + vec)};")
+    out += [f"    #pragma omp parallel for schedule(static) if (work > 1 && outer * inner >= {PARALLEL_MIN})",
+            "    for (int64_t w = 0; w < work; ++w) {",
+            "        const int64_t j0 = (w % nblk) * block;",
+            "        const int64_t n = inner - j0 < block ? inner - j0 : block;",
+            "        int64_t rem = w / nblk;",
+            f"        int64_t {', '.join(f'f{k} = j0 * s{k}[ndim - 1]' for k in range(nops))};",
+            "        for (int64_t d = ndim - 2; d >= 0; --d) {",
+            "            const int64_t i = rem % shape[d];",
+            "            rem /= shape[d];",
+            "            " + " ".join(f"f{k} += i * s{k}[d];" for k in range(nops)),
+            "        }"]
+    out.append("        " + " ".join(f"{'' if k == nops - 1 else 'const '}{t} *const q{k} = b{k} + f{k};"
+                                     for k, t in enumerate(ctypes_)))
+    scalar_pre = [f"const float h{k} = q{k}[0];" for k in range(nb, nb + nh)]
+
+    def dense_load(scalar: bool) -> Callable[[int, str], str]:
+        return lambda k, r: f"h{k}" if scalar and nb <= k < nb + nh else f"q{k}[j]"
+
+    out.append("        if (scalar_h) {")
+    out += _loop(p, dense_load(True), scalar_pre, simd=True)
+    out.append("        } else if (vector_h) {")
+    out += _loop(p, dense_load(False), [], simd=True)
+    out.append("        } else {")
+    strided = [f"const int64_t i{k} = s{k}[ndim - 1];" for k in range(nops)]
+    out += _loop(p, lambda k, r: f"q{k}[j * i{k}]", strided, simd=False)
+    out += ["        }", "    }", "}", ""]
+    return "\n".join(out)
