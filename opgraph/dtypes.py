@@ -170,6 +170,23 @@ def format_of(x: "Format | str | int") -> Format:
 # Promotion (reference §8): tensor-tensor table over the real types.
 _F32, _F16, _BF16, _F64 = DataType.FLOAT, DataType.FLOAT16, DataType.BF16, DataType.DOUBLE
 _INT_ORDER = [DataType.BOOL, DataType.UINT8, DataType.INT8, DataType.INT16, DataType.INT32, DataType.INT64]
+_WIDE_UNSIGNED = frozenset({DataType.UINT16, DataType.UINT32, DataType.UINT64})
+_C32, _C64, _C128 = DataType.COMPLEX32, DataType.COMPLEX64, DataType.COMPLEX128
+_COMPLEX = frozenset({_C32, _C64, _C128})
+
+
+def _promote_complex(a: DataType, b: DataType) -> DataType:
+    """Complex rows of the table: c128 or f64 involved → c128; c64 or f32 (with c32) → c64;
+    c32 with f16, bf16 (the doc's rendering), integers or bool → c32."""
+    other = b if a in _COMPLEX else a
+    pair = {a, b}
+    if other not in _COMPLEX and other not in _INT_ORDER and other not in (_F32, _F16, _BF16, _F64):
+        return DataType.DT_UNDEFINED
+    if _C128 in pair or _F64 in pair:
+        return _C128
+    if _C64 in pair or _F32 in pair:
+        return _C64
+    return _C32
 
 
 def promote_types(a: DataType, b: DataType) -> DataType:
@@ -180,6 +197,10 @@ def promote_types(a: DataType, b: DataType) -> DataType:
     """
     if a == b:
         return a
+    if {a, b} & _WIDE_UNSIGNED:
+        return DataType.DT_UNDEFINED  # u16/u32/u64 promote only with themselves
+    if {a, b} & _COMPLEX:
+        return _promote_complex(a, b)
     floats = {a, b} & {_F32, _F16, _BF16, _F64}
     if floats:
         if _F64 in floats:

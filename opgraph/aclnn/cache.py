@@ -1,13 +1,13 @@
 """The executor cache: phase 1 with the same argument metadata reuses the compiled plan.
 
-The key holds, per argument, the tensor metadata (shape, strides, dtype, format) or None for a
+The key holds, per argument, the tensor metadata (shape, strides, dtype, format, writeable) or None for a
 NULL, the aliasing pattern of the arguments, the platform and the opt level — everything phase 1
 depends on except data pointers. Bounded (LRU) and thread-safe.
 
     >>> import numpy as np, opgraph
     >>> t = opgraph.tensor(np.zeros((2, 3), np.float32))
     >>> cache_key("op", (t, None), opgraph.get_platform(), 2)[1]
-    (('T', (2, 3), (3, 1), 0, 2), None)
+    (('T', (2, 3), (3, 1), 0, 2, True), None)
 """
 from __future__ import annotations
 
@@ -24,7 +24,8 @@ def _meta(a: Any) -> Optional[Hashable]:
     if a is None:
         return None
     if isinstance(a, Tensor):
-        return ("T", a.shape, a.strides, int(a.dtype), int(a.format))
+        # writeability is part of it: phase 1 rejects a read-only output
+        return ("T", a.shape, a.strides, int(a.dtype), int(a.format), bool(a.storage.flags.writeable))
     if isinstance(a, (int, float, str, bool)):
         return ("V", a)
     raise TypeError  # uncacheable argument

@@ -1,0 +1,684 @@
+"""The recorded graph (reference §5.5 emission order, promote type), the IR checks (verify), JSON,
+DOT and networkx dumps, and user-defined l0 ops."""
+from __future__ import annotations
+
+import builtins
+import json
+import re
+import shutil
+import subprocess
+import uuid
+
+import numpy as np
+import pytest
+
+import l0ops
+import opgraph
+from backends.numpy_backend import NumpyBackend
+from l0ops import OpAttrs
+from opgraph import DataType, Graph, GraphError, TensorType, aclnn
+from opgraph.ir import Value
+
+from reference import BF16, F16, F32, NAMES, assert_bits_equal, make_case, to_tensors
+
+FLOAT = DataType.FLOAT
+
+
+def record(case, soc="Ascend910B", layouts=None, out=None):
+    """Phase 1 only; returns the executor."""
+    out = opgraph.tensor(np.zeros(case.input.shape, case.out_dtype)) if out is None else out
+    with opgraph.platform(soc):
+        st, ws, ex = aclnn.aclnnBatchNormElemtBackwardGetWorkspaceSize(*to_tensors(case, layouts), out)
+    assert st == 0, aclnn.aclGetRecentErrMsg()
+    return ex
+
+
+def expected_ops(rank: int, null_weight: bool) -> list[str]:
+    ops = ["Fill"] if null_weight else []
+    ops += ["Contiguous"] * 8 + ["Cast"] * 7
+    ops += ["Cast", "ReduceSum", "Cast", "Cast", "Cast", "RealDiv", "RealDiv"]
+    per_param = ["UnsqueezeNd"] + (["UnsqueezeNd"] if rank > 2 else []) + ["BroadcastTo"]
+    ops += per_param * 5
+    ops += ["Cast", "Cast", "SyncBatchNormBackwardElemt", "Cast", "ViewCopy"]
+    return ops
+
+
+def check_structure(g: Graph, case, soc: str = "Ascend910B") -> DataType:
+    """Walk the recorded graph against reference §5.5; returns the promote type found."""
+    shape, C, rank = case.input.shape, case.input.shape[1], case.input.ndim
+    null_weight = case.weight is None
+    assert [n.op for n in g.nodes] == expected_ops(rank, null_weight)
+    names = [n for n in NAMES if not (n == "weight" and null_weight)] + ["gradInput"]
+    assert [v.name for v in g.inputs] == names
+    inp = {v.name: v for v in g.inputs}
+    it = iter(g.nodes)
+    if null_weight:
+        fill = next(it)
+        assert fill.inputs == []
+        assert (fill.attrs.shape, fill.attrs.value, fill.attrs.dtype) == ((C,), 1.0, FLOAT)
+        inp["weight"] = fill.outputs[0]
+    contig = {}
+    for n in NAMES:  # Contiguous in the order gradOut, input, mean, invstd, weight, sumDy, sumDyXmu, counter
+        node = next(it)
+        assert node.inputs == [inp[n]], f"Contiguous #{len(contig)} should read {n}: {node}"
+        contig[n] = node.outputs[0]
+    all_f16 = all(np.dtype(a.dtype) == F16 for a in case.arrays()[:7] if a is not None) and not null_weight
+    promote = DataType.FLOAT16 if all_f16 else FLOAT
+    cast = {}
+    for n in NAMES[:7]:
+        node = next(it)
+        assert node.inputs == [contig[n]] and node.attrs.to == promote, str(node)
+        cast[n] = node.outputs[0]
+    # MeanByCounter
+    c_cnt = next(it)
+    assert c_cnt.inputs == [contig["counter"]] and c_cnt.attrs.to == FLOAT
+    red = next(it)
+    assert red.inputs == [c_cnt.outputs[0]]
+    assert tuple(red.attrs.axes) == tuple(range(case.counter.ndim)) and red.attrs.keepdims is False
+    assert red.outputs[0].shape == ()
+    c_sdy, c_sdyx, c_tot = next(it), next(it), next(it)
+    assert c_sdy.inputs == [cast["sumDy"]] and c_sdyx.inputs == [cast["sumDyXmu"]]
+    assert c_tot.inputs == [red.outputs[0]]
+    assert all(c.attrs.to == FLOAT for c in (c_sdy, c_sdyx, c_tot))
+    d1, d2 = next(it), next(it)
+    assert d1.inputs == [c_sdy.outputs[0], c_tot.outputs[0]]
+    assert d2.inputs == [c_sdyx.outputs[0], c_tot.outputs[0]]
+    assert d1.outputs[0].type.dtype == FLOAT and d1.outputs[0].shape == (C,)
+    # broadcasts: mean, invstd, weight, meanDy, meanDyXmu
+    bcast = []
+    for src in (cast["mean"], cast["invstd"], cast["weight"], d1.outputs[0], d2.outputs[0]):
+        u = next(it)
+        assert u.inputs == [src] and tuple(u.attrs.dims) == (0,)
+        v = u.outputs[0]
+        assert v.shape == (1, C)
+        if rank > 2:
+            u2 = next(it)
+            assert u2.inputs == [v] and tuple(u2.attrs.dims) == tuple(range(2, rank))
+            v = u2.outputs[0]
+            assert v.shape == (1, C) + (1,) * (rank - 2)
+        b = next(it)
+        assert b.inputs == [v] and tuple(b.attrs.shape) == shape and b.outputs[0].shape == shape
+        bcast.append(b.outputs[0])
+    cm1, cm2 = next(it), next(it)
+    assert cm1.inputs == [bcast[3]] and cm2.inputs == [bcast[4]]
+    assert cm1.attrs.to == promote and cm2.attrs.to == promote
+    k = next(it)
+    assert k.inputs == [cast["gradOut"], cast["input"], bcast[0], bcast[1], bcast[2],
+                        cm1.outputs[0], cm2.outputs[0]]
+    assert all(v.dtype == promote and v.shape == shape for v in k.inputs)
+    arch = {"Ascend910B": 2201, "Ascend910_93": 2201, "Ascend950": 3510, "Ascend910": 1001}[soc]
+    assert k.attrs.arch == arch
+    assert k.outputs[0].dtype == promote and k.outputs[0].shape == shape
+    last_cast = next(it)
+    assert last_cast.inputs == [k.outputs[0]]
+    assert last_cast.attrs.to == opgraph.dtype_of(case.out_dtype)
+    vc = next(it)
+    assert vc.inputs == [last_cast.outputs[0], inp["gradInput"]]
+    assert g.outputs == [vc.outputs[0]]
+    return promote
+
+
+# --------------------------------------------------------------------------------------------
+# emission order
+# --------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("shape", [(2, 3), (2, 3, 4), (2, 3, 2, 2), (1, 2, 1, 1, 1, 1, 1, 2)])
+@pytest.mark.parametrize("null_weight", [False, True])
+@pytest.mark.parametrize("lvl", [0, 2])
+def test_emission_order(shape, null_weight, lvl):
+    case = make_case(shape, F32, weight=not null_weight, counter_shape=(2, 2))
+    with opgraph.opt_level(lvl):
+        ex = record(case)
+    check_structure(ex.graph, case)
+    ex.graph.verify()
+
+
+@pytest.mark.parametrize("soc", ["Ascend950", "Ascend910_93", "Ascend910"])
+def test_emission_order_on_other_platforms(soc):
+    case = make_case((2, 3, 4), F16)
+    check_structure(record(case, soc).graph, case, soc)
+
+
+def test_strided_inputs_are_recorded_with_strides():
+    case = make_case((2, 3, 4), F32)
+    ex = record(case, layouts={"input": "perm", "mean": "step"})
+    check_structure(ex.graph, case)
+    inp = {v.name: v for v in ex.graph.inputs}
+    assert not inp["input"].type.is_contiguous and inp["input"].type.strides is not None
+    assert inp["mean"].type.strides == (2,)
+    assert inp["gradOut"].type.is_contiguous
+
+
+def test_counter_cast_and_reduce_for_multidim_counter():
+    case = make_case((2, 3), F32, counter_shape=(2, 1, 3), counter_dtype=F16)
+    g = record(case).graph
+    check_structure(g, case)
+    red = [n for n in g.nodes if n.op == "ReduceSum"][0]
+    assert tuple(red.attrs.axes) == (0, 1, 2)
+
+
+def test_recorded_graph_uses_no_kernel_for_free_nodes():
+    """Contiguous of contiguous tensors, same-dtype Casts and UnsqueezeNd are free (reference §10.7);
+    Cast(counter), ReduceSum, RealDiv×2, BroadcastTo×5 and the kernel are not."""
+    g = record(make_case((2, 3, 4), F32)).graph
+    kernels = [n.op for n in g.nodes if not n.opdef.is_free(n) and n.op != "ViewCopy"]
+    assert sorted(kernels) == sorted(["Cast", "ReduceSum", "RealDiv", "RealDiv"] + ["BroadcastTo"] * 5
+                                     + ["SyncBatchNormBackwardElemt"])
+
+
+# --------------------------------------------------------------------------------------------
+# promote type via the recorded graph
+# --------------------------------------------------------------------------------------------
+PROMOTE_CASES = [
+    ("all-f16", dict(dtype=F16), DataType.FLOAT16, F16),
+    ("f16-null-weight", dict(dtype=F16, weight=False), FLOAT, F16),
+    ("all-f32", dict(dtype=F32), FLOAT, F32),
+    ("all-bf16", dict(dtype=BF16), FLOAT, BF16),
+    ("f16-except-sumDyXmu", dict(dtype=F16, dtypes={"sumDyXmu": F32}), FLOAT, F16),
+    ("f16-except-weight-bf16", dict(dtype=F16, dtypes={"weight": BF16}), FLOAT, F16),
+    ("f16-data-f32-params", dict(dtype=F32, dtypes={"gradOut": F16, "input": F16}), FLOAT, F16),
+    ("f32-in-f16-out", dict(dtype=F32, out_dtype=F16), FLOAT, F16),
+    ("f16-in-f32-out", dict(dtype=F16, out_dtype=F32), DataType.FLOAT16, F32),
+    ("bf16-in-f16-out", dict(dtype=BF16, out_dtype=F16), FLOAT, F16),
+]
+
+
+@pytest.mark.parametrize("kw,promote,out", [c[1:] for c in PROMOTE_CASES], ids=[c[0] for c in PROMOTE_CASES])
+def test_promote_type_in_recorded_graph(kw, promote, out):
+    case = make_case((2, 3, 4), **kw)
+    assert case.out_dtype == out
+    g = record(case).graph
+    assert check_structure(g, case) is promote
+    casts = [n for n in g.nodes if n.op == "Cast"]
+    assert len(casts) == 7 + 4 + 2 + 1
+    assert [c.attrs.to for c in casts[:7]] == [promote] * 7
+    k = next(n for n in g.nodes if n.op == "SyncBatchNormBackwardElemt")
+    assert {v.dtype for v in k.inputs} == {promote}
+    assert casts[-1].attrs.to == opgraph.dtype_of(out) and casts[-1].inputs[0].dtype == promote
+
+
+# --------------------------------------------------------------------------------------------
+# text dump
+# --------------------------------------------------------------------------------------------
+def test_text_dump_lists_every_node_typed():
+    case = make_case((2, 3, 4), F16)
+    g = record(case).graph
+    text = str(g)
+    lines = text.splitlines()
+    assert lines[0].startswith("graph aclnnBatchNormElemtBackward(%gradOut: f16[2,3,4], %input: f16[2,3,4]")
+    assert lines[-1] == "}" and lines[-2].startswith("  return %")
+    assert len(lines) == len(g.nodes) + 3
+    assert re.search(r"= SyncBatchNormBackwardElemt\(%\w+, .*arch=2201\)", text)
+    assert "%counter: s32[2]" in lines[0]
+    assert any(re.fullmatch(r"  %\w+: f32\[\] = ReduceSum\(%\w+, axes=\[0\], keepdims=False\)", ln) for ln in lines)
+
+
+# --------------------------------------------------------------------------------------------
+# verify(): passes on recorded graphs, fails on corrupted ones
+# --------------------------------------------------------------------------------------------
+def recorded(weight=True, shape=(2, 3, 4), dtype=F32, soc="Ascend910B"):
+    return record(make_case(shape, dtype, weight=weight), soc).graph
+
+
+@pytest.mark.parametrize("kw", [{}, {"weight": False}, {"shape": (4, 5)}, {"dtype": F16},
+                                {"soc": "Ascend950"}, {"dtype": BF16}])
+def test_verify_passes_on_recorded_graphs(kw):
+    g = recorded(**kw)
+    assert g.verify() is g
+    assert g.copy().verify() == g
+
+
+def _node(g, op, k=0):
+    return [n for n in g.nodes if n.op == op][k]
+
+
+def corrupt_type(g):
+    v = _node(g, "RealDiv").outputs[0]
+    v.type = v.type.with_(dtype=DataType.FLOAT16)
+
+
+def corrupt_order(g):
+    k = _node(g, "SyncBatchNormBackwardElemt")
+    g.nodes.remove(k)
+    g.nodes.insert(0, k)
+
+
+def corrupt_op(g):
+    _node(g, "BroadcastTo").op = "NoSuchOp"
+
+
+def corrupt_arity(g):
+    _node(g, "SyncBatchNormBackwardElemt").inputs.pop()
+
+
+def corrupt_users(g):
+    n = _node(g, "ReduceSum")
+    n.inputs[0].users.remove(n)
+
+
+def corrupt_duplicate(g):
+    _node(g, "Cast", 3).outputs[0].name = _node(g, "Cast", 1).outputs[0].name
+
+
+def corrupt_output(g):
+    g.outputs = [Value("nowhere", TensorType((2, 3, 4), FLOAT))]
+
+
+def corrupt_attrs(g):
+    b = _node(g, "BroadcastTo")
+    b.attrs = b.opdef.make_attrs(shape=(2, 3, 5))
+
+
+CORRUPTIONS = [
+    (corrupt_type, "differ"), (corrupt_order, "before it is defined"), (corrupt_op, "NoSuchOp"),
+    (corrupt_arity, "type-check"), (corrupt_users, "users"), (corrupt_duplicate, "defined twice"),
+    (corrupt_output, "nowhere"), (corrupt_attrs, "BroadcastTo"),
+]
+
+
+@pytest.mark.parametrize("corrupt,match", CORRUPTIONS, ids=[c[0].__name__ for c in CORRUPTIONS])
+def test_verify_fails_on_corrupted_graphs(corrupt, match):
+    g = recorded().copy()
+    g.verify()
+    corrupt(g)
+    with pytest.raises(GraphError, match=match):
+        g.verify()
+
+
+def test_verify_rejects_a_write_to_an_intermediate():
+    g = Graph("bad-write")
+    x = g.add_input("x", TensorType((3,), FLOAT))
+    a = g.add_node("Cast", [x], to=DataType.FLOAT16).outputs[0]
+    b = g.add_node("Cast", [x], to=DataType.FLOAT16).outputs[0]
+    g.outputs = [g.add_node("ViewCopy", [a, b]).outputs[0]]
+    with pytest.raises(GraphError, match="not a user tensor"):
+        g.verify()
+
+
+def test_verify_error_quotes_the_node():
+    g = recorded().copy()
+    corrupt_type(g)
+    with pytest.raises(GraphError) as e:
+        g.verify()
+    assert "RealDiv(%" in str(e.value)
+
+
+def test_add_node_type_checks():
+    g = Graph("g")
+    x = g.add_input("x", TensorType((3,), FLOAT))
+    y = g.add_input("y", TensorType((3,), DataType.FLOAT16))
+    with pytest.raises(ValueError, match="RealDiv"):
+        g.add_node("RealDiv", [x, y])
+    with pytest.raises(GraphError, match="defined twice"):
+        g.add_input("x", TensorType((3,), FLOAT))
+
+
+# --------------------------------------------------------------------------------------------
+# JSON
+# --------------------------------------------------------------------------------------------
+JSON_CASES = {
+    "f32": dict(shape=(2, 3, 4), dtype=F32),
+    "f16": dict(shape=(2, 3, 4), dtype=F16),
+    "null-weight": dict(shape=(2, 3, 4), dtype=F16, weight=False),
+    "rank2": dict(shape=(5, 3), dtype=F32),
+    "bf16-counter-f16": dict(shape=(2, 3, 2), dtype=BF16, counter_dtype=F16, counter_shape=(2, 2)),
+    "mixed-out": dict(shape=(2, 3, 4), dtype=F32, dtypes={"gradOut": F16}, out_dtype=BF16),
+}
+
+
+@pytest.mark.parametrize("soc", ["Ascend910B", "Ascend950"])
+@pytest.mark.parametrize("name", list(JSON_CASES))
+def test_json_round_trip(name, soc):
+    case = make_case(seed=5, **JSON_CASES[name])
+    ex = record(case, soc, layouts={"input": "perm", "sumDy": "offset"})
+    g = ex.graph
+    text = g.to_json()
+    raw = json.loads(text)
+    assert raw["schema"] == "opgraph.graph" and raw["version"] == 1
+    assert len(raw["nodes"]) == len(g.nodes) and [n["op"] for n in raw["nodes"]] == [n.op for n in g.nodes]
+    g2 = Graph.from_json(text)
+    assert g2 == g
+    assert str(g2) == str(g)
+    assert g2.to_json() == text
+    assert Graph.from_json(text.encode()) == g
+    check_structure(g2, case, soc)
+    # the loaded graph computes the same bits as the reference
+    out = ex.bindings["gradInput"]
+    out.view()[...] = 0
+    NumpyBackend().run(g2, ex.bindings)
+    assert_bits_equal(out.numpy(), case.expected(soc))
+
+
+def test_json_round_trip_of_empty_graph():
+    case = make_case((0, 3, 4), F32)
+    ex = record(case)
+    assert ex.graph.nodes == []
+    assert Graph.from_json(ex.graph.to_json()) == ex.graph
+
+
+def _tiny() -> dict:
+    g = Graph("tiny")
+    x = g.add_input("x", TensorType((2,), FLOAT))
+    g.outputs = [g.add_node("Cast", [x], to=DataType.FLOAT16).outputs[0]]
+    return json.loads(g.to_json())
+
+
+def _mut(fn):
+    d = _tiny()
+    fn(d)
+    return json.dumps(d)
+
+
+BAD_JSON = [
+    ("truncated", '{"schema": "opgraph.graph", "version": 1, "name": ', "malformed"),
+    ("not-json", "graph tiny { }", "malformed"),
+    ("non-utf8", b"\xff\xfe{", "malformed"),
+    ("array", "[]", "must be an object"),
+    ("wrong-schema", _mut(lambda d: d.update(schema="torch.fx")), "not an opgraph graph"),
+    ("no-schema", _mut(lambda d: d.pop("schema")), "not an opgraph graph"),
+    ("version-2", _mut(lambda d: d.update(version=2)), "version"),
+    ("version-str", _mut(lambda d: d.update(version="1")), "version"),
+    ("missing-nodes", _mut(lambda d: d.pop("nodes")), "nodes"),
+    ("extra-field", _mut(lambda d: d.update(code="print(1)")), "code"),
+    ("nodes-not-list", _mut(lambda d: d.update(nodes=5)), "nodes"),
+    ("bad-shape", _mut(lambda d: d["inputs"][0].update(shape="2")), "shape"),
+    ("bad-input-dtype", _mut(lambda d: d["inputs"][0].update(dtype="float17")), "dtype"),
+    ("bad-value-name", _mut(lambda d: d["inputs"][0].update(name='x" -> evil')), "name"),
+    ("unknown-op", _mut(lambda d: d["nodes"][0].update(op="Conv9D")), "unknown l0 op 'Conv9D'"),
+    ("bad-attr-value", _mut(lambda d: d["nodes"][0]["attrs"].update(to="FLOAT17")), "node 0"),
+    ("unknown-attr", _mut(lambda d: d["nodes"][0]["attrs"].update(bogus=1)), "bogus"),
+    ("missing-attr", _mut(lambda d: d["nodes"][0].update(attrs={})), "to"),
+    ("undefined-input", _mut(lambda d: d["nodes"][0].update(inputs=["y"])), "undefined value %y"),
+    ("wrong-arity", _mut(lambda d: d["nodes"][0].update(inputs=["x", "x"])), "type-check"),
+    ("type-mismatch", _mut(lambda d: d["nodes"][0]["outputs"][0].update(dtype="BF16")), "differs"),
+    ("shape-mismatch", _mut(lambda d: d["nodes"][0]["outputs"][0].update(shape=[3])), "differs"),
+    ("redefined", _mut(lambda d: d["nodes"][0]["outputs"][0].update(name="x")), "defined twice"),
+    ("undefined-output", _mut(lambda d: d.update(outputs=["zz"])), "%zz"),
+]
+
+
+@pytest.mark.parametrize("text,match", [c[1:] for c in BAD_JSON], ids=[c[0] for c in BAD_JSON])
+def test_bad_json_raises_graph_error(text, match):
+    with pytest.raises(GraphError, match=re.escape(match)) as e:
+        Graph.from_json(text)
+    assert "\n" not in str(e.value), "one line per error"
+
+
+def test_tiny_json_is_valid():
+    """The base document of BAD_JSON loads (so each failure above is due to its mutation)."""
+    g = Graph.from_json(json.dumps(_tiny()))
+    assert [n.op for n in g.nodes] == ["Cast"]
+
+
+def test_loading_never_executes_code(tmp_path, monkeypatch):
+    marker = tmp_path / "pwned"
+    payload = f"__import__('os').system('touch {marker}')"
+    calls = []
+    monkeypatch.setattr(builtins, "eval", lambda *a, **k: calls.append(a))
+    monkeypatch.setattr(builtins, "exec", lambda *a, **k: calls.append(a))
+    for fn in (lambda d: d["nodes"][0].update(op=payload),
+               lambda d: d["nodes"][0].update(op="__import__('os')"),
+               lambda d: d["nodes"][0]["attrs"].update(to=payload),
+               lambda d: d["inputs"][0].update(dtype=payload)):
+        with pytest.raises(GraphError):
+            Graph.from_json(_mut(fn))
+    # a name is data: it loads and stays a string
+    g = Graph.from_json(_mut(lambda d: d.update(name=payload)))
+    assert g.name == payload
+    assert not marker.exists() and calls == []
+
+
+# --------------------------------------------------------------------------------------------
+# DOT
+# --------------------------------------------------------------------------------------------
+def _unescape(s: str) -> str:
+    out, i = [], 0
+    while i < len(s):
+        if s[i] == "\\" and i + 1 < len(s):
+            nxt = s[i + 1]
+            out.append({"n": "\n", '"': '"', "\\": "\\"}.get(nxt, "\\" + nxt))
+            i += 2
+        else:
+            out.append(s[i])
+            i += 1
+    return "".join(out)
+
+
+def dot_tokens(text: str) -> list[tuple[str, str]]:
+    toks, i = [], 0
+    while i < len(text):
+        c = text[i]
+        if c.isspace():
+            i += 1
+        elif c == '"':
+            j, buf = i + 1, []
+            while True:
+                assert j < len(text), "unterminated string in DOT"
+                if text[j] == "\\":
+                    buf.append(text[j:j + 2])
+                    j += 2
+                    continue
+                if text[j] == '"':
+                    break
+                assert text[j] != "\n", "raw newline inside a DOT string"
+                buf.append(text[j])
+                j += 1
+            toks.append(("str", _unescape("".join(buf))))
+            i = j + 1
+        elif text.startswith("->", i):
+            toks.append(("op", "->"))
+            i += 2
+        elif c in "{}[];,=":
+            toks.append(("op", c))
+            i += 1
+        else:
+            m = re.match(r"[A-Za-z0-9_.#-]+", text[i:])
+            assert m, f"unexpected character {c!r} in DOT at {i}"
+            toks.append(("id", m.group()))
+            i += m.end()
+    return toks
+
+
+def parse_dot(text: str):
+    """A structural DOT check: returns (graph name, declared node ids, edges)."""
+    toks = dot_tokens(text)
+    assert toks[0] == ("id", "digraph") and toks[1][0] in ("str", "id") and toks[2] == ("op", "{")
+    assert toks[-1] == ("op", "}")
+    depth = {"{": 0, "[": 0}
+    for _, t in toks:
+        if t in "{[":
+            depth[t] += 1
+        elif t == "}":
+            depth["{"] -= 1
+        elif t == "]":
+            depth["["] -= 1
+        assert depth["{"] >= 0 and depth["["] >= 0
+    assert depth == {"{": 0, "[": 0}, "unbalanced braces"
+    body, stmts, cur, inside = toks[3:-1], [], [], 0
+    for tok in body:
+        if tok == ("op", "["):
+            inside += 1
+        elif tok == ("op", "]"):
+            inside -= 1
+        if tok == ("op", ";") and not inside:
+            stmts.append(cur)
+            cur = []
+        else:
+            cur.append(tok)
+    assert not cur, "statement without ';'"
+    nodes, edges = set(), []
+    for s in stmts:
+        head = s[:s.index(("op", "["))] if ("op", "[") in s else s
+        if ("op", "->") in head:
+            assert len(head) == 3 and head[1] == ("op", "->"), head
+            edges.append((head[0][1], head[2][1]))
+        elif len(head) == 1 and head[0][1] not in ("node", "edge", "graph"):
+            nodes.add(head[0][1])
+        else:
+            assert ("op", "=") in head or head[0][1] in ("node", "edge", "graph"), s
+    return toks[1][1], nodes, edges
+
+
+@pytest.mark.parametrize("kw", [{}, {"weight": False}, {"shape": (4, 5), "dtype": F16}])
+def test_dot_is_well_formed(kw, tmp_path):
+    g = recorded(**kw)
+    text = g.to_dot()
+    name, nodes, edges = parse_dot(text)
+    assert name == g.name
+    assert len(nodes) == len(g.inputs) + len(g.nodes) + len(g.outputs)
+    assert len(edges) == sum(len(n.inputs) for n in g.nodes) + len(g.outputs)
+    assert all(a in nodes and b in nodes for a, b in edges), "edge to an undeclared node"
+    path = tmp_path / "g.dot"
+    path.write_text(text)
+    try:
+        import pydot  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        import networkx as nx
+        G = nx.drawing.nx_pydot.read_dot(str(path))
+        assert G.number_of_edges() == len(edges)
+    if shutil.which("dot"):
+        r = subprocess.run(["dot", "-Tsvg", str(path)], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        assert "<svg" in r.stdout
+
+
+def test_dot_escapes_quotes_in_names(tmp_path):
+    weird = 'my "quoted" graph \\ with {braces} -> and\nnewline'
+    g = Graph(weird)
+    x = g.add_input('x', TensorType((2,), FLOAT))
+    g.outputs = [g.add_node("Cast", [x], to=DataType.FLOAT16).outputs[0]]
+    text = g.to_dot()
+    name, nodes, edges = parse_dot(text)
+    assert name == weird
+    assert len(nodes) == 3 and len(edges) == 2
+    if shutil.which("dot"):
+        path = tmp_path / "w.dot"
+        path.write_text(text)
+        r = subprocess.run(["dot", "-Tsvg", str(path)], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+
+
+def test_dot_labels_ops_and_types():
+    g = recorded()
+    text = g.to_dot()
+    vc = [ln for ln in text.splitlines() if "ViewCopy" in ln and "[shape=box" in ln]
+    assert len(vc) == 1
+    assert "f32[2,3,4]" in text and "arch=2201" in text
+
+
+# --------------------------------------------------------------------------------------------
+# networkx
+# --------------------------------------------------------------------------------------------
+def test_to_networkx_structure():
+    import networkx as nx
+    g = recorded(weight=False)
+    G = g.to_networkx()
+    assert isinstance(G, nx.MultiDiGraph)
+    assert G.number_of_nodes() == len(g.inputs) + len(g.nodes)
+    assert G.number_of_edges() == sum(len(n.inputs) for n in g.nodes)
+    assert nx.is_directed_acyclic_graph(G)
+    k = next(i for i, n in enumerate(g.nodes) if n.op == "SyncBatchNormBackwardElemt")
+    data = G.nodes[f"n{k}"]
+    assert data["op"] == "SyncBatchNormBackwardElemt" and data["attrs"]["arch"] == 2201
+    in_edges = sorted(G.in_edges(f"n{k}", keys=True, data=True), key=lambda e: e[2])
+    assert [e[2] for e in in_edges] == list(range(7))
+    assert [e[3]["value"] for e in in_edges] == [v.name for v in g.nodes[k].inputs]
+    # the gradInput user tensor feeds exactly the ViewCopy
+    assert [v for _, v in G.out_edges("in:gradInput")] == [f"n{len(g.nodes) - 1}"]
+    assert "in:weight" not in G
+
+
+def _mul_op():
+    name = f"TestMul_{uuid.uuid4().hex[:8]}"
+    return l0ops.define_op(
+        name, num_inputs=2, kind="elementwise",
+        infer=lambda ts, a: [ts[0].with_()],
+        compute=lambda xs, a: [np.multiply(xs[0], xs[1])])
+
+
+def test_to_networkx_has_one_edge_per_operand_use():
+    Mul = _mul_op()
+    g = Graph("sq")
+    x = g.add_input("x", TensorType((3,), FLOAT))
+    y = Mul(g, x, x)
+    g.outputs = [Mul(g, y, x)]
+    G = g.to_networkx()
+    assert G.number_of_edges("in:x", "n0") == 2
+    assert G.number_of_edges("in:x", "n1") == 1 and G.number_of_edges("n0", "n1") == 1
+    assert G.number_of_edges() == 4
+
+
+# --------------------------------------------------------------------------------------------
+# user-defined l0 ops
+# --------------------------------------------------------------------------------------------
+class AxpyAttrs(OpAttrs):
+    alpha: float
+
+
+AXPY = f"TestAxpy_{uuid.uuid4().hex[:8]}"
+Axpy = l0ops.define_op(
+    AXPY, attrs=AxpyAttrs, num_inputs=2, kind="elementwise",
+    infer=lambda ts, a: [ts[0].with_()],
+    compute=lambda xs, a: [(xs[0] * xs[0].dtype.type(a.alpha) + xs[1]).astype(xs[0].dtype)],
+    doc="alpha·x + y")
+
+
+@aclnn.op_api("aclnnTestAxpy")
+def axpy_api(ex, x, y, out):
+    aclnn.check_not_null(x=x, y=y, out=out)
+    vx = l0ops.Contiguous(ex, ex.input("x", x))
+    vy = l0ops.Contiguous(ex, ex.input("y", y))
+    z = Axpy(ex, vx, vy, alpha=2.0)
+    ex.output(l0ops.ViewCopy(ex, l0ops.Cast(ex, z, to=out.dtype), ex.input("out", out)))
+
+
+def test_user_op_runs_on_the_numpy_backend():
+    g = Graph("axpy")
+    x = g.add_input("x", TensorType((3,), FLOAT))
+    y = g.add_input("y", TensorType((3,), FLOAT))
+    o = g.add_input("o", TensorType((3,), DataType.FLOAT16))
+    z = Axpy(g, x, y, alpha=2.0)
+    g.outputs = [l0ops.ViewCopy(g, l0ops.Cast(g, z, to="float16"), o)]
+    g.verify()
+    assert f"{AXPY}(%x, %y, alpha=2.0)" in str(g)
+    out = np.zeros(3, np.float16)
+    NumpyBackend().run(g, {"x": opgraph.tensor(np.float32([1, 2, 3])),
+                           "y": opgraph.tensor(np.float32([10, 20, 30])), "o": opgraph.tensor(out)})
+    assert out.tolist() == [12.0, 24.0, 36.0]
+    assert Graph.from_json(g.to_json()) == g
+
+
+@pytest.mark.parametrize("lvl", [0, 1, 2])
+def test_user_op_api_two_phase(lvl):
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    y = np.full((2, 3), 0.5, np.float32)
+    out = np.zeros((3, 2), np.float16).T  # a transposed (non-contiguous) output
+    with opgraph.opt_level(lvl):
+        st, ws, ex = axpy_api(opgraph.tensor(x.T.copy().T), opgraph.tensor(y), opgraph.tensor(out))
+    assert st == 0, aclnn.aclGetRecentErrMsg()
+    assert [n.op for n in ex.graph.nodes] == ["Contiguous", "Contiguous", AXPY, "Cast", "ViewCopy"]
+    assert aclnn.run_executor(bytearray(ws) if ws else None, ws, ex) == 0
+    assert out.tolist() == [[0.5, 2.5, 4.5], [6.5, 8.5, 10.5]]
+    st, _, _ = axpy_api(None, opgraph.tensor(y), opgraph.tensor(out))
+    assert st == 161001 and "x" in aclnn.aclGetRecentErrMsg()
+
+
+def test_define_op_rejects_duplicates_and_bad_kinds():
+    with pytest.raises(ValueError, match="already defined"):
+        l0ops.define_op(AXPY, infer=lambda ts, a: ts, compute=lambda xs, a: xs)
+    with pytest.raises(ValueError, match="kind"):
+        l0ops.define_op(f"TestBad_{uuid.uuid4().hex[:8]}", kind="magic",
+                        infer=lambda ts, a: ts, compute=lambda xs, a: xs)
+    with pytest.raises(KeyError, match="unknown l0 op"):
+        l0ops.get_op("NoSuchOp")
+    with pytest.raises(ValueError, match="alpha"):
+        Axpy(Graph(), Value("x", TensorType((1,), FLOAT)), Value("y", TensorType((1,), FLOAT)))
+
+
+def test_builtin_ops_are_registered():
+    ops = l0ops.all_ops()
+    for name in ("Contiguous", "Cast", "ReduceSum", "RealDiv", "UnsqueezeNd", "BroadcastTo", "Fill",
+                 "ViewCopy", "SyncBatchNormBackwardElemt"):
+        assert name in ops
+    assert ops["ViewCopy"].has_effects and not ops["Cast"].has_effects
