@@ -15,10 +15,10 @@ import sys
 from typing import Optional, Sequence
 
 from .. import __version__
-from . import demo, dump, run, tiling
+from . import demo, dump, emit_c, emit_cpp, plan, run, tiling
 from .common import CliError, Parser
 
-COMMANDS = [demo, dump, run, tiling]
+COMMANDS = [demo, dump, run, tiling, emit_c, plan, emit_cpp]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,66 @@
+"""``opgraph emit-c OP``: record an op_api (same options as ``opgraph dump``), optimise it at
+--level (default 2) and print the C kernel the ``native`` backend compiles for each FusedElementwise node.
+
+    >>> from opgraph.cli import main
+    >>> main(["emit-c", "aclnnBatchNormElemtBackward", "--shape", "2,3", "--dtype", "f16"])
+    ... # doctest: +ELLIPSIS
+    /* opgraph emit-c: aclnnBatchNormElemtBackward, node 0 (%...), level 2, ...
+    0
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from ..passes import optimize
+from .common import CliError, add_op_options, build_case, check, record
+
+LEVEL = 2
+
+
+def run(args: argparse.Namespace) -> int:
+    from backends.native import Unsupported, emit_c
+    from backends.native.build import BASE_FLAGS, OPTIONAL_FLAGS
+    case = build_case(args)
+    rec = record(case)
+    check(rec.status, f"{case.spec.name}GetWorkspaceSize")
+    graph = optimize(rec.executor.graph, case.level)
+    chunks = []
+    for i, node in enumerate(graph.nodes):
+        if node.op != "FusedElementwise":
+            continue
+        head = (f"/* opgraph emit-c: {case.spec.name}, node {i} (%{node.outputs[0].name}), "
+                f"level {case.level}, {case.platform}\n"
+                f" * flags: {' '.join(BASE_FLAGS)} [+ {' '.join(OPTIONAL_FLAGS)} when accepted] */\n")
+        try:
+            chunks.append(head + emit_c(node))
+        except Unsupported as e:
+            chunks.append(head + f"/* not rendered (runs on numpy): {e} */\n")
+    if not chunks:
+        raise CliError(f"no FusedElementwise node in the level-{case.level} graph of {case.spec.name} "
+                       f"(fusion happens at --level 2)")
+    text = "\n".join(chunks)
+    if args.output in (None, "-"):
+        sys.stdout.write(text)
+        return 0
+    try:
+        with open(args.output, "w", encoding="utf-8") as f:
+            f.write(text)
+    except OSError as e:
+        raise CliError(f"cannot write {args.output}: {e.strerror or e}") from None
+    print(f"wrote {args.output}: {len(chunks)} kernel(s)")
+    return 0
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "emit-c", help="print the C kernels the native backend compiles for an op_api",
+        description="Record OP on random tensors of --shape/--dtype (phase 1 only), optimise at "
+                    "--level (default 2) and print the C source of every FusedElementwise kernel.",
+        epilog="example: opgraph emit-c aclnnBatchNormElemtBackward --shape 32,64,56,56 "
+               "--dtype bfloat16 -o kernel.c")
+    add_op_options(p, level_default=LEVEL)
+    p.add_argument("-o", "--output", metavar="FILE", help="write to FILE instead of stdout")
+    p.set_defaults(func=run)
+    return p

@@ -1,0 +1,219 @@
+"""The native backend: bit-identical to the numpy backend on every layout / dtype / platform,
+kernels cached on disk, clear errors without a compiler or on a compile failure."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import ml_dtypes
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import backends
+import opgraph
+import reference as R
+from backends import native
+from backends.native import build
+from l0ops.fused import FusedAttrs, Instr, run_fused
+from opgraph.dtypes import DataType as D
+from opgraph.ir import Graph, TensorType
+
+pytestmark = pytest.mark.skipif(not native.available(), reason=native.availability()[1])
+
+SOCS = ("Ascend910B", "Ascend950")
+CHANNEL_F32 = {n: R.F32 for n in ("mean", "invstd", "weight", "sumDy", "sumDyXmu")}
+CONFIGS = {
+    "f32": dict(dtype=R.F32),
+    "f16": dict(dtype=R.F16),
+    "bf16": dict(dtype=R.BF16),
+    "mixed": dict(dtype=R.F16, dtypes=CHANNEL_F32),
+    "f32-to-f16": dict(dtype=R.F32, out_dtype=R.F16),
+    "f16-null-weight": dict(dtype=R.F16, weight=False),
+    "bf16-null-weight": dict(dtype=R.BF16, weight=False),
+}
+
+
+def both(case: R.Case, soc: str, layouts=None, out_factory=None):
+    """gradInput from the numpy and the native backend at level 2 (plus the native fallbacks)."""
+    results = []
+    for name in ("numpy", "native"):
+        with opgraph.platform(soc), opgraph.opt_level(2), opgraph.use_backend(name):
+            if out_factory is None:
+                results.append(R.compute(case, layouts))
+            else:
+                t, storage, _ = out_factory()
+                R.run_op(R.to_tensors(case, layouts), t)
+                results.append(storage)
+    return results
+
+
+@pytest.fixture
+def no_fallback():
+    b = backends.get("native")
+    b.fallbacks.clear()
+    yield
+    assert not b.fallbacks, dict(b.fallbacks)
+
+
+@pytest.mark.parametrize("soc", SOCS)
+@pytest.mark.parametrize("config", list(CONFIGS))
+def test_bit_identical_to_numpy(config, soc, no_fallback):
+    case = R.make_case((3, 5, 4, 7), **CONFIGS[config], seed=1)
+    expected, got = both(case, soc)
+    R.assert_bits_equal(got, expected)
+    R.assert_bits_equal(got, case.expected(soc))
+
+
+@pytest.mark.parametrize("soc", SOCS)
+@pytest.mark.parametrize("shape", [(6, 5), (2, 3, 2, 3, 4)], ids=["rank2", "rank5"])
+@pytest.mark.parametrize("dtype", [R.F32, R.F16, R.BF16], ids=["f32", "f16", "bf16"])
+def test_ranks(shape, dtype, soc, no_fallback):
+    case = R.make_case(shape, dtype, seed=2)
+    expected, got = both(case, soc)
+    R.assert_bits_equal(got, expected)
+
+
+@pytest.mark.parametrize("soc", SOCS)
+@pytest.mark.parametrize("config", ["f32", "f16", "bf16", "mixed"])
+def test_strided_inputs_and_output_view(config, soc, no_fallback):
+    case = R.make_case((3, 4, 5, 6), **CONFIGS[config], seed=3)
+    layouts = {"gradOut": "perm", "input": "step", "mean": "offset", "invstd": "step",
+               "weight": "perm", "sumDy": "offset"}
+    shape = case.input.shape
+    expected, got = both(case, soc, layouts, lambda: R.padded_out(shape, case.out_dtype))
+    _, pristine_storage, pristine = R.padded_out(shape, case.out_dtype)
+    R.assert_bits_equal(got, expected)  # the whole storage: gaps keep the sentinel
+    assert not np.array_equal(R.bits(got), R.bits(pristine)), "nothing was written"
+    view, _, _ = R.padded_out(shape, case.out_dtype)
+    mask = np.ones(got.shape, bool)
+    idx = np.lib.stride_tricks.as_strided(
+        np.arange(got.size)[view.offset:], shape=shape,
+        strides=tuple(s * 8 for s in view.strides))
+    mask[idx.ravel()] = False
+    assert np.array_equal(R.bits(got)[mask], R.bits(pristine)[mask])
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(shape=st.lists(st.integers(1, 5), min_size=2, max_size=4).map(tuple),
+       dtype=st.sampled_from([R.F32, R.F16, R.BF16]),
+       out=st.sampled_from([None, R.F32, R.F16, R.BF16]),
+       weight=st.booleans(), soc=st.sampled_from(SOCS),
+       layout=st.sampled_from(["contig", "perm", "step"]), seed=st.integers(0, 2**16))
+def test_property_matches_numpy(shape, dtype, out, weight, soc, layout, seed):
+    case = R.make_case(shape, dtype, out_dtype=out, weight=weight, seed=seed)
+    expected, got = both(case, soc, {"gradOut": layout, "input": layout})
+    R.assert_bits_equal(got, expected)
+
+
+def _cast_attrs(shape, to: D) -> FusedAttrs:
+    return FusedAttrs(shape=shape, body=(Instr(op="cast", args=("in0",), dtype=to),), result="t0",
+                      out_dtype=to)
+
+
+@pytest.mark.parametrize("src,dst", [(D.FLOAT16, D.FLOAT), (D.BF16, D.FLOAT),
+                                     (D.FLOAT, D.FLOAT16), (D.FLOAT, D.BF16)])
+def test_conversions_exhaustive(src, dst):
+    """Every f16/bf16 pattern widens exactly; float → f16/bf16 rounds like numpy (RNE), including
+    subnormals, overflow to inf and every tie near the half grid."""
+    h = np.arange(1 << 16, dtype=np.uint32)
+    if src != D.FLOAT:
+        x = h.astype(np.uint16).view(src.np)
+    else:
+        rng = np.random.default_rng(0)
+        grid = (h << 13) + 0x38000000
+        bits = np.concatenate([rng.integers(0, 1 << 32, 400_000, dtype=np.uint64).astype(np.uint32),
+                               grid + 0x1000, grid + 0x0FFF, grid + 0x1001, (h << 16) + 0x8000,
+                               np.arange(0x33000000, 0x38900000, 0x1001, dtype=np.uint32),
+                               np.arange(0x477F0000, 0x47810000, 0x101, dtype=np.uint32)])
+        x = np.concatenate([bits, bits | 0x80000000]).view(np.float32)
+    with np.errstate(all="ignore"):
+        expected = run_fused(_cast_attrs(x.shape, dst), [x])
+        got = native.run_fused_native(_cast_attrs(x.shape, dst), [x])
+    nan = np.isnan(expected.astype(np.float32))
+    assert np.array_equal(nan, np.isnan(got.astype(np.float32)))
+    assert np.array_equal(R.bits(got)[~nan], R.bits(expected)[~nan])
+
+
+def test_unsupported_body_falls_back_to_numpy():
+    g = Graph("f")
+    x = g.add_input("x", TensorType((2, 3), D.INT32))
+    attrs = FusedAttrs(shape=(2, 3), body=(Instr(op="cast", args=("in0",), dtype=D.FLOAT),
+                                           Instr(op="add", args=("t0", "t0"), dtype=D.FLOAT)),
+                       result="t1", out_dtype=D.FLOAT)
+    g.outputs = [g.add_node("FusedElementwise", [x], attrs).outputs[0]]
+    b = native.NativeBackend()
+    data = np.arange(6, dtype=np.int32).reshape(2, 3)
+    out = b.evaluate(g, {"x": opgraph.tensor(data)})
+    assert out[g.outputs[0].name].tolist() == (2.0 * data).tolist()
+    assert sum(b.fallbacks.values()) == 1 and "s32" in next(iter(b.fallbacks))
+
+
+def test_disk_cache_is_reused(tmp_path, monkeypatch):
+    monkeypatch.setenv("OPGRAPH_CACHE_DIR", str(tmp_path))
+    source = "#include <stdint.h>\nint64_t opg_kernel(void) { return 4242; }\n"
+    build.forget()
+    before = dict(build.stats)
+    k = build.load(source)
+    k.fn.restype = ctypes_int64()
+    assert k.fn() == 4242 and build.stats["compiles"] == before["compiles"] + 1
+    assert k.library.parent == tmp_path and k.source.read_text() == source
+    assert "-ffp-contract=off" in k.library.with_suffix(".cmd").read_text()
+    mtime = k.library.stat().st_mtime_ns
+    assert build.load(source) is k  # in process: no work at all
+    build.forget()  # like a new process
+    assert build.load(source).library == k.library
+    assert build.stats["compiles"] == before["compiles"] + 1
+    assert build.stats["disk_hits"] == before["disk_hits"] + 1
+    code = ("import ctypes, sys; from backends.native import build; "
+            f"k = build.load({source!r}); k.fn.restype = ctypes.c_int64; "
+            "print(k.fn(), build.stats['compiles'])")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root,
+                          env={**os.environ, "PYTHONPATH": root}, timeout=60)
+    assert proc.stdout.split() == ["4242", "0"], proc.stderr
+    assert k.library.stat().st_mtime_ns == mtime
+
+
+def ctypes_int64():
+    import ctypes
+    return ctypes.c_int64
+
+
+def test_compile_error_names_the_source(tmp_path, monkeypatch):
+    monkeypatch.setenv("OPGRAPH_CACHE_DIR", str(tmp_path))
+    with pytest.raises(build.NativeBuildError) as e:
+        build.load("void opg_kernel(void) { this is not C; }\n")
+    msg = str(e.value)
+    src = next(tmp_path.glob("k_*.c"))
+    assert str(src) in msg and "error" in msg
+    assert not list(tmp_path.glob("*.so*")), "no partial library is left behind"
+
+
+def test_unavailable_without_compiler(monkeypatch):
+    monkeypatch.delenv("CC", raising=False)
+    monkeypatch.setattr(build.shutil, "which", lambda name: None)
+    assert native.availability() == (False, "no C compiler found (tried cc, gcc, clang)")
+    assert not native.available()
+    with pytest.raises(backends.BackendUnavailable, match="no C compiler found"):
+        backends.get("native")
+    assert "native" not in backends.available()
+    assert backends.get("numpy").name == "numpy"
+
+
+def test_emit_c_cli(capsys):
+    from opgraph.cli import main
+    assert main(["emit-c", "aclnnBatchNormElemtBackward", "--shape", "2,3,4", "--dtype", "bf16",
+                 "--platform", "Ascend950"]) == 0
+    out = capsys.readouterr().out
+    assert "void opg_kernel" in out and "opg_st_bf16" in out and "Ascend950" in out
+    assert main(["emit-c", "aclnnBatchNormElemtBackward", "--level", "1"]) == 1
+    assert "fusion happens at --level 2" in capsys.readouterr().err
+
+
+def test_collapse_and_bf16_dtype_sanity():
+    assert native.collapse((4, 1, 3), [[3, 99, 1]]) == ([12], [[1]])
+    assert native.collapse((1, 1), [[5, 7], [0, 0]]) == ([1], [[0], [0]])
+    assert np.dtype(D.BF16.np) == np.dtype(ml_dtypes.bfloat16)
