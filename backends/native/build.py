@@ -9,8 +9,8 @@ the first cache miss). A shared object is cached under :func:`cache_dir` as
 line is stored next to it as ``k_<sha256>.cmd``.
 
     >>> ok, why = availability()
-    >>> fn = load("int opg_kernel(void) { return 7; }") if ok else None
-    >>> fn is None or fn.name
+    >>> fn = load("int opg_kernel(void) { return 7; }") if ok else None  # compiled or cached
+    >>> fn is None or len(fn.name) == 64
     True
 """
 from __future__ import annotations
@@ -25,7 +25,7 @@ import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 COMPILERS = ("cc", "gcc", "clang")
 BASE_FLAGS = ("-O3", "-ffp-contract=off", "-fno-fast-math", "-fPIC", "-shared", "-std=c11")
@@ -46,7 +46,7 @@ class NativeBuildError(RuntimeError):
 class Kernel:
     """A loaded kernel: the ctypes function plus where it came from."""
 
-    fn: ctypes._CFuncPtr  # type: ignore[name-defined]
+    fn: Any               # the ctypes function opg_kernel
     name: str             # cache key (sha256 hex)
     library: Path
     source: Path
@@ -111,6 +111,15 @@ def flags(cc: str) -> tuple[str, ...]:
                 chosen.append(flag)
     _PROBED[cc] = tuple(chosen)
     return _PROBED[cc]
+
+
+def describe() -> str:
+    """One line naming the compiler and the flags kernels are built with (for benchmark logs),
+    e.g. ``'/usr/bin/cc -O3 -ffp-contract=off ... -march=native -fopenmp'``."""
+    cc, tried = find_compiler()
+    if cc is None:
+        return f"no C compiler found (tried {', '.join(tried)})"
+    return " ".join([cc, *flags(cc)])
 
 
 def cache_key(source: str, cc: str, extra: Sequence[str] = ()) -> str:
