@@ -87,6 +87,7 @@ def _register_builtins() -> None:
     from .numpy_backend import NumpyBackend
     register("numpy", NumpyBackend)
     register("native", lambda: __import__("backends.native", fromlist=["_"]).NativeBackend())
+    register("aclnn", lambda: __import__("backends.aclnn.runtime", fromlist=["_"]).AclnnBackend())
     register("ascend-sim", lambda: __import__("backends.ascend_sim", fromlist=["_"]).AscendSimBackend())
 
 

@@ -1,0 +1,293 @@
+"""Emit a complete C++ host program from a call plan, in the style of the CANN op examples
+(reference §3.1): ACL init, device tensors from the given input data, every call in the two-phase
+pattern with status checks naming the call, one workspace per call, stream sync, copy back,
+``result[i] is: v`` lines and full cleanup.
+
+    >>> from backends.aclnn.plan import CallPlan, TensorDesc, UserBuffer
+    >>> plan = CallPlan(op="demo", users=[UserBuffer(name="x", dtype="ACL_FLOAT", elems=2, written=True)],
+    ...                 workspace_size=0, calls=[], tensors=[TensorDesc(id="x", dtype="ACL_FLOAT",
+    ...                 dims=[2], strides=[1], storage_dims=[2], buffer="user", user="x")])
+    >>> src, files = emit_cpp(plan, {"x": __import__("numpy").float32([1, 2])})
+    >>> "aclInit(nullptr)" in src and files == {}
+    True
+
+Small inputs are embedded as arrays; inputs over ``embed_limit`` elements are read from
+``<name>.bin`` files (returned in ``files`` for the caller to write next to the program).
+"""
+from __future__ import annotations
+
+import math
+import re
+from typing import Mapping, Optional
+
+import numpy as np
+
+from .plan import Arg, Call, CallPlan, TensorDesc, dtype_from_acl
+
+HEADERS = {
+    "aclnnCast": "aclnn_cast.h", "aclnnReduceSum": "aclnn_reduce_sum.h", "aclnnDiv": "aclnn_div.h",
+    "aclnnExpand": "aclnn_expand.h", "aclnnInplaceCopy": "aclnn_copy.h",
+    "aclnnInplaceFillScalar": "aclnn_fill_scalar.h", "aclnnInplaceOne": "aclnn_ones.h",
+    "aclnnBatchNormElemtBackward": "aclnn_batch_norm_elemt_backward.h",
+}
+C_TYPES = {"FLOAT": "float", "FLOAT16": "uint16_t", "BF16": "uint16_t", "INT32": "int32_t",
+           "INT64": "int64_t", "INT8": "int8_t", "UINT8": "uint8_t", "DOUBLE": "double",
+           "BOOL": "uint8_t", "INT16": "int16_t"}
+
+PRELUDE = r'''#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <vector>
+
+#include "acl/acl.h"
+{includes}
+
+#define CHECK_RET(cond, return_expr) \
+    do {                             \
+        if (!(cond)) {               \
+            return_expr;             \
+        }                            \
+    } while (0)
+
+#define LOG_PRINT(message, ...) printf(message, ##__VA_ARGS__)
+
+// IEEE binary16 bits -> float (for printing float16 results).
+static float HalfToFloat(uint16_t h) {
+    uint32_t sign = (h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu, bits;
+    if (exp == 0) {
+        if (man == 0) {
+            bits = sign;
+        } else {
+            int e = -1;
+            do { man <<= 1; ++e; } while ((man & 0x400u) == 0);
+            bits = sign | (uint32_t)(112 - e) << 23 | (man & 0x3ffu) << 13;
+        }
+    } else if (exp == 31) {
+        bits = sign | 0x7f800000u | man << 13;
+    } else {
+        bits = sign | (exp + 112) << 23 | man << 13;
+    }
+    float f;
+    std::memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+template <typename T>
+static bool ReadBin(const char *path, std::vector<T> &data) {
+    std::ifstream file(path, std::ios::binary);
+    if (!file) {
+        return false;
+    }
+    file.read(reinterpret_cast<char *>(data.data()), data.size() * sizeof(T));
+    return static_cast<bool>(file);
+}
+'''
+
+
+def ident(name: str) -> str:
+    """A C identifier for a plan id: ``"37_c"`` → ``t_37_c``."""
+    return "t_" + re.sub(r"\W", "_", name)
+
+
+def ints(values) -> str:
+    return "{" + ", ".join(str(int(v)) for v in values) + "}"
+
+
+def literal(v, ctype: str) -> str:
+    """One element of an embedded array (float32 printed so that it reads back exactly)."""
+    if ctype in ("float", "double"):
+        f = float(v)
+        if math.isnan(f):
+            return "NAN"
+        if math.isinf(f):
+            return "-INFINITY" if f < 0 else "INFINITY"
+        return (f"{f:.9g}" if ctype == "float" else f"{f!r}") + ("f" if ctype == "float" else "")
+    return str(int(v))
+
+
+def host_bits(a: np.ndarray, dtype: str) -> np.ndarray:
+    """The array as the C element type holds it (f16/bf16 as their uint16 bits)."""
+    d = dtype_from_acl(dtype)
+    a = np.ascontiguousarray(np.asarray(a).astype(d.np).reshape(-1))
+    return a.view(np.uint16) if C_TYPES.get(d.name) == "uint16_t" else a
+
+
+class Emitter:
+    """Builds the program text line by line (``self.out``)."""
+
+    def __init__(self, plan: CallPlan, data: Mapping[str, np.ndarray], embed_limit: int):
+        self.plan, self.data, self.embed_limit = plan, data, embed_limit
+        self.out: list[str] = []
+        self.files: dict[str, bytes] = {}
+        self.meta: list[tuple[str, str]] = []  # (destroy function, variable)
+
+    def w(self, line: str = "", indent: int = 1) -> None:
+        self.out.append("    " * indent + line if line else "")
+
+    def check(self, cond: str, what: str, ret: str = "ret") -> None:
+        self.w(f'CHECK_RET({cond}, LOG_PRINT("{what} failed. ERROR: %d\\n", {ret}); return {ret});')
+
+    def user(self, u) -> None:
+        ctype = C_TYPES[dtype_from_acl(u.dtype).name]
+        host, dev = f"host_{ident(u.name)[2:]}", f"dev_{ident(u.name)[2:]}"
+        values = host_bits(self.data[u.name], u.dtype) if u.name in self.data else None
+        if values is not None and values.size != u.elems:
+            raise ValueError(f"data for {u.name} has {values.size} elements, the plan needs {u.elems}")
+        if values is not None and not values.any():
+            values = None  # all zeros: a value-initialised vector
+        if values is None or u.elems <= self.embed_limit:
+            body = ", ".join(literal(v, ctype) for v in values) if values is not None else ""
+            self.w(f"std::vector<{ctype}> {host}({u.elems});" if values is None else
+                   f"std::vector<{ctype}> {host} = {{{body}}};")
+        else:
+            self.files[f"{u.name}.bin"] = values.tobytes()
+            self.w(f"std::vector<{ctype}> {host}({u.elems});")
+            self.w(f'CHECK_RET(ReadBin("{u.name}.bin", {host}), '
+                   f'LOG_PRINT("cannot read {u.name}.bin\\n"); return 1);')
+        size = f"{host}.size() * sizeof({ctype})"
+        self.w(f"void *{dev} = nullptr;")
+        self.w(f"ret = aclrtMalloc(&{dev}, {size}, ACL_MEM_MALLOC_HUGE_FIRST);")
+        self.check("ret == ACL_SUCCESS", f"aclrtMalloc {u.name}")
+        self.w(f"ret = aclrtMemcpy({dev}, {size}, {host}.data(), {size}, ACL_MEMCPY_HOST_TO_DEVICE);")
+        self.check("ret == ACL_SUCCESS", f"aclrtMemcpy {u.name}")
+        self.meta.append(("aclrtFree", dev))
+
+    def tensor(self, t: TensorDesc) -> None:
+        v = ident(t.id)
+        addr = (f"dev_{ident(t.user)[2:]}" if t.buffer == "user"
+                else f"static_cast<char *>(arena) + {t.ws_offset}")
+        self.w(f"std::vector<int64_t> {v}_dims = {ints(t.dims)}, {v}_strides = {ints(t.strides)}, "
+               f"{v}_storage = {ints(t.storage_dims)};")
+        self.w(f"aclTensor *{v} = aclCreateTensor({v}_dims.data(), {v}_dims.size(), {t.dtype}, "
+               f"{v}_strides.data(), {t.offset}, {t.format}, {v}_storage.data(), {v}_storage.size(), "
+               f"{addr});")
+        self.check(f"{v} != nullptr", f"aclCreateTensor {t.id}", "-1")
+        self.meta.append(("aclDestroyTensor", v))
+
+    def arg(self, a: Arg, i: int) -> str:
+        if a.kind == "tensor":
+            return ident(a.tensor) if a.tensor else "nullptr"
+        if a.kind == "dtype":
+            return a.dtype
+        if a.kind == "bool":
+            return "true" if a.flag else "false"
+        name = f"call{i}_{a.name}"
+        if a.kind == "int_array":
+            self.w(f"std::vector<int64_t> {name}_values = {ints(a.ints)};")
+            self.w(f"aclIntArray *{name} = aclCreateIntArray({name}_values.data(), {name}_values.size());")
+            self.check(f"{name} != nullptr", f"aclCreateIntArray {a.name}", "-1")
+            self.meta.append(("aclDestroyIntArray", name))
+        else:
+            ctype = C_TYPES[dtype_from_acl(a.dtype).name]
+            bits = host_bits(np.array([a.value]), a.dtype)[0]
+            self.w(f"{ctype} {name}_value = {literal(bits, ctype)};")
+            self.w(f"aclScalar *{name} = aclCreateScalar(&{name}_value, {a.dtype});")
+            self.check(f"{name} != nullptr", f"aclCreateScalar {a.name}", "-1")
+            self.meta.append(("aclDestroyScalar", name))
+        return name
+
+    def call(self, c: Call, i: int) -> None:
+        self.w(f"// [{i}] {c.api}: {c.source}")
+        args = [self.arg(a, i) for a in c.args]
+        self.w(f"ret = {c.phase1}({', '.join(args)}, &workspaceSize, &executor);")
+        self.check("ret == ACL_SUCCESS", f"{c.phase1} (call {i})")
+        self.w("workspaceAddr = nullptr;")
+        self.w("if (workspaceSize > 0) {")
+        self.w("ret = aclrtMalloc(&workspaceAddr, workspaceSize, ACL_MEM_MALLOC_HUGE_FIRST);", 2)
+        self.w(f'CHECK_RET(ret == ACL_SUCCESS, LOG_PRINT("allocate workspace of {c.api} (call {i}) '
+               f'failed. ERROR: %d\\n", ret); return ret);', 2)
+        self.w("workspaces.push_back(workspaceAddr);", 2)
+        self.w("}")
+        self.w(f"ret = {c.api}(workspaceAddr, workspaceSize, executor, stream);")
+        self.check("ret == ACL_SUCCESS", f"{c.api} (call {i})")
+
+    def result(self, u) -> None:
+        d = dtype_from_acl(u.dtype)
+        ctype, host = C_TYPES[d.name], f"host_{ident(u.name)[2:]}"
+        size = f"{host}.size() * sizeof({ctype})"
+        self.w(f"ret = aclrtMemcpy({host}.data(), {size}, dev_{ident(u.name)[2:]}, {size}, "
+               "ACL_MEMCPY_DEVICE_TO_HOST);")
+        self.check("ret == ACL_SUCCESS", f"copy result {u.name} from device to host")
+        value = {"uint16_t": f"HalfToFloat({host}[i])"}.get(ctype, f"static_cast<double>({host}[i])")
+        if d.name == "BF16":
+            raise ValueError("emit-cpp does not print BF16 results yet")
+        self.w(f'LOG_PRINT("{u.name}:\\n");')
+        self.w(f"for (size_t i = 0; i < {host}.size(); i++) {{")
+        self.w(f'LOG_PRINT("result[%zu] is: %.9g\\n", i, static_cast<double>({value}));', 2)
+        self.w("}")
+
+    def program(self) -> str:
+        p = self.plan
+        includes = "\n".join(f'#include "aclnnop/{h}"' for h in
+                             sorted({HEADERS[c.api] for c in p.calls if c.api in HEADERS}))
+        unknown = [c.api for c in p.calls if c.api not in HEADERS]
+        if unknown:
+            raise ValueError(f"emit-cpp has no header for {', '.join(sorted(set(unknown)))}")
+        self.out = [f"// Generated by opgraph emit-cpp from the call plan of {p.op} (level {p.level}):",
+                    f"// {len(p.calls)} aclnn calls, workspace arena {p.workspace_size} bytes.",
+                    PRELUDE.replace("{includes}", includes), "int main()", "{"]
+        self.w("int32_t deviceId = 0;")
+        self.w("aclrtStream stream = nullptr;")
+        self.w("auto ret = aclInit(nullptr);")
+        self.check("ret == ACL_SUCCESS", "aclInit")
+        self.w("ret = aclrtSetDevice(deviceId);")
+        self.check("ret == ACL_SUCCESS", "aclrtSetDevice")
+        self.w("ret = aclrtCreateStream(&stream);")
+        self.check("ret == ACL_SUCCESS", "aclrtCreateStream")
+        self.w()
+        self.w("// user tensors: host data -> device")
+        for u in p.users:
+            self.user(u)
+        self.w()
+        if p.workspace_size:
+            self.w("// workspace arena for the intermediate tensors of the plan")
+            self.w("void *arena = nullptr;")
+            self.w(f"ret = aclrtMalloc(&arena, {p.workspace_size}, ACL_MEM_MALLOC_HUGE_FIRST);")
+            self.check("ret == ACL_SUCCESS", "aclrtMalloc workspace arena")
+            self.meta.append(("aclrtFree", "arena"))
+        self.w()
+        self.w("// aclTensors (user tensors, intermediates and views over them)")
+        for t in p.tensors:
+            self.tensor(t)
+        self.w()
+        self.w("uint64_t workspaceSize = 0;")
+        self.w("aclOpExecutor *executor = nullptr;")
+        self.w("void *workspaceAddr = nullptr;")
+        self.w("std::vector<void *> workspaces;")
+        for i, c in enumerate(p.calls):
+            self.w()
+            self.call(c, i)
+        self.w()
+        self.w("ret = aclrtSynchronizeStream(stream);")
+        self.check("ret == ACL_SUCCESS", "aclrtSynchronizeStream")
+        self.w()
+        for u in p.users:
+            if u.written:
+                self.result(u)
+        self.w()
+        self.w("// cleanup")
+        for fn, var in reversed(self.meta):
+            if fn != "aclrtFree":
+                self.w(f"{fn}({var});")
+        self.w("for (void *addr : workspaces) {")
+        self.w("aclrtFree(addr);", 2)
+        self.w("}")
+        for fn, var in reversed(self.meta):
+            if fn == "aclrtFree":
+                self.w(f"{fn}({var});")
+        self.w("aclrtDestroyStream(stream);")
+        self.w("aclrtResetDevice(deviceId);")
+        self.w("aclFinalize();")
+        self.w("return 0;")
+        self.out.append("}")
+        return "\n".join(self.out) + "\n"
+
+
+def emit_cpp(plan: CallPlan, data: Optional[Mapping[str, np.ndarray]] = None, *,
+             embed_limit: int = 4096) -> tuple[str, dict[str, bytes]]:
+    """``(program source, {file name: bytes})`` for ``plan`` with user buffer ``name`` initialised
+    from ``data[name]`` (flat storage; zeros when missing)."""
+    em = Emitter(plan, data or {}, embed_limit)
+    return em.program(), em.files

@@ -1,0 +1,229 @@
+"""Run a call plan through ctypes on the CANN libraries (backend ``"aclnn"``).
+
+The libraries are ``lib64/libascendcl.so``, ``libnnopbase.so``, ``libopapi_math.so`` and
+``libopapi_nn.so`` under ``$ASCEND_HOME_PATH`` (or ``$ASCEND_TOOLKIT_HOME``), reference §3.1.
+``OPGRAPH_ACLNN_LIBS`` (``os.pathsep``-separated paths) or the ``libs`` argument replace that
+list, e.g. with one stand-in library for tests.
+
+    >>> rt = AclnnRuntime(libs=["/nonexistent/libstub.so"])
+    >>> rt.availability()[0]
+    False
+
+Per run: device buffers for every user tensor (copied host → device), one workspace arena,
+the aclTensors of the plan, then for each call ``GetWorkspaceSize`` → ``aclrtMalloc`` its
+workspace → run; then ``aclrtSynchronizeStream``, copy the written user tensors back, destroy
+and free everything.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+from ctypes import (POINTER, byref, c_bool, c_char_p, c_int, c_int32, c_int64, c_size_t,
+                    c_uint64, c_void_p)
+from typing import Any, Mapping, Optional, Sequence
+
+import numpy as np
+
+from ..base import Backend
+from .plan import CallPlan, dtype_from_acl, format_from_acl, lower
+
+LIB_NAMES = ("libascendcl.so", "libnnopbase.so", "libopapi_math.so", "libopapi_nn.so")
+ENV_HOMES = ("ASCEND_HOME_PATH", "ASCEND_TOOLKIT_HOME")
+ENV_LIBS = "OPGRAPH_ACLNN_LIBS"
+MEMCPY_H2D, MEMCPY_D2H, MALLOC_HUGE_FIRST = 1, 2, 0
+
+
+class AclnnRuntimeError(RuntimeError):
+    """A runtime or aclnn call returned non-zero; the message names the call and the status."""
+
+
+def find_libraries(env: Optional[Mapping[str, str]] = None) -> tuple[Optional[list[str]], list[str]]:
+    """``(paths, looked_at)``: the library list to load (None if not found) and where we looked."""
+    env = os.environ if env is None else env
+    if env.get(ENV_LIBS):
+        paths = [p for p in env[ENV_LIBS].split(os.pathsep) if p]
+        return (paths if all(os.path.isfile(p) for p in paths) else None), paths
+    looked: list[str] = []
+    for var in ENV_HOMES:
+        home = env.get(var)
+        if not home:
+            looked.append(f"${var} (unset)")
+            continue
+        paths = [os.path.join(home, "lib64", n) for n in LIB_NAMES]
+        looked.append(os.path.join(home, "lib64"))
+        if all(os.path.isfile(p) for p in paths):
+            return paths, looked
+    return None, looked
+
+
+class AclnnRuntime:
+    """The loaded libraries plus device and stream; :meth:`execute` runs a plan."""
+
+    def __init__(self, libs: Optional[Sequence[str]] = None, device: int = 0):
+        if libs is not None:
+            self.paths: Optional[list[str]] = list(libs)
+            self.looked = list(libs)
+            if not all(os.path.isfile(p) for p in libs):
+                self.paths = None
+        else:
+            self.paths, self.looked = find_libraries()
+        self.device = device
+        self._libs: list[ctypes.CDLL] = []
+        self._stream: Optional[c_void_p] = None
+
+    def availability(self) -> tuple[bool, str]:
+        if self.paths is None:
+            return False, ("CANN runtime not found: set ASCEND_HOME_PATH or ASCEND_TOOLKIT_HOME to "
+                           f"a CANN install (looked for {', '.join(LIB_NAMES)} in "
+                           f"{'; '.join(self.looked)})")
+        return True, ""
+
+    # -- symbols and checked calls --
+    def _load(self) -> None:
+        if self._libs:
+            return
+        ok, why = self.availability()
+        if not ok:
+            raise AclnnRuntimeError(why)
+        self._libs = [ctypes.CDLL(p, mode=ctypes.RTLD_GLOBAL) for p in self.paths or ()]
+        self.fn("aclInit", [c_char_p])(None)  # a repeated init (status != 0) is harmless
+        self.check("aclrtSetDevice", self.fn("aclrtSetDevice", [c_int32])(self.device))
+        stream = c_void_p()
+        self.check("aclrtCreateStream", self.fn("aclrtCreateStream", [POINTER(c_void_p)])(byref(stream)))
+        self._stream = stream
+
+    def fn(self, name: str, argtypes: list, restype: Any = c_int):
+        """The C function ``name`` from the first library exporting it."""
+        for lib in self._libs:
+            f = getattr(lib, name, None)
+            if f is not None:
+                f.argtypes, f.restype = argtypes, restype
+                return f
+        raise AclnnRuntimeError(f"symbol {name} not found in {', '.join(self.paths or ())}")
+
+    def check(self, what: str, status: int) -> None:
+        if status != 0:
+            msg = ""
+            try:
+                msg = (self.fn("aclGetRecentErrMsg", [], c_char_p)() or b"").decode(errors="replace")
+            except AclnnRuntimeError:
+                pass
+            raise AclnnRuntimeError(f"{what} failed with status {status}" + (f": {msg}" if msg else ""))
+
+    def malloc(self, nbytes: int) -> c_void_p:
+        p = c_void_p()
+        self.check("aclrtMalloc", self.fn("aclrtMalloc", [POINTER(c_void_p), c_size_t, c_int])(
+            byref(p), max(nbytes, 1), MALLOC_HUGE_FIRST))
+        return p
+
+    def memcpy(self, dst: Any, src: Any, nbytes: int, kind: int) -> None:
+        if nbytes:
+            self.check("aclrtMemcpy", self.fn("aclrtMemcpy", [c_void_p, c_size_t, c_void_p, c_size_t, c_int])(
+                dst, nbytes, src, nbytes, kind))
+
+    # -- running a plan --
+    def execute(self, plan: CallPlan, storages: Mapping[str, np.ndarray]) -> None:
+        """Run ``plan`` with user buffer ``name`` holding ``storages[name]`` (a flat contiguous
+        array, updated in place for the buffers the plan writes)."""
+        self._load()
+        dev: dict[str, c_void_p] = {}
+        allocs: list[c_void_p] = []
+        handles: list[tuple[str, c_void_p]] = []
+        try:
+            for u in plan.users:
+                host = np.ascontiguousarray(storages[u.name])
+                dev[u.name] = self.malloc(host.nbytes)
+                allocs.append(dev[u.name])
+                self.memcpy(dev[u.name], host.ctypes.data, host.nbytes, MEMCPY_H2D)
+            arena = self.malloc(plan.workspace_size) if plan.workspace_size else None
+            if arena is not None:
+                allocs.append(arena)
+            tensors = {t.id: self._tensor(t, dev, arena, handles) for t in plan.tensors}
+            for call in plan.calls:
+                self._call(call, tensors, handles)
+            self.check("aclrtSynchronizeStream",
+                       self.fn("aclrtSynchronizeStream", [c_void_p])(self._stream))
+            for u in plan.users:
+                if u.written:
+                    host = storages[u.name]
+                    self.memcpy(host.ctypes.data, dev[u.name], host.nbytes, MEMCPY_D2H)
+        finally:
+            for kind, h in reversed(handles):
+                self.fn(f"aclDestroy{kind}", [c_void_p])(h)
+            for p in allocs:
+                self.fn("aclrtFree", [c_void_p])(p)
+
+    def _tensor(self, t, dev, arena, handles) -> c_void_p:
+        def arr(v):
+            return (c_int64 * max(len(v), 1))(*v)
+        if t.buffer == "user":
+            base = dev[t.user].value
+        else:
+            base = arena.value + t.ws_offset
+        create = self.fn("aclCreateTensor", [c_void_p, c_uint64, c_int, c_void_p, c_int64, c_int,
+                                             c_void_p, c_uint64, c_void_p], c_void_p)
+        h = create(arr(t.dims), len(t.dims), int(dtype_from_acl(t.dtype)), arr(t.strides), t.offset,
+                   int(format_from_acl(t.format)), arr(t.storage_dims), len(t.storage_dims), base)
+        if not h:
+            raise AclnnRuntimeError(f"aclCreateTensor returned NULL for tensor {t.id}")
+        handles.append(("Tensor", c_void_p(h)))
+        return c_void_p(h)
+
+    def _call(self, call, tensors, handles) -> None:
+        args, types = [], []
+        for a in call.args:
+            if a.kind == "tensor":
+                args.append(tensors[a.tensor] if a.tensor else None)
+                types.append(c_void_p)
+            elif a.kind == "int_array":
+                h = self.fn("aclCreateIntArray", [c_void_p, c_uint64], c_void_p)(
+                    (c_int64 * len(a.ints))(*a.ints), len(a.ints))
+                handles.append(("IntArray", c_void_p(h)))
+                args.append(c_void_p(h))
+                types.append(c_void_p)
+            elif a.kind == "scalar":
+                d = dtype_from_acl(a.dtype)
+                value = np.array([a.value], dtype=d.np)
+                h = self.fn("aclCreateScalar", [c_void_p, c_int], c_void_p)(value.ctypes.data, int(d))
+                handles.append(("Scalar", c_void_p(h)))
+                args.append(c_void_p(h))
+                types.append(c_void_p)
+            elif a.kind == "dtype":
+                args.append(int(dtype_from_acl(a.dtype)))
+                types.append(c_int)
+            else:
+                args.append(a.flag)
+                types.append(c_bool)
+        ws, ex = c_uint64(0), c_void_p()
+        phase1 = self.fn(call.phase1, types + [POINTER(c_uint64), POINTER(c_void_p)])
+        self.check(call.phase1, phase1(*args, byref(ws), byref(ex)))
+        wsp = self.malloc(ws.value) if ws.value else None
+        try:
+            phase2 = self.fn(call.api, [c_void_p, c_uint64, c_void_p, c_void_p])
+            self.check(call.api, phase2(wsp, ws.value, ex, self._stream))
+            if wsp is not None:  # the stream must be drained before the workspace is freed
+                self.check("aclrtSynchronizeStream",
+                           self.fn("aclrtSynchronizeStream", [c_void_p])(self._stream))
+        finally:
+            if wsp is not None:
+                self.fn("aclrtFree", [c_void_p])(wsp)
+
+
+class AclnnBackend(Backend):
+    """Backend ``"aclnn"``: lower the graph to a call plan and run it on the CANN libraries.
+
+    ``workspace`` (the host buffer of the Python API) is not used: the device workspace is
+    allocated here with ``aclrtMalloc``.
+    """
+
+    name = "aclnn"
+
+    def __init__(self, libs: Optional[Sequence[str]] = None, device: int = 0):
+        self.runtime = AclnnRuntime(libs, device)
+
+    def availability(self) -> tuple[bool, str]:
+        return self.runtime.availability()
+
+    def run(self, graph, bindings: Mapping[str, Any], workspace: Any = None) -> None:
+        plan = lower(graph, bindings)
+        self.runtime.execute(plan, {k: t.storage for k, t in bindings.items() if t is not None})

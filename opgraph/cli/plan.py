@@ -1,0 +1,62 @@
+"""``opgraph plan OP``: record an op_api, optimise it and print its aclnn call plan (the public
+C API calls the aclnn backend makes) as JSON or a readable listing.
+
+    >>> from opgraph.cli import main
+    >>> main(["plan", "aclnnBatchNormElemtBackward", "--shape", "2,3", "--level", "2"])
+    ... # doctest: +ELLIPSIS
+    plan aclnnBatchNormElemtBackward (level 2): 1 calls, ...
+    0
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from .common import CliError, add_op_options, build_case, check, record
+
+
+def case_plan(args: argparse.Namespace):
+    """``(case, executor, plan)`` for the shared op options (phase 1, then the lowering)."""
+    from backends.aclnn.plan import LoweringError, lower_executor
+    case = build_case(args)
+    rec = record(case)
+    check(rec.status, f"{case.spec.name}GetWorkspaceSize")
+    try:
+        return case, rec.executor, lower_executor(rec.executor)
+    except LoweringError as e:
+        raise CliError(str(e)) from None
+
+
+def write_text(text: str, path: "str | None") -> None:
+    """``text`` to stdout (path None or '-') or to ``path``."""
+    if path in (None, "-"):
+        sys.stdout.write(text)
+        return
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+    except OSError as e:
+        raise CliError(f"cannot write {path}: {e.strerror or e}") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    _, _, plan = case_plan(args)
+    text = plan.to_json() if args.format == "json" else plan.listing()
+    write_text(text + "\n", args.output)
+    return 0
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "plan", help="print the aclnn call plan of an op_api (json or listing)",
+        description="Record OP on random tensors, optimise at --level and lower the graph to "
+                    "public aclnn C API calls (tensors, buffers, calls in order).",
+        epilog="example: opgraph plan aclnnBatchNormElemtBackward --shape 2,3,1,4 --level 1 "
+               "--format json")
+    add_op_options(p, level_default=2)
+    p.add_argument("--format", choices=("listing", "json"), default="listing",
+                   help="output format (default: listing)")
+    p.add_argument("-o", "--output", metavar="FILE", help="write to FILE instead of stdout")
+    p.set_defaults(func=run)
+    return p
