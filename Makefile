@@ -18,7 +18,7 @@ demo: $(STAMP)
 	$(VENV)/bin/opgraph demo
 
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_elemt_backward.py

@@ -143,7 +143,11 @@ def run_executor(workspace: Any, workspace_size: int, executor: Optional[Executo
     assert executor is not None
     executor.runs += 1
     if executor.compiled is not None and executor.compiled.nodes:
-        backend.run(executor.compiled, executor.bindings, workspace)
+        try:
+            backend.run(executor.compiled, executor.bindings, workspace)
+        except Exception as e:  # a backend failure is a runtime error, never a raw traceback
+            return _fail(Status.ACLNN_ERR_RUNTIME_ERROR,
+                         f"backend {backend.name!r} failed: {type(e).__name__}: {e}")
     _last_error.msg = ""
     return Status.ACLNN_SUCCESS
 
