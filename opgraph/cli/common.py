@@ -14,6 +14,8 @@ A new command (``tiling``, ``plan``, ``emit-cpp`` ...) typically does:
 """
 from __future__ import annotations
 
+import sys
+
 import argparse
 import contextlib
 from dataclasses import dataclass, field
@@ -284,3 +286,17 @@ def execute(case: Case, rec: Recorded) -> Status:
     with case.context():
         workspace: Any = bytearray(rec.workspace_size) if rec.workspace_size else None
         return Status(case.spec.run(workspace, rec.workspace_size, rec.executor))
+
+
+def write_output(text: str, path: "str | None", summary: str) -> int:
+    """Write ``text`` to stdout (``path`` None or '-') or to ``path``, then print ``summary``."""
+    if path in (None, "-"):
+        sys.stdout.write(text)
+        return 0
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+    except OSError as e:
+        raise CliError(f"cannot write {path}: {e.strerror or e}") from None
+    print(f"wrote {path}: {summary}")
+    return 0

@@ -15,7 +15,7 @@ from typing import Any
 
 from ..ir import Graph
 from ..passes import PassManager, PrintInstrument, graph_stats, optimize, pipeline
-from .common import CliError, add_op_options, build_case, check, record
+from .common import write_output, CliError, add_op_options, build_case, check, record
 
 FORMATS = ("text", "json", "dot")
 
@@ -51,16 +51,7 @@ def run(args: argparse.Namespace) -> int:
     if case.level > 0 or args.fast_math:
         graph = optimize(graph, case.level, fast_math=args.fast_math)
     text = render(graph, args.format)
-    if args.output in (None, "-"):
-        sys.stdout.write(text)
-        return 0
-    try:
-        with open(args.output, "w", encoding="utf-8") as f:
-            f.write(text)
-    except OSError as e:
-        raise CliError(f"cannot write {args.output}: {e.strerror or e}") from None
-    print(f"wrote {args.output}: {args.format}, {len(graph.nodes)} nodes (level {case.level})")
-    return 0
+    return write_output(text, args.output, f"{args.format}, {len(graph.nodes)} nodes (level {case.level})")
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:

@@ -14,7 +14,7 @@ import sys
 from typing import Any
 
 from ..passes import optimize
-from .common import CliError, add_op_options, build_case, check, record
+from .common import write_output, CliError, add_op_options, build_case, check, record
 
 LEVEL = 2
 
@@ -41,16 +41,7 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(f"no FusedElementwise node in the level-{case.level} graph of {case.spec.name} "
                        f"(fusion happens at --level 2)")
     text = "\n".join(chunks)
-    if args.output in (None, "-"):
-        sys.stdout.write(text)
-        return 0
-    try:
-        with open(args.output, "w", encoding="utf-8") as f:
-            f.write(text)
-    except OSError as e:
-        raise CliError(f"cannot write {args.output}: {e.strerror or e}") from None
-    print(f"wrote {args.output}: {len(chunks)} kernel(s)")
-    return 0
+    return write_output(text, args.output, f"{len(chunks)} kernel(s)")
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
