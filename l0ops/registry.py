@@ -18,7 +18,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Callable, Sequence
 
-import numpy as np
 from pydantic import BaseModel, BeforeValidator, ConfigDict, PlainSerializer, ValidationError
 
 from opgraph.dtypes import DataType, dtype_of
@@ -137,6 +136,3 @@ def require(cond: bool, op: str, msg: str) -> None:
     if not cond:
         raise L0Error(f"{op}: {msg}")
 
-
-def np_dtype(d: DataType) -> np.dtype:
-    return d.np

@@ -13,7 +13,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from .aclnn import aclGetRecentErrMsg
+from .aclnn.twophase import recent_error
 from .aclnn.batch_norm_elemt_backward import (aclnnBatchNormElemtBackward,
                                               aclnnBatchNormElemtBackwardGetWorkspaceSize)
 from .status import AclnnError, Status
@@ -27,9 +27,7 @@ def _as_tensor(x: Any) -> Optional[Tensor]:
 
 
 def _raise(status: Status) -> None:
-    msg = aclGetRecentErrMsg()
-    prefix = f"{status.name} ({int(status)}): "
-    raise AclnnError(status, msg[len(prefix):] if msg.startswith(prefix) else msg)
+    raise recent_error() or AclnnError(status, "failed without a message")
 
 
 def batch_norm_elemt_backward(grad_out: Any, input: Any, mean: Any, invstd: Any, weight: Any,

@@ -14,7 +14,7 @@ from opgraph.aclnn import aclnnBatchNormElemtBackward as run_phase2
 from opgraph.aclnn import aclnnBatchNormElemtBackwardGetWorkspaceSize as phase1
 from opgraph.aclnn.cache import EXECUTOR_CACHE
 from opgraph.dtypes import DataType
-from opgraph.ir import Graph, GraphError, TensorType
+from opgraph.ir import Graph, TensorType
 from opgraph.memory import plan_memory
 from opgraph.passes.prune import merged_unsqueeze_dims
 
@@ -230,7 +230,6 @@ def test_memory_planner_reuses_dead_buffers_and_aligns():
 def test_executor_cache_hits_and_rebinds_data():
     EXECUTOR_CACHE.clear()
     ex, arrays, out = record()
-    ref = out.copy()
     with opgraph.opt_level(0):
         run_phase2(bytearray(ex.workspace_size), ex.workspace_size, ex)
     ref = out.copy()

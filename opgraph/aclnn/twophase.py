@@ -35,12 +35,23 @@ _last_error = threading.local()
 
 def aclGetRecentErrMsg() -> str:
     """The message of the last failed aclnn call in this thread ('' if none)."""
-    return getattr(_last_error, "msg", "")
+    err = recent_error()
+    return str(err) if err else ""
+
+
+def recent_error() -> "AclnnError | None":
+    """The last failed aclnn call's error in this thread (None after a success)."""
+    return getattr(_last_error, "err", None)
 
 
 def _fail(status: Status, msg: str) -> Status:
-    _last_error.msg = f"{status.name} ({int(status)}): {msg}"
+    _last_error.err = AclnnError(status, msg)
     return status
+
+
+def _succeed() -> Status:
+    _last_error.err = None
+    return Status.ACLNN_SUCCESS
 
 
 def check_not_null(**tensors: Any) -> None:
@@ -63,8 +74,7 @@ def record(name: str, compose: Callable[[Executor], None]) -> tuple[Status, int,
         return _fail(e.status, e.message), 0, None
     except L0Error as e:
         return _fail(Status.ACLNN_ERR_INNER_NULLPTR, f"an l0 op returned NULL: {e}"), 0, None
-    _last_error.msg = ""
-    return Status.ACLNN_SUCCESS, ex.workspace_size, ex
+    return _succeed(), ex.workspace_size, ex
 
 
 def op_api(name: str) -> Callable[[Callable[..., None]], Callable[..., tuple[Status, int, Optional[Executor]]]]:
@@ -79,8 +89,7 @@ def op_api(name: str) -> Callable[[Callable[..., None]], Callable[..., tuple[Sta
             key = cache_key(name, args, get_platform(), get_opt_level())
             hit = EXECUTOR_CACHE.get(key) if key is not None else None
             if hit is not None:
-                _last_error.msg = ""
-                return Status.ACLNN_SUCCESS, hit.workspace_size, hit.instantiate(args)
+                return _succeed(), hit.workspace_size, hit.instantiate(args)
             status, size, ex = record(name, lambda ex: compose(ex, *args))
             if ex is not None and key is not None:
                 EXECUTOR_CACHE.put(key, CompiledOp.from_executor(ex, args))
@@ -148,8 +157,7 @@ def run_executor(workspace: Any, workspace_size: int, executor: Optional[Executo
         except Exception as e:  # a backend failure is a runtime error, never a raw traceback
             return _fail(Status.ACLNN_ERR_RUNTIME_ERROR,
                          f"backend {backend.name!r} failed: {type(e).__name__}: {e}")
-    _last_error.msg = ""
-    return Status.ACLNN_SUCCESS
+    return _succeed()
 
 
 def aclSetAclOpExecutorRepeatable(executor: Optional[Executor]) -> Status:

@@ -288,15 +288,21 @@ def execute(case: Case, rec: Recorded) -> Status:
         return Status(case.spec.run(workspace, rec.workspace_size, rec.executor))
 
 
-def write_output(text: str, path: "str | None", summary: str) -> int:
-    """Write ``text`` to stdout (``path`` None or '-') or to ``path``, then print ``summary``."""
+def write_output(text: "str | bytes", path: "str | None", summary: "str | None" = None) -> int:
+    """Write ``text`` to stdout (``path`` None or '-') or to ``path`` (bytes: binary), then
+    print ``summary`` when a file was written."""
     if path in (None, "-"):
         sys.stdout.write(text)
         return 0
     try:
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(text)
+        if isinstance(text, bytes):
+            with open(path, "wb") as f:
+                f.write(text)
+        else:
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(text)
     except OSError as e:
         raise CliError(f"cannot write {path}: {e.strerror or e}") from None
-    print(f"wrote {path}: {summary}")
+    if summary:
+        print(f"wrote {path}: {summary}")
     return 0

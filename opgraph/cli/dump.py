@@ -10,12 +10,11 @@ as recorded (level 0) or after ``opgraph.passes.optimize(graph, level)``.
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import Any
 
 from ..ir import Graph
 from ..passes import PassManager, PrintInstrument, graph_stats, optimize, pipeline
-from .common import write_output, CliError, add_op_options, build_case, check, record
+from .common import add_op_options, build_case, check, record, write_output
 
 FORMATS = ("text", "json", "dot")
 

@@ -10,11 +10,10 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import Any
 
 from ..passes import optimize
-from .common import write_output, CliError, add_op_options, build_case, check, record
+from .common import CliError, add_op_options, build_case, check, record, write_output
 
 LEVEL = 2
 

@@ -16,8 +16,8 @@ import argparse
 import os
 from typing import Any
 
-from .common import CliError, add_op_options
-from .plan import case_plan, write_text
+from .common import add_op_options, write_output
+from .plan import case_plan
 
 
 def run(args: argparse.Namespace) -> int:
@@ -25,14 +25,10 @@ def run(args: argparse.Namespace) -> int:
     _, ex, plan = case_plan(args)
     data = {k: t.storage for k, t in ex.bindings.items() if t is not None}
     src, files = emit_cpp(plan, data, embed_limit=args.embed_limit)
-    write_text(src, args.output)
+    write_output(src, args.output)
     folder = os.path.dirname(os.path.abspath(args.output)) if args.output not in (None, "-") else "."
     for name, blob in files.items():
-        try:
-            with open(os.path.join(folder, name), "wb") as f:
-                f.write(blob)
-        except OSError as e:
-            raise CliError(f"cannot write {name}: {e.strerror or e}") from None
+        write_output(blob, os.path.join(folder, name))
     if args.output not in (None, "-"):
         print(f"wrote {args.output}: {len(plan.calls)} aclnn calls (level {plan.level}), "
               f"{len(files)} .bin files")

@@ -10,10 +10,9 @@ C API calls the aclnn backend makes) as JSON or a readable listing.
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import Any
 
-from .common import CliError, add_op_options, build_case, check, record
+from .common import CliError, add_op_options, build_case, check, record, write_output
 
 
 def case_plan(args: argparse.Namespace):
@@ -28,23 +27,10 @@ def case_plan(args: argparse.Namespace):
         raise CliError(str(e)) from None
 
 
-def write_text(text: str, path: "str | None") -> None:
-    """``text`` to stdout (path None or '-') or to ``path``."""
-    if path in (None, "-"):
-        sys.stdout.write(text)
-        return
-    try:
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(text)
-    except OSError as e:
-        raise CliError(f"cannot write {path}: {e.strerror or e}") from None
-
-
 def run(args: argparse.Namespace) -> int:
     _, _, plan = case_plan(args)
     text = plan.to_json() if args.format == "json" else plan.listing()
-    write_text(text + "\n", args.output)
-    return 0
+    return write_output(text + "\n", args.output)
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:

@@ -19,7 +19,7 @@ from typing import Any, Optional, Sequence
 
 from ..platform import DEFAULT as DEFAULT_PLATFORM
 from ..platform import PRESETS, lookup
-from .common import CliError, Parser, parse_dtype, parse_platform, parse_shape
+from .common import CliError, parse_dtype, parse_platform, parse_shape
 
 
 def _positive(text: str) -> int:
