@@ -50,8 +50,8 @@ def names() -> list[str]:
 def get(name: str) -> Backend:
     """The backend instance named ``name``; unknown or unavailable → BackendUnavailable with
     one clear line."""
-    _load_entry_points()
     if name not in _INSTANCES:
+        _load_entry_points()
         try:
             factory = _FACTORIES[name]
         except KeyError:

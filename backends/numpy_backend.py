@@ -41,6 +41,16 @@ def last_uses(graph) -> dict[int, list[str]]:
     return out
 
 
+def _cached_last_uses(graph) -> dict[int, list[str]]:
+    """:func:`last_uses`, memoised on the graph while its node list is unchanged."""
+    key = tuple(map(id, graph.nodes))
+    cached = getattr(graph, "_last_uses", None)
+    if cached is None or cached[0] != key:
+        cached = (key, last_uses(graph))
+        graph._last_uses = cached
+    return cached[1]
+
+
 class NumpyBackend(Backend):
     """Interpret any graph on numpy; results are bit-faithful to the NPU numerics (design §4)."""
 
@@ -58,7 +68,7 @@ class NumpyBackend(Backend):
                 env[v.name] = bindings[v.name].view()
             except KeyError:
                 raise ValueError(f"graph input %{v.name} is not bound to a tensor") from None
-        frees = last_uses(graph)
+        frees = _cached_last_uses(graph)
         for i, node in enumerate(graph.nodes):
             args = [env[v.name] for v in node.inputs]
             lower = self.lowerings.get(node.op)

@@ -153,6 +153,9 @@ def _infer(ts, a: FusedAttrs):
 
 
 # --- numpy execution -------------------------------------------------------------------------
+_NARROW = frozenset({F16, BF16})  # held as float32 registers
+
+
 def _load(x: np.ndarray, d: DataType) -> np.ndarray:
     """Register representation: f16/bf16/f32 values held as float32; others natively."""
     if d in (F16, BF16):
@@ -166,24 +169,32 @@ def _round(x: np.ndarray, d: DataType) -> np.ndarray:
     return x
 
 
-def _exec(ins: Instr, regs: dict, types: dict) -> np.ndarray:
-    args = [regs[r] for r in ins.args]
+def compile_instr(ins: Instr, types: dict) -> Callable[..., np.ndarray]:
+    """A callable computing ``ins`` on register arrays (the numpy semantics of the primitive)."""
+    d = ins.dtype
+    rounding = d in (F16, BF16)
     if ins.op == "fill":
-        return _load(np.asarray(ins.value, dtype=ins.dtype.np), ins.dtype)
+        const = _load(np.asarray(ins.value, dtype=d.np), d)
+        return lambda: const
     if ins.op == "view":
-        return args[0].reshape(ins.shape)
+        shape = tuple(ins.shape)
+        return lambda x: x.reshape(shape)
     if ins.op == "sum":  # the same numpy reduction as ReduceSum over all axes
-        d = ins.dtype
-        real = args[0].astype(d.np) if d in (F16, BF16) else args[0]
-        return _load(np.asarray(np.sum(real, axis=tuple(range(real.ndim)), dtype=real.dtype)), d)
+        def total(x):
+            real = x.astype(d.np) if rounding else x
+            return _load(np.asarray(np.sum(real, axis=tuple(range(real.ndim)), dtype=real.dtype)), d)
+        return total
     if ins.op == "cast":
         src = types[ins.args[0]][0]
-        x = args[0]
-        if ins.dtype in (F16, BF16, F32) and src in (F16, BF16, F32):
-            return _round(x.astype(np.float32, copy=False), ins.dtype)
-        real = x.astype(src.np) if src in (F16, BF16) else x
-        return _load(cast_array(real, ins.dtype), ins.dtype)
-    return _round(ARITH[ins.op](*args), ins.dtype)
+        if d in (F16, BF16, F32) and src in (F16, BF16, F32):
+            if not rounding:
+                return lambda x: x.astype(np.float32, copy=False)
+            return lambda x: x.astype(d.np).astype(np.float32)
+        return lambda x: _load(cast_array(x.astype(src.np) if src in (F16, BF16) else x, d), d)
+    ufunc = ARITH[ins.op]
+    if rounding:
+        return lambda x, y: ufunc(x, y).astype(d.np).astype(np.float32)
+    return ufunc
 
 
 def chunks(shape: tuple[int, ...], limit: int = CHUNK_ELEMS):
@@ -208,51 +219,111 @@ def _sub(x: np.ndarray, idx: tuple) -> np.ndarray:
                    for i, n in zip(idx, x.shape))]
 
 
-class Hoisted:
-    """The per-channel part of a fused body, evaluated once: ``values`` holds every register that
-    does not vary over the iteration space (small inputs, per-channel terms); ``live`` lists the
-    instructions left to run per element, ``big`` the full-size inputs."""
+class Program:
+    """A fused body compiled for given operand (dtype, shape)s: every instruction as a numpy
+    callable, split into the ``hoisted`` part (does not vary over the iteration space: small
+    inputs, per-channel terms) and the ``live`` part run per element. Built once and cached."""
 
-    def __init__(self, a: FusedAttrs, inputs: Sequence[np.ndarray]):
-        from opgraph.dtypes import dtype_of
-        in_types = [_Sig(dtype_of(x.dtype), x.shape) for x in inputs]
-        self.types = _reg_types(a, in_types)
-        full = tuple(a.shape)
-        self.values: dict[str, np.ndarray] = {f"in{k}": _load(np.asarray(x), in_types[k].dtype)
-                                              for k, x in enumerate(inputs) if x.shape != full}
-        self.big = {f"in{k}": x for k, x in enumerate(inputs) if x.shape == full}
-        varying = set(self.big)
+    def __init__(self, a: FusedAttrs, sigs: Sequence["_Sig"]):
+        self.types = _reg_types(a, sigs)
+        full = self.full = tuple(a.shape)
+        self.big = [k for k, sg in enumerate(sigs) if sg.shape == full]
+        self.small = [(k, sg.dtype in _NARROW) for k, sg in enumerate(sigs) if sg.shape != full]
+        self.big_narrow = [(k, sigs[k].dtype in _NARROW) for k in self.big]
+        varying = {f"in{k}" for k in self.big}
+        self.hoisted: list[tuple[str, Callable, tuple[str, ...]]] = []
+        self.live: list[tuple[str, Instr]] = []
+        self.live_steps: list[tuple[str, Callable, tuple[str, ...]]] = []
         for k, ins in enumerate(a.body):
-            name = f"t{k}"
+            name, fn = f"t{k}", compile_instr(ins, self.types)
             if any(r in varying for r in ins.args) or self.types[name][1] == full:
                 varying.add(name)
+                self.live.append((name, ins))
+                self.live_steps.append((name, fn, ins.args))
             else:
-                self.values[name] = _exec(ins, self.values, self.types)
-        self.live = [(f"t{k}", ins) for k, ins in enumerate(a.body) if f"t{k}" in varying]
-        for name, v in self.values.items():  # right-align low-rank values for chunk slicing
-            if 0 < v.ndim < len(full):
-                self.values[name] = v.reshape((1,) * (len(full) - v.ndim) + v.shape)
+                self.hoisted.append((name, fn, ins.args))
+        self.result, self.result_dtype, self.out_dtype = a.result, self.types[a.result][0], a.out_dtype
+        rank = len(full)
+        hoisted_names = [f"in{k}" for k, _ in self.small] + [name for name, _, _ in self.hoisted]
+        self.align = [(n, (1,) * (rank - len(self.types[n][1])) + self.types[n][1])
+                      for n in hoisted_names if 0 < len(self.types[n][1]) < rank]
+
+    def hoist(self, inputs: Sequence[np.ndarray]) -> dict[str, np.ndarray]:
+        """Evaluate the hoisted part; low-rank values are right-aligned to the full rank."""
+        values = {f"in{k}": np.asarray(inputs[k]).astype(np.float32) if narrow else np.asarray(inputs[k])
+                  for k, narrow in self.small}
+        for name, fn, args in self.hoisted:
+            values[name] = fn(*[values[r] for r in args])
+        for name, shape in self.align:
+            values[name] = values[name].reshape(shape)
+        return values
+
+    def load_big(self, inputs: Sequence[np.ndarray], idx: "tuple | None" = None) -> dict[str, np.ndarray]:
+        """Full-size inputs (or their chunk ``idx``) as registers."""
+        out = {}
+        for k, narrow in self.big_narrow:
+            x = inputs[k] if idx is None else inputs[k][idx]
+            out[f"in{k}"] = x.astype(np.float32) if narrow else x
+        return out
+
+    def run_live(self, regs: dict[str, np.ndarray]) -> np.ndarray:
+        for name, fn, args in self.live_steps:
+            regs[name] = fn(*[regs[r] for r in args])
+        return _finish(regs[self.result], self.result_dtype, self.out_dtype)
+
+
+_PROGRAMS: dict = {}
+
+
+def program(a: FusedAttrs, inputs: Sequence[np.ndarray]) -> Program:
+    """The cached :class:`Program` of ``a`` for these operands' dtypes and shapes."""
+    key = (id(a),) + tuple((x.dtype, x.shape) for x in inputs)
+    hit = _PROGRAMS.get(key)
+    if hit is not None and hit[0] is a:
+        return hit[1]
+    from opgraph.dtypes import dtype_of
+    prog = Program(a, [_Sig(dtype_of(x.dtype), x.shape) for x in inputs])
+    if len(_PROGRAMS) > 1024:
+        _PROGRAMS.clear()
+    _PROGRAMS[key] = (a, prog)
+    return prog
+
+
+class Hoisted:
+    """The per-channel part of a fused body, evaluated once: ``values`` holds every register that
+    does not vary over the iteration space; ``live`` lists the instructions left to run per
+    element, ``big`` the full-size inputs by register name."""
+
+    def __init__(self, a: FusedAttrs, inputs: Sequence[np.ndarray]):
+        prog = program(a, inputs)
+        self.types, self.live = prog.types, prog.live
+        self.values = prog.hoist(inputs)
+        self.big = {f"in{k}": inputs[k] for k in prog.big}
 
 
 def run_fused(a: FusedAttrs, inputs: Sequence[np.ndarray], out: "np.ndarray | None" = None,
               limit: int = CHUNK_ELEMS) -> np.ndarray:
     """Evaluate the body chunk by chunk. Instructions on smaller-than-full shapes (per-channel
     terms) are hoisted and computed once; the rest never allocates a full-size temporary."""
-    h = Hoisted(a, inputs)
-    full = tuple(a.shape)
+    prog = program(a, inputs)
+    values = prog.hoist(inputs)
+    full = prog.full
     if out is None:
         out = np.empty(full, dtype=a.out_dtype.np)
-    rd = h.types[a.result][0]
-    if a.result in h.values:
-        out[...] = _finish(h.values[a.result], rd, a.out_dtype)
+    if a.result in values:
+        out[...] = _finish(values[a.result], prog.result_dtype, a.out_dtype)
         return out
+    if math.prod(full) <= limit:  # one chunk: no slicing
+        regs = dict(values)
+        regs.update(prog.load_big(inputs))
+        out[...] = prog.run_live(regs)
+        return out
+    sliced = [name for name, v in values.items() if v.ndim == len(full)]
     for idx in chunks(full, limit):
-        regs = {name: _sub(v, idx) for name, v in h.values.items() if v.ndim == len(full)}
-        regs.update({name: v for name, v in h.values.items() if v.ndim != len(full)})
-        regs.update({name: _load(x[idx], h.types[name][0]) for name, x in h.big.items()})
-        for name, ins in h.live:
-            regs[name] = _exec(ins, regs, h.types)
-        out[idx] = _finish(regs[a.result], rd, a.out_dtype)
+        regs = dict(values)
+        regs.update({name: _sub(values[name], idx) for name in sliced})
+        regs.update(prog.load_big(inputs, idx))
+        out[idx] = prog.run_live(regs)
     return out
 
 
