@@ -26,6 +26,18 @@ from .dtypes import DataType, Format
 from .tensor import is_contiguous, row_major_strides
 
 
+def _registry():
+    """l0ops.registry, imported on first use (l0ops imports this module)."""
+    global _REGISTRY_MODULE
+    if _REGISTRY_MODULE is None:
+        import l0ops.registry as reg
+        _REGISTRY_MODULE = reg
+    return _REGISTRY_MODULE
+
+
+_REGISTRY_MODULE = None
+
+
 class GraphError(ValueError):
     """A graph broke an IR rule; the message quotes the offending node's dump line."""
 
@@ -39,11 +51,15 @@ class TensorType:
     format: Format = Format.ND
     strides: "tuple[int, ...] | None" = None
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "shape", tuple(int(n) for n in self.shape))
-        object.__setattr__(self, "dtype", DataType(self.dtype))
-        object.__setattr__(self, "format", Format(self.format))
-        if self.strides is not None:
+    def __post_init__(self) -> None:  # normalise, cheaply when already normal
+        if type(self.shape) is not tuple or not all(type(n) is int for n in self.shape):
+            object.__setattr__(self, "shape", tuple(int(n) for n in self.shape))
+        if type(self.dtype) is not DataType:
+            object.__setattr__(self, "dtype", DataType(self.dtype))
+        if type(self.format) is not Format:
+            object.__setattr__(self, "format", Format(self.format))
+        if self.strides is not None and (type(self.strides) is not tuple
+                                         or not all(type(n) is int for n in self.strides)):
             object.__setattr__(self, "strides", tuple(int(s) for s in self.strides))
 
     @property
@@ -62,11 +78,11 @@ class TensorType:
     def is_contiguous(self) -> bool:
         return self.strides is None or is_contiguous(self.shape, self.strides, self.format)
 
-    def with_(self, **changes: Any) -> "TensorType":
+    def with_(self, shape: "tuple[int, ...] | None" = None, dtype: "DataType | None" = None,
+              format: "Format | None" = None, strides: "tuple[int, ...] | None" = None) -> "TensorType":
         """A copy with some fields changed (strides dropped unless given)."""
-        fields = {"shape": self.shape, "dtype": self.dtype, "format": self.format, "strides": None}
-        fields.update(changes)
-        return TensorType(**fields)
+        return TensorType(self.shape if shape is None else shape, self.dtype if dtype is None else dtype,
+                          self.format if format is None else format, strides)
 
     def __str__(self) -> str:
         s = f"{self.dtype.short}[{','.join(map(str, self.shape))}]"
@@ -109,8 +125,7 @@ class Node:
 
     @property
     def opdef(self):
-        from l0ops.registry import get_op
-        return get_op(self.op)
+        return _registry().get_op(self.op)
 
     def attr_items(self) -> list[tuple[str, Any]]:
         """Attributes in declaration order."""

@@ -42,7 +42,7 @@ def optimize(graph, level: int, *, fast_math: bool = False,
              instruments: Sequence[Instrument] = (), verify_each: bool = True):
     """A new graph optimised at ``level`` (the input graph is never modified). With
     ``verify_each=False`` (phase 1's hot path) only the final graph is verified."""
-    out, _ = PassManager(pipeline(level, fast_math), instruments, verify=verify_each).run(graph.copy())
+    out, _ = PassManager(pipeline(level, fast_math), instruments, verify=verify_each).run(graph)
     if not verify_each:
         try:
             out.verify()
