@@ -79,14 +79,15 @@ _TYPES_CACHE: dict = {}
 def _reg_types(a: FusedAttrs, in_types: Sequence[TensorType]) -> dict[str, tuple[DataType, tuple[int, ...]]]:
     """dtype and (numpy-broadcast) shape of every register; raises L0Error on a malformed body.
     Results are memoised per (attrs object, input types)."""
-    key = (id(a), tuple((t.dtype, t.shape) for t in in_types))
+    # keyed by the body tuple (shared by copies such as the store variant) and the result
+    key = (id(a.body), a.result, a.shape, tuple((t.dtype, t.shape) for t in in_types))
     hit = _TYPES_CACHE.get(key)
-    if hit is not None and hit[0] is a:
+    if hit is not None and hit[0] is a.body:
         return hit[1]
     regs = _check_body(a, in_types)
     if len(_TYPES_CACHE) > 4096:
         _TYPES_CACHE.clear()
-    _TYPES_CACHE[key] = (a, regs)
+    _TYPES_CACHE[key] = (a.body, regs)
     return regs
 
 

@@ -66,12 +66,25 @@ class OpDef:
     extra: dict = field(default_factory=dict)
 
     def make_attrs(self, **kwargs: Any) -> OpAttrs:
+        """Validated attrs; frozen, so equal arguments share one instance (memoised)."""
         try:
-            return self.attrs(**kwargs)
+            key = (self.name, tuple(sorted(kwargs.items())))
+            hit = _ATTRS_CACHE.get(key)
+        except TypeError:  # unhashable attribute values: validate every time
+            key = hit = None
+        if hit is not None:
+            return hit
+        try:
+            attrs = self.attrs(**kwargs)
         except ValidationError as e:
             msgs = "; ".join(f"{'.'.join(map(str, err['loc'])) or 'attrs'}: {err['msg']}"
                              for err in e.errors())
             raise L0Error(f"{self.name}: invalid attributes: {msgs}") from None
+        if key is not None:
+            if len(_ATTRS_CACHE) > 8192:
+                _ATTRS_CACHE.clear()
+            _ATTRS_CACHE[key] = attrs
+        return attrs
 
     def infer_types(self, types: Sequence, attrs: OpAttrs) -> list:
         if self.num_inputs is not None and len(types) != self.num_inputs:
@@ -103,6 +116,7 @@ class OpDef:
 
 
 _REGISTRY: dict[str, OpDef] = {}
+_ATTRS_CACHE: dict[tuple, OpAttrs] = {}
 
 
 def define_op(name: str, *, attrs: type[OpAttrs] = OpAttrs, infer: InferFn, compute: ComputeFn,
@@ -116,6 +130,8 @@ def define_op(name: str, *, attrs: type[OpAttrs] = OpAttrs, infer: InferFn, comp
         raise ValueError(f"l0 op {name!r} is already defined (pass replace=True to redefine it)")
     op = OpDef(name, attrs, infer, compute, kind, num_inputs, tuple(writes), doc, dict(extra))
     _REGISTRY[name] = op
+    for key in [k for k in _ATTRS_CACHE if k[0] == name]:  # a redefined op validates anew
+        del _ATTRS_CACHE[key]
     return op
 
 

@@ -219,6 +219,7 @@ class Graph:
             if node in v.users:
                 v.users.remove(node)
         self.nodes.remove(node)
+        node.inputs, node.outputs = [], []  # detached: passes iterating a snapshot skip it
 
     def values(self) -> Iterable[Value]:
         yield from self.inputs

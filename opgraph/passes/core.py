@@ -83,19 +83,19 @@ class Rule:
 
 
 def sweep_dead(graph: Graph) -> int:
-    """Remove nodes whose outputs are unused and that have no effects; returns how many."""
-    removed, changed = 0, True
-    while changed:
-        changed = False
-        for node in reversed(list(graph.nodes)):
-            if node.opdef.written(node):
-                continue
-            if any(v.users or v in graph.outputs for v in node.outputs):
-                continue
-            graph.remove_node(node)
-            removed += 1
-            changed = True
-    return removed
+    """Remove nodes whose outputs are unused and that have no effects; returns how many.
+    One backward walk suffices: dropping a node can only kill nodes before it."""
+    outputs = {id(v) for v in graph.outputs}
+    dead = set()
+    for node in reversed(graph.nodes):
+        if node.opdef.written(node) or any(v.users or id(v) in outputs for v in node.outputs):
+            continue
+        for v in node.inputs:
+            v.users = [u for u in v.users if u is not node]
+        dead.add(id(node))
+    if dead:
+        graph.nodes[:] = [n for n in graph.nodes if id(n) not in dead]
+    return len(dead)
 
 
 class RewritePass(Pass):
@@ -106,13 +106,19 @@ class RewritePass(Pass):
 
     def apply(self, graph: Graph) -> dict[str, int]:
         counts = {r.name: 0 for r in self.rules}
+        generic = [r for r in self.rules if r.op is None]
+        by_op: dict = {}
+        for rule in self.rules:  # table order kept: op-specific rules, then generic ones
+            if rule.op is not None:
+                by_op.setdefault(rule.op, []).append(rule)
+        by_op = {op: rules + generic for op, rules in by_op.items()}
         for _ in range(self.max_rounds):
             fired = False
             for node in list(graph.nodes):
-                if node not in graph.nodes:
+                if not node.outputs:  # removed by an earlier rule this round (detached)
                     continue
-                for rule in self.rules:
-                    if (rule.op is None or rule.op == node.op) and rule.when(node):
+                for rule in by_op.get(node.op, generic):
+                    if rule.when(node):
                         rule.then(graph, node)
                         counts[rule.name] += 1
                         fired = True

@@ -13,8 +13,6 @@ ViewCopy redirect (the producing kernel writes straight into a contiguous user o
 """
 from __future__ import annotations
 
-import json
-
 import numpy as np
 
 from l0ops.basic import cast_array
@@ -94,7 +92,7 @@ def _cse(g: Graph) -> dict[str, int]:
     for n in list(g.nodes):
         if n.opdef.written(n):
             continue
-        key = (n.op, tuple(id(v) for v in n.inputs), json.dumps(n.attrs.model_dump(mode="json"), sort_keys=True))
+        key = (n.op, tuple(id(v) for v in n.inputs), n.attrs)  # attrs are frozen and hashable
         first = seen.get(key)
         if first is None:
             seen[key] = n
