@@ -217,3 +217,31 @@ def test_collapse_and_bf16_dtype_sanity():
     assert native.collapse((4, 1, 3), [[3, 99, 1]]) == ([12], [[1]])
     assert native.collapse((1, 1), [[5, 7], [0, 0]]) == ([1], [[0], [0]])
     assert np.dtype(D.BF16.np) == np.dtype(ml_dtypes.bfloat16)
+
+
+@pytest.mark.parametrize("soc", SOCS)
+@pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16])
+def test_every_half_bit_pattern_through_the_simd_loops(dtype, soc, no_fallback):
+    """All 65536 fp16 / bf16 bit patterns (NaNs, infinities, subnormals, ties) as gradOut and,
+    permuted, as input; channel parameters include inf, NaN, subnormals and huge values. The SIMD
+    loops (native fp16 lanes, float lanes) must give numpy's bits exactly, except that which NaN
+    (payload, sign) comes out is not specified: IEEE 754 leaves it open and numpy's own SIMD
+    loops pick operands differently; NaNs must be NaNs in the same places."""
+    rng = np.random.default_rng(7)
+    grad = np.arange(65536, dtype=np.uint16).view(dtype).reshape(2, 4, 8192)
+    inp = rng.permutation(np.arange(65536, dtype=np.uint16)).view(dtype).reshape(2, 4, 8192)
+    tiny = np.float32(2.0 ** -20)
+    params = [np.array(v, np.float32).astype(dtype) for v in (
+        [0.5, -np.inf, 3.0, tiny], [1.5, 0.25, np.nan, 2.0], [1.0, -2.0, tiny, 60000.0],
+        [0.0, 1.0, -3.0, np.inf], [2.0, tiny, 1e4, -1.0])]
+    counter = np.array([3, 5], np.int32)
+    outs = []
+    for name in ("numpy", "native"):
+        with opgraph.platform(soc), opgraph.opt_level(2), opgraph.use_backend(name):
+            with np.errstate(invalid="ignore"):
+                outs.append(opgraph.ops.batch_norm_elemt_backward(grad, inp, *params, counter))
+    ref, got = (o.astype(np.float32) for o in outs)
+    nan = np.isnan(ref)
+    assert nan.any() and (~nan).sum() > 20000  # many ordinary numbers are compared bit by bit
+    assert np.array_equal(np.isnan(got), nan)
+    assert np.array_equal(outs[0].view(np.uint16)[~nan], outs[1].view(np.uint16)[~nan])

@@ -155,16 +155,156 @@ def _body(p: Plan, load: Callable[[int, str], str]) -> list[str]:
     return lines
 
 
-def _loop(p: Plan, load: Callable[[int, str], str], pre: list[str], simd: bool) -> list[str]:
-    """The inner loop over ``j < n`` (inside the work-item loop), preceded by ``pre``."""
+def _loop(p: Plan, load: Callable[[int, str], str], pre: list[str], simd: bool,
+          vector: "list[str] | None" = None) -> list[str]:
+    """The inner loop over ``j < n`` (inside the work-item loop), preceded by ``pre``; an
+    optional explicit ``vector`` loop runs first and leaves ``j`` where the scalar loop starts."""
     pad = " " * 12
     lines = [pad + s for s in pre]
+    lines.append(pad + "int64_t jv = 0;")
+    if vector:
+        lines += [pad + s for s in vector]
     if simd:
         lines.append(pad + "#pragma omp simd")
-    lines.append(pad + "for (int64_t j = 0; j < n; ++j) {")
+    lines.append(pad + "for (int64_t j = jv; j < n; ++j) {")
     lines += [pad + "    " + s for s in _body(p, load)]
     lines.append(pad + "}")
     return lines
+
+
+# --- explicit SIMD loop for f16 / bf16 bodies (gcc does not vectorise half conversions) --------
+# One API over AVX-512 (16 lanes) or AVX2 + F16C (8 lanes): opg_v, OPG_W, opg_v_<op>.
+V_OP = {"add": "opg_v_add", "sub": "opg_v_sub", "mul": "opg_v_mul", "div": "opg_v_div"}
+V_LOAD = {F32: "opg_v_ld_f32(&{}[j])", F16: "opg_v_ld_f16(&{}[j])", BF16: "opg_v_ld_bf16(&{}[j])"}
+V_ROUND = {F32: "{}", F16: "opg_v_rnd_f16({})", BF16: "opg_v_rnd_bf16({})"}
+V_STORE = {F32: "opg_v_st_f32(&{}[j], {});", F16: "opg_v_st_f16(&{}[j], {});",
+           BF16: "opg_v_st_bf16(&{}[j], {});"}
+
+V_HELPERS = r"""/* vcvtps2ph rounds to nearest even (imm 0) and keeps a NaN's top payload bits, quieted, like
+   opg_rnd_f16; the bf16 rounding below is opg_st_bf16 on every lane. */
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#define OPG_VEC 1
+#define OPG_W 16
+typedef __m512 opg_v;
+#define opg_v_add _mm512_add_ps
+#define opg_v_sub _mm512_sub_ps
+#define opg_v_mul _mm512_mul_ps
+#define opg_v_div _mm512_div_ps
+#define opg_v_set1 _mm512_set1_ps
+#define opg_v_ld_f32 _mm512_loadu_ps
+#define opg_v_st_f32 _mm512_storeu_ps
+static inline opg_v opg_v_rnd_f16(opg_v x) { return _mm512_cvtph_ps(_mm512_cvtps_ph(x, 0)); }
+static inline opg_v opg_v_ld_f16(const uint16_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
+static inline void opg_v_st_f16(uint16_t *p, opg_v x) { _mm256_storeu_si256((__m256i *)p, _mm512_cvtps_ph(x, 0)); }
+static inline __m512i opg_v_bf16_bits(opg_v x) {  /* the bf16 bits in the high half, RNE */
+    const __m512i u = _mm512_castps_si512(x);
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    const __m512i r = _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7FFF)), lsb);
+    const __mmask16 nan = _mm512_cmpgt_epi32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7FFFFFFF)),
+                                                  _mm512_set1_epi32(0x7F800000));
+    const __m512i q = _mm512_or_si512(u, _mm512_set1_epi32(0x00400000));
+    return _mm512_and_si512(_mm512_mask_blend_epi32(nan, r, q), _mm512_set1_epi32((int)0xFFFF0000u));
+}
+static inline opg_v opg_v_rnd_bf16(opg_v x) { return _mm512_castsi512_ps(opg_v_bf16_bits(x)); }
+static inline opg_v opg_v_ld_bf16(const uint16_t *p) {
+    const __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+}
+static inline void opg_v_st_bf16(uint16_t *p, opg_v x) {
+    _mm256_storeu_si256((__m256i *)p, _mm512_cvtepi32_epi16(_mm512_srli_epi32(opg_v_bf16_bits(x), 16)));
+}
+#elif defined(__AVX2__) && defined(__F16C__)
+#include <immintrin.h>
+#define OPG_VEC 1
+#define OPG_W 8
+typedef __m256 opg_v;
+#define opg_v_add _mm256_add_ps
+#define opg_v_sub _mm256_sub_ps
+#define opg_v_mul _mm256_mul_ps
+#define opg_v_div _mm256_div_ps
+#define opg_v_set1 _mm256_set1_ps
+#define opg_v_ld_f32 _mm256_loadu_ps
+#define opg_v_st_f32 _mm256_storeu_ps
+static inline opg_v opg_v_rnd_f16(opg_v x) { return _mm256_cvtph_ps(_mm256_cvtps_ph(x, 0)); }
+static inline opg_v opg_v_ld_f16(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
+static inline void opg_v_st_f16(uint16_t *p, opg_v x) { _mm_storeu_si128((__m128i *)p, _mm256_cvtps_ph(x, 0)); }
+static inline __m256i opg_v_bf16_bits(opg_v x) {  /* the bf16 bits in the high half, RNE */
+    const __m256i u = _mm256_castps_si256(x);
+    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    const __m256i r = _mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7FFF)), lsb);
+    const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7FFFFFFF)),
+                                           _mm256_set1_epi32(0x7F800000));
+    const __m256i q = _mm256_or_si256(u, _mm256_set1_epi32(0x00400000));
+    return _mm256_and_si256(_mm256_blendv_epi8(r, q, nan), _mm256_set1_epi32((int)0xFFFF0000u));
+}
+static inline opg_v opg_v_rnd_bf16(opg_v x) { return _mm256_castsi256_ps(opg_v_bf16_bits(x)); }
+static inline opg_v opg_v_ld_bf16(const uint16_t *p) {
+    const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+}
+static inline void opg_v_st_bf16(uint16_t *p, opg_v x) {
+    const __m256i h = _mm256_srli_epi32(opg_v_bf16_bits(x), 16);
+    const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(h, h), 0xD8);
+    _mm_storeu_si128((__m128i *)p, _mm256_castsi256_si128(packed));
+}
+#endif
+"""
+
+
+def needs_vector(p: Plan) -> bool:
+    """True when the body loads, rounds or stores f16/bf16 (then the explicit loop pays off)."""
+    narrow = (F16, BF16)
+    return (p.out_dtype in narrow or any(d in narrow for _, d in p.big)
+            or any(ins.dtype in narrow for _, ins in p.live))
+
+
+def pure_half(p: Plan) -> bool:
+    """Every load, instruction and the store are f16 arithmetic: native fp16 SIMD applies (an
+    IEEE fp16 op equals the float op rounded to fp16, since float carries 24 >= 2·11+2 bits)."""
+    return (p.out_dtype == F16 and all(d == F16 for _, d in p.big)
+            and all(ins.op in V_OP and ins.dtype == F16 for _, ins in p.live))
+
+
+def _simd_block(p: Plan, scalar_h: bool, width: str, vtype: str, load, set1: str,
+                op, rnd) -> list[str]:
+    """One explicit SIMD loop of ``width`` lanes; ``load(dtype, ptr)``, ``op(name, args)`` and
+    ``rnd(dtype, expr)`` spell the vector operations."""
+    nb, nh = len(p.big), len(p.hoisted)
+    lines = ["{"]
+    if scalar_h:
+        lines += [f"const {vtype} vh{k} = {set1.format(f'h{k}')};" for k in range(nb, nb + nh)]
+    lines += ["int64_t j = 0;", f"for (; j + {width} <= n; j += {width}) {{"]
+    for k, (r, d) in enumerate(p.big):
+        lines.append(f"    const {vtype} v_{r} = {load(d, f'q{k}')};")
+    for k, r in enumerate(p.hoisted, start=nb):
+        lines.append(f"    const {vtype} v_{r} = {f'vh{k}' if scalar_h else load(F32, f'q{k}')};")
+    for dst, ins in p.live:
+        args = [f"v_{r}" for r in ins.args]
+        expr = args[0] if ins.op == "cast" else op(ins.op, args)
+        lines.append(f"    const {vtype} v_{dst} = {rnd(ins.dtype, expr)};")
+    return lines + ["}", "jv = j;", "}"]
+
+
+def _vector_loop(p: Plan, scalar_h: bool) -> list[str]:
+    """Explicit SIMD for f16/bf16 bodies: native AVX-512 FP16 arithmetic (32 lanes) for pure-f16
+    bodies with per-channel scalars, else float lanes (16 or 8) with the same roundings."""
+    nb, nh = len(p.big), len(p.hoisted)
+    store_f = V_STORE[p.out_dtype].format(f"q{nb + nh}", f"v_{p.result}")
+    flt = _simd_block(p, scalar_h, "OPG_W", "opg_v", lambda d, q: V_LOAD[d].format(q),
+                      "opg_v_set1({})", lambda o, a: f"{V_OP[o]}({', '.join(a)})",
+                      lambda d, e: V_ROUND[d].format(e))
+    flt.insert(-3, "    " + store_f)
+    lines = []
+    if scalar_h and pure_half(p):
+        half = _simd_block(p, scalar_h, "32", "__m512h", lambda d, q: f"_mm512_loadu_ph(&{q}[j])",
+                           "_mm512_set1_ph((_Float16){})",
+                           lambda o, a: f"_mm512_{o}_ph({', '.join(a)})", lambda d, e: e)
+        half.insert(-3, f"    _mm512_storeu_ph(&q{nb + nh}[j], v_{p.result});")
+        lines += ["#if defined(__AVX512FP16__)"] + half + ["#elif defined(OPG_VEC)"]
+    else:
+        lines.append("#if defined(OPG_VEC)")
+    return lines + flt + ["#endif"]
 
 
 @functools.lru_cache(maxsize=256)
@@ -177,7 +317,7 @@ def render(p: Plan) -> str:
     nb, nh = len(p.big), len(p.hoisted)
     nops = nb + nh + 1
     ctypes_ = [C_TYPE[d] for _, d in p.big] + ["float"] * nh + [C_TYPE[p.out_dtype]]
-    out = [HELPERS, f"/* {len(p.live)} live instructions; result {p.result}: "
+    out = [HELPERS, V_HELPERS, f"/* {len(p.live)} live instructions; result {p.result}: "
                     f"{p.out_dtype.short} */",
            "void opg_kernel(int64_t ndim, const int64_t *shape, void *const *ptrs,",
            "                const int64_t *st, int64_t block)", "{",
@@ -212,10 +352,11 @@ def render(p: Plan) -> str:
     def dense_load(scalar: bool) -> Callable[[int, str], str]:
         return lambda k, r: f"h{k}" if scalar and nb <= k < nb + nh else f"q{k}[j]"
 
+    vec = needs_vector(p)
     out.append("        if (scalar_h) {")
-    out += _loop(p, dense_load(True), scalar_pre, simd=True)
+    out += _loop(p, dense_load(True), scalar_pre, simd=True, vector=_vector_loop(p, True) if vec else None)
     out.append("        } else if (vector_h) {")
-    out += _loop(p, dense_load(False), [], simd=True)
+    out += _loop(p, dense_load(False), [], simd=True, vector=_vector_loop(p, False) if vec else None)
     out.append("        } else {")
     strided = [f"const int64_t i{k} = s{k}[ndim - 1];" for k in range(nops)]
     out += _loop(p, lambda k, r: f"q{k}[j * i{k}]", strided, simd=False)
