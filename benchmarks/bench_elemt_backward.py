@@ -1,6 +1,8 @@
 """Benchmark aclnnBatchNormElemtBackward on the CPU: opgraph levels 0/1/2 (numpy backend), the
 native backend when a C compiler is present, a naive numpy formula, torch eager and
-torch.compile when torch is installed, and a memory-traffic floor (``np.add(a, b, out=c)`` on the raw bits).
+torch.compile when torch is installed, and two floors: ``np.add(a, b, out=c)`` in the tensor's
+dtype (the floor the issue defines) and the same on the raw bits (pure memory traffic; numpy's
+fp16/bf16 arithmetic is compute-bound, so only this one is a bandwidth floor).
 
 Variants run interleaved in one process; we report medians, the spread (min–max) and ratios to
 the floor and to level 0 measured in the same run. Also: per-call latency for the small shape
@@ -65,11 +67,13 @@ def naive_variant(arrays, out) -> Callable[[], None]:
     return call
 
 
-def floor_variant(arrays, out) -> Callable[[], None]:
-    """Read two tensors, write one: the op's minimal traffic. Added as same-width unsigned
-    integers so that numpy's slow fp16/bf16 arithmetic does not inflate the floor."""
-    u = np.dtype(f"u{out.itemsize}")
-    a, b, o = arrays[0].view(u), arrays[1].view(u), out.view(u)
+def floor_variant(arrays, out, raw_bits: bool) -> Callable[[], None]:
+    """Read two tensors, write one: the op's minimal traffic. With ``raw_bits`` the tensors are
+    added as same-width unsigned integers, so numpy's slow fp16/bf16 arithmetic does not count."""
+    a, b, o = arrays[0], arrays[1], out
+    if raw_bits:
+        u = np.dtype(f"u{out.itemsize}")
+        a, b, o = a.view(u), b.view(u), o.view(u)
     return lambda: np.add(a, b, out=o)
 
 
@@ -114,7 +118,8 @@ def peak_extra_bytes(fn: Callable[[], None]) -> int:
 def bench_shape(shape, dname, reps: int) -> None:
     dt = DTYPES[dname]
     arrays, out = make_inputs(shape, dt)
-    variants: dict[str, Callable[[], None]] = {"floor np.add": floor_variant(arrays, out)}
+    variants: dict[str, Callable[[], None]] = {"floor np.add": floor_variant(arrays, out, False),
+                                               "floor raw bits": floor_variant(arrays, out, True)}
     for level in (0, 1, 2):
         variants[f"opgraph L{level} numpy"] = opgraph_variant(level, "numpy", arrays, out)
     import backends
@@ -131,16 +136,18 @@ def bench_shape(shape, dname, reps: int) -> None:
             fn()
             times[name].append(time.perf_counter() - t0)
     floor = statistics.median(times["floor np.add"])
+    traffic = statistics.median(times["floor raw bits"])
     l0 = statistics.median(times["opgraph L0 numpy"])
     nbytes = out.nbytes
     print(f"\n{dname} {list(shape)}  ({reps} interleaved runs; tensor {nbytes / 2**20:.1f} MiB)")
-    print(f"  {'variant':20s} {'median':>10s} {'min–max':>19s} {'/floor':>7s} {'/L0':>6s} {'peak extra':>11s}")
+    print(f"  {'variant':20s} {'median':>10s} {'min–max':>19s} {'/floor':>7s} {'/bits':>7s} "
+          f"{'/L0':>6s} {'peak extra':>11s}")
     for name, ts in times.items():
         med = statistics.median(ts)
         peak = peak_extra_bytes(variants[name]) if not name.startswith("torch") else float("nan")
         peak_s = f"{peak / nbytes:9.2f}×T" if peak == peak else "        n/a"
         print(f"  {name:20s} {med * 1e3:8.3f}ms {min(ts) * 1e3:8.3f}–{max(ts) * 1e3:8.3f}ms "
-              f"{med / floor:6.2f}× {med / l0:5.2f}× {peak_s}")
+              f"{med / floor:6.2f}× {med / traffic:6.2f}× {med / l0:5.2f}× {peak_s}")
 
 
 def bench_latency(reps: int) -> None:
