@@ -50,6 +50,12 @@ def both(case: R.Case, soc: str, layouts=None, out_factory=None):
     return results
 
 
+@pytest.fixture(autouse=True)
+def kernels_of_any_size(monkeypatch):
+    """Run even tiny kernels in C, so small test shapes test the C code."""
+    monkeypatch.setattr(native.NativeBackend, "min_elements", 0)
+
+
 @pytest.fixture
 def no_fallback():
     b = backends.get("native")
@@ -192,9 +198,9 @@ def test_compile_error_names_the_source(tmp_path, monkeypatch):
     assert not list(tmp_path.glob("*.so*")), "no partial library is left behind"
 
 
-def test_unavailable_without_compiler(monkeypatch):
+def test_unavailable_without_compiler(monkeypatch, tmp_path):
     monkeypatch.delenv("CC", raising=False)
-    monkeypatch.setattr(build.shutil, "which", lambda name: None)
+    monkeypatch.setenv("PATH", str(tmp_path))  # a PATH with no compiler on it
     assert native.availability() == (False, "no C compiler found (tried cc, gcc, clang)")
     assert not native.available()
     with pytest.raises(backends.BackendUnavailable, match="no C compiler found"):
@@ -245,3 +251,15 @@ def test_every_half_bit_pattern_through_the_simd_loops(dtype, soc, no_fallback):
     assert nan.any() and (~nan).sum() > 20000  # many ordinary numbers are compared bit by bit
     assert np.array_equal(np.isnan(got), nan)
     assert np.array_equal(outs[0].view(np.uint16)[~nan], outs[1].view(np.uint16)[~nan])
+
+
+def test_small_kernels_run_on_numpy_by_default(monkeypatch):
+    monkeypatch.setattr(native.NativeBackend, "min_elements", 4096)
+    b = backends.get("native")
+    before = b.small
+    x = np.ones((2, 3, 4), np.float32)
+    c = np.ones(3, np.float32)
+    with opgraph.use_backend("native"):
+        y = opgraph.ops.batch_norm_elemt_backward(x, x, c, c, c, c, c, np.int32([2]))
+    assert b.small == before + 1
+    assert np.array_equal(y, opgraph.ops.batch_norm_elemt_backward(x, x, c, c, c, c, c, np.int32([2])))

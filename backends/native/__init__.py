@@ -110,19 +110,25 @@ def run_fused_native(a: FusedAttrs, inputs: Sequence[np.ndarray],
 
 class NativeBackend(NumpyBackend):
     """NumpyBackend with FusedElementwise lowered to compiled C; ``fallbacks`` counts the fused
-    nodes that ran on numpy, by reason."""
+    nodes that ran on numpy, by reason. Kernels smaller than ``min_elements`` run on numpy
+    (the same bits; calling into C costs more than it saves there) and are counted in ``small``."""
 
     name = "native"
+    min_elements = 4096
 
     def __init__(self) -> None:
         self.lowerings = {**NumpyBackend.lowerings, "FusedElementwise": self._fused}
         self.fallbacks: Counter[str] = Counter()
+        self.small = 0
 
     def availability(self) -> tuple[bool, str]:
         return availability()
 
     def _fused(self, node: Any, args: list) -> list:
         a: FusedAttrs = node.attrs
+        if math.prod(a.shape) < self.min_elements:
+            self.small += 1
+            return node.opdef.compute(args, a)
         ins, dst = (args[:-1], args[-1]) if a.store else (args, None)
         try:
             return [run_fused_native(a, ins, dst)]

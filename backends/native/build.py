@@ -52,8 +52,21 @@ class Kernel:
     source: Path
 
 
+_FOUND: dict[tuple, tuple[Optional[str], list[str]]] = {}
+_BY_SOURCE: dict[tuple, "Kernel"] = {}
+
+
 def find_compiler() -> tuple[Optional[str], list[str]]:
-    """``(absolute path or None, names tried)``: ``$CC`` first when set, then :data:`COMPILERS`."""
+    """``(absolute path or None, names tried)``: ``$CC`` first when set, then :data:`COMPILERS`.
+    Memoised per ``(PATH, CC)``."""
+    key = (os.environ.get("PATH", ""), os.environ.get("CC", ""))
+    hit = _FOUND.get(key)
+    if hit is None:
+        hit = _FOUND[key] = _search_compiler()
+    return hit[0], list(hit[1])
+
+
+def _search_compiler() -> tuple[Optional[str], list[str]]:
     tried = []
     env = os.environ.get("CC", "").strip()
     for name in ([env] if env else []) + list(COMPILERS):
@@ -155,6 +168,17 @@ def compile_source(source: str, lib: Path, cc: str, extra: Sequence[str] = ()) -
 
 def load(source: str, extra: Sequence[str] = (), symbol: str = SYMBOL) -> Kernel:
     """The kernel ``symbol`` of ``source``: from memory, else the disk cache, else compiled now."""
+    front = (source, tuple(extra), symbol, os.environ.get("OPGRAPH_CACHE_DIR"))
+    hit = _BY_SOURCE.get(front)  # this process already loaded this exact source: no work at all
+    if hit is not None:
+        stats["memory_hits"] += 1
+        return hit
+    kernel = _load(source, extra, symbol)
+    _BY_SOURCE[front] = kernel
+    return kernel
+
+
+def _load(source: str, extra: Sequence[str], symbol: str) -> Kernel:
     cc, tried = find_compiler()
     if cc is None:
         raise NativeBuildError(f"no C compiler found (tried {', '.join(tried)})")
@@ -179,3 +203,5 @@ def forget() -> None:
     """Drop the in-process cache (the disk cache stays): the next load acts like a new process."""
     with _LOCK:
         _LOADED.clear()
+        _BY_SOURCE.clear()
+        _FOUND.clear()
