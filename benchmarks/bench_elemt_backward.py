@@ -98,6 +98,7 @@ def torch_variants(arrays, out) -> dict[str, Callable[[], None]]:
 
     res = {"torch eager": lambda: f(*ts)}
     try:
+        torch._dynamo.reset()  # a fresh compile per shape and dtype (no recompile limit)
         cf = torch.compile(f, dynamic=False)
         cf(*ts)
         res["torch.compile"] = lambda: cf(*ts)

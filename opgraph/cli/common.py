@@ -281,6 +281,13 @@ def record(case: Case) -> Recorded:
     return Recorded(Status(status), ws, ex)
 
 
+def recorded_executor(case: Case):
+    """Phase 1 that must succeed: the executor, or a CliError quoting the op's message."""
+    rec = record(case)
+    check(rec.status, f"{case.spec.name}GetWorkspaceSize")
+    return rec.executor
+
+
 def execute(case: Case, rec: Recorded) -> Status:
     """Phase 2 with a fresh workspace of the size phase 1 reported."""
     with case.context():

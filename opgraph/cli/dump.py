@@ -14,7 +14,7 @@ from typing import Any
 
 from ..ir import Graph
 from ..passes import PassManager, PrintInstrument, graph_stats, optimize, pipeline
-from .common import add_op_options, build_case, check, record, write_output
+from .common import add_op_options, build_case, recorded_executor, write_output
 
 FORMATS = ("text", "json", "dot")
 
@@ -38,9 +38,7 @@ def print_stats(graph: Graph, fast_math: bool = False) -> None:
 
 def run(args: argparse.Namespace) -> int:
     case = build_case(args)
-    rec = record(case)
-    check(rec.status, f"{case.spec.name}GetWorkspaceSize")
-    graph = rec.executor.graph
+    graph = recorded_executor(case).graph
     if args.stats:
         print_stats(graph, args.fast_math)
         return 0

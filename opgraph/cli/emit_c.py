@@ -13,7 +13,7 @@ import argparse
 from typing import Any
 
 from ..passes import optimize
-from .common import CliError, add_op_options, build_case, check, record, write_output
+from .common import CliError, add_op_options, build_case, recorded_executor, write_output
 
 LEVEL = 2
 
@@ -22,9 +22,7 @@ def run(args: argparse.Namespace) -> int:
     from backends.native import Unsupported, emit_c
     from backends.native.build import BASE_FLAGS, OPTIONAL_FLAGS
     case = build_case(args)
-    rec = record(case)
-    check(rec.status, f"{case.spec.name}GetWorkspaceSize")
-    graph = optimize(rec.executor.graph, case.level)
+    graph = optimize(recorded_executor(case).graph, case.level)
     chunks = []
     for i, node in enumerate(graph.nodes):
         if node.op != "FusedElementwise":

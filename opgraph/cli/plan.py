@@ -12,17 +12,16 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from .common import CliError, add_op_options, build_case, check, record, write_output
+from .common import CliError, add_op_options, build_case, recorded_executor, write_output
 
 
 def case_plan(args: argparse.Namespace):
     """``(case, executor, plan)`` for the shared op options (phase 1, then the lowering)."""
     from backends.aclnn.plan import LoweringError, lower_executor
     case = build_case(args)
-    rec = record(case)
-    check(rec.status, f"{case.spec.name}GetWorkspaceSize")
+    ex = recorded_executor(case)
     try:
-        return case, rec.executor, lower_executor(rec.executor)
+        return case, ex, lower_executor(ex)
     except LoweringError as e:
         raise CliError(str(e)) from None
 
