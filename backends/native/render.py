@@ -181,7 +181,9 @@ V_STORE = {F32: "opg_v_st_f32(&{}[j], {});", F16: "opg_v_st_f16(&{}[j], {});",
            BF16: "opg_v_st_bf16(&{}[j], {});"}
 
 V_HELPERS = r"""/* vcvtps2ph rounds to nearest even (imm 0) and keeps a NaN's top payload bits, quieted, like
-   opg_rnd_f16; the bf16 rounding below is opg_st_bf16 on every lane. */
+   opg_rnd_f16; the bf16 rounding below is opg_st_bf16 on every lane. Stores take registers that
+   already hold values of the output dtype (a body's result has the output dtype), so the bf16
+   store only drops the low half. */
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #define OPG_VEC 1
@@ -211,8 +213,8 @@ static inline opg_v opg_v_ld_bf16(const uint16_t *p) {
     const __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p));
     return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
 }
-static inline void opg_v_st_bf16(uint16_t *p, opg_v x) {
-    _mm256_storeu_si256((__m256i *)p, _mm512_cvtepi32_epi16(_mm512_srli_epi32(opg_v_bf16_bits(x), 16)));
+static inline void opg_v_st_bf16(uint16_t *p, opg_v x) {  /* x already holds bf16 values */
+    _mm256_storeu_si256((__m256i *)p, _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(x), 16)));
 }
 #elif defined(__AVX2__) && defined(__F16C__)
 #include <immintrin.h>
@@ -244,7 +246,7 @@ static inline opg_v opg_v_ld_bf16(const uint16_t *p) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
 }
 static inline void opg_v_st_bf16(uint16_t *p, opg_v x) {
-    const __m256i h = _mm256_srli_epi32(opg_v_bf16_bits(x), 16);
+    const __m256i h = _mm256_srli_epi32(_mm256_castps_si256(x), 16);  /* x holds bf16 values */
     const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(h, h), 0xD8);
     _mm_storeu_si128((__m128i *)p, _mm256_castsi256_si128(packed));
 }
