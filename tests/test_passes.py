@@ -276,3 +276,20 @@ def test_executor_cache_is_thread_safe():
     for k, (data, o) in expected.items():
         single = opgraph.ops.batch_norm_elemt_backward(*data)
         assert np.array_equal(single, o)
+
+
+# --- CLI -------------------------------------------------------------------------------------
+def test_cli_dump_stats_passes_and_dump_dir(capsys, tmp_path):
+    from opgraph.cli import main
+    args = ["dump", "aclnnBatchNormElemtBackward", "--shape", "4,8,5,5", "--counter-dtype", "int32"]
+    assert main(args + ["--stats"]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()]
+    assert rows[0] == ["level", "nodes", "launches", "bytes", "moved", "workspace"]
+    assert [r[0] for r in rows[1:]] == ["0", "1", "2"]
+    assert rows[2][2] == "10" and rows[3][2] == "1" and rows[3][4] == "0"  # CANN's 10; fused: 1, 0 B
+    assert main(args + ["--level", "2", "--passes"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("// after pass") == len(passes.pipeline(2)) and "FusedElementwise" in out
+    assert main(args + ["--level", "1", "--dump-dir", str(tmp_path)]) == 0
+    files = sorted(p.name for p in tmp_path.iterdir())
+    assert len(files) == 3 * (len(passes.pipeline(1)) + 1) and files[-1].startswith("05-viewcopy-redirect")

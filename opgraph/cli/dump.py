@@ -13,7 +13,7 @@ import argparse
 from typing import Any
 
 from ..ir import Graph
-from ..passes import PassManager, PrintInstrument, graph_stats, optimize, pipeline
+from ..passes import DumpInstrument, PassManager, PrintInstrument, graph_stats, optimize, pipeline
 from .common import add_op_options, build_case, recorded_executor, write_output
 
 FORMATS = ("text", "json", "dot")
@@ -42,8 +42,14 @@ def run(args: argparse.Namespace) -> int:
     if args.stats:
         print_stats(graph, args.fast_math)
         return 0
-    if args.passes:
-        PassManager(pipeline(case.level, args.fast_math), [PrintInstrument()]).run(graph)
+    if args.passes or args.dump_dir:
+        instruments = [PrintInstrument()] if args.passes else []
+        if args.dump_dir:
+            dumps = DumpInstrument(args.dump_dir)
+            instruments.append(dumps)
+        PassManager(pipeline(case.level, args.fast_math), instruments).run(graph)
+        if args.dump_dir:
+            print(f"wrote {len(dumps.files)} files to {args.dump_dir} (NN-<pass>.txt/.json/.dot)")
         return 0
     if case.level > 0 or args.fast_math:
         graph = optimize(graph, case.level, fast_math=args.fast_math)
@@ -63,6 +69,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", metavar="FILE", help="write to FILE instead of stdout")
     p.add_argument("--passes", action="store_true",
                    help="print the graph after each pass of --level's pipeline, with its stats")
+    p.add_argument("--dump-dir", metavar="DIR",
+                   help="write the graph before and after each pass as numbered text/JSON/DOT files")
     p.add_argument("--stats", action="store_true",
                    help="print nodes, kernel launches, bytes moved and workspace for levels 0, 1, 2")
     p.add_argument("--fast-math", action="store_true",
