@@ -28,7 +28,7 @@ from .registry import DType, L0Error, OpAttrs, define_op, require
 F32, F16, BF16, F64 = DataType.FLOAT, DataType.FLOAT16, DataType.BF16, DataType.DOUBLE
 ARITH = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide}
 PRIMS = tuple(ARITH) + ("cast", "view", "sum", "fill")
-CHUNK_ELEMS = 1 << 16
+CHUNK_ELEMS = 1 << 15  # 128 KiB float32 chunks: fewer Python steps, still cache-resident
 
 
 class Instr(OpAttrs):
@@ -244,10 +244,36 @@ class Program:
             else:
                 self.hoisted.append((name, fn, ins.args))
         self.result, self.result_dtype, self.out_dtype = a.result, self.types[a.result][0], a.out_dtype
+        self._plan_in_place(a)
+        # hoisted registers the live steps read (everything else they read is live or big)
+        self.live_reads = sorted({r for _, ins in self.live for r in ins.args}
+                                 - {name for name, _ in self.live} - {f"in{k}" for k in self.big})
         rank = len(full)
         hoisted_names = [f"in{k}" for k, _ in self.small] + [name for name, _, _ in self.hoisted]
         self.align = [(n, (1,) * (rank - len(self.types[n][1])) + self.types[n][1])
                       for n in hoisted_names if 0 < len(self.types[n][1]) < rank]
+
+    def _plan_in_place(self, a: FusedAttrs) -> None:
+        """Per live step, an operand temporary that dies there (its buffer takes the result),
+        and whether the result step can write straight into the output chunk."""
+        last: dict[str, int] = {}
+        for i, (_, ins) in enumerate(self.live):
+            for r in ins.args:
+                last[r] = i
+        temps = {name for name, ins in self.live if ins.op in ARITH}  # fresh buffers (casts may alias)
+        self.reuse: list["str | None"] = []
+        for i, (name, ins) in enumerate(self.live):
+            dying = [r for r in ins.args if r in temps and last.get(r) == i and r != self.result
+                     and ins.op in ARITH and ins.dtype == F32 and self.types[r][0] == F32
+                     and self.types[r][1] == self.types[name][1]]
+            self.reuse.append(dying[0] if dying else None)
+        res = self.live[-1] if self.live else None
+        self.store_direct = (res is not None and res[0] == self.result and res[1].op in ARITH
+                             and res[1].dtype == F32 and self.out_dtype == F32
+                             and self.types[self.result][1] == self.full)
+        n = len(self.live_steps)
+        self.steps = [(fn, args, name, reuse, i == n - 1)
+                      for i, ((name, fn, args), reuse) in enumerate(zip(self.live_steps, self.reuse))]
 
     def hoist(self, inputs: Sequence[np.ndarray]) -> dict[str, np.ndarray]:
         """Evaluate the hoisted part; low-rank values are right-aligned to the full rank."""
@@ -267,10 +293,21 @@ class Program:
             out[f"in{k}"] = x.astype(np.float32) if narrow else x
         return out
 
-    def run_live(self, regs: dict[str, np.ndarray]) -> np.ndarray:
-        for name, fn, args in self.live_steps:
-            regs[name] = fn(*[regs[r] for r in args])
-        return _finish(regs[self.result], self.result_dtype, self.out_dtype)
+    def run_live(self, regs: dict[str, np.ndarray], out: "np.ndarray | None" = None) -> "np.ndarray | None":
+        """Run the live steps on chunk registers. float32 arithmetic reuses dying temporaries'
+        buffers; with ``out`` (the output chunk) the result is written there and None returned."""
+        direct = out is not None and self.store_direct
+        for fn, args, name, reuse, last in self.steps:
+            operands = [regs[r] for r in args]
+            if last and direct:
+                fn(*operands, out=out)
+                return None
+            regs[name] = fn(*operands) if reuse is None else fn(*operands, out=regs[reuse])
+        res = _finish(regs[self.result], self.result_dtype, self.out_dtype)
+        if out is not None:
+            out[...] = res
+            return None
+        return res
 
 
 _PROGRAMS: dict = {}
@@ -319,12 +356,13 @@ def run_fused(a: FusedAttrs, inputs: Sequence[np.ndarray], out: "np.ndarray | No
         regs.update(prog.load_big(inputs))
         out[...] = prog.run_live(regs)
         return out
-    sliced = [name for name, v in values.items() if v.ndim == len(full)]
+    whole = {name: values[name] for name in prog.live_reads if values[name].ndim != len(full)}
+    sliced = [name for name in prog.live_reads if values[name].ndim == len(full)]
     for idx in chunks(full, limit):
-        regs = dict(values)
+        regs = dict(whole)
         regs.update({name: _sub(values[name], idx) for name in sliced})
         regs.update(prog.load_big(inputs, idx))
-        out[idx] = prog.run_live(regs)
+        prog.run_live(regs, out[idx])
     return out
 
 
