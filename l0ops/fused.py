@@ -35,7 +35,8 @@ class Instr(OpAttrs):
     """``<dst>: dtype = op(args)``; dst is ``t<index in body>``.
 
     ``view`` reshapes a per-channel (hoisted) register to ``shape``; ``sum`` reduces a register
-    over all its elements to a scalar; ``fill`` is the scalar constant ``value``.
+    over all its elements to a scalar; ``fill`` is the constant ``value`` of ``shape`` (default
+    a scalar), always hoisted and never materialised.
     """
 
     op: str
@@ -109,7 +110,7 @@ def _check_body(a: FusedAttrs, in_types: Sequence[TensorType]) -> dict[str, tupl
         if ins.op == "fill":
             if ins.value is None:
                 fail(k, ins, "fill needs a value")
-            regs[f"t{k}"] = (ins.dtype, ())
+            regs[f"t{k}"] = (ins.dtype, tuple(ins.shape or ()))
             continue
         src_dtype, src_shape = regs[ins.args[0]]
         if ins.op in ("view", "sum") and src_dtype != ins.dtype:
@@ -174,8 +175,8 @@ def compile_instr(ins: Instr, types: dict) -> Callable[..., np.ndarray]:
     """A callable computing ``ins`` on register arrays (the numpy semantics of the primitive)."""
     d = ins.dtype
     rounding = d in (F16, BF16)
-    if ins.op == "fill":
-        const = _load(np.asarray(ins.value, dtype=d.np), d)
+    if ins.op == "fill":  # a read-only broadcast view: no memory, whatever the shape
+        const = np.broadcast_to(_load(np.asarray(ins.value, dtype=d.np), d), tuple(ins.shape or ()))
         return lambda: const
     if ins.op == "view":
         shape = tuple(ins.shape)
@@ -237,7 +238,7 @@ class Program:
         self.live_steps: list[tuple[str, Callable, tuple[str, ...]]] = []
         for k, ins in enumerate(a.body):
             name, fn = f"t{k}", compile_instr(ins, self.types)
-            if any(r in varying for r in ins.args) or self.types[name][1] == full:
+            if ins.op != "fill" and (any(r in varying for r in ins.args) or self.types[name][1] == full):
                 varying.add(name)
                 self.live.append((name, ins))
                 self.live_steps.append((name, fn, ins.args))

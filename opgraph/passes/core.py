@@ -123,9 +123,9 @@ class RewritePass(Pass):
                         counts[rule.name] += 1
                         fired = True
                         break
-            sweep_dead(graph)
             if not fired:
                 return counts
+            sweep_dead(graph)
         raise PassError(f"pass {self.name}: rules did not reach a fixed point in {self.max_rounds} rounds")
 
 

@@ -106,7 +106,7 @@ def _body(nodes: list[Node], result: Value) -> tuple[list[Value], list[Instr], s
         elif n.op == "UnsqueezeNd":
             regs[out.name] = emit("view", args, out.dtype, shape=out.shape)
         elif n.op == "Fill":
-            regs[out.name] = emit("fill", [], out.dtype, value=n.attrs.value)
+            regs[out.name] = emit("fill", [], out.dtype, shape=out.shape, value=n.attrs.value)
         elif n.op == "ReduceSum":
             regs[out.name] = emit("sum", args, out.dtype)
         else:
