@@ -383,6 +383,14 @@ def test_cli_run_trace(capsys):
     assert "smallCoreDataNum=256" in out and "findings: 8" in out
 
 
+def test_cli_run_on_ascend_sim_defaults_to_what_cann_launches(capsys):
+    from opgraph.cli import main
+    assert main(["run", "aclnnBatchNormElemtBackward", "--shape", "8,16,7,7",
+                 "--backend", "ascend-sim", "--trace"]) == 0
+    out = capsys.readouterr().out
+    assert "opt level 1" in out and "blockDim 4 of R=40" in out and "findings: none" in out
+
+
 def test_coverage_counts_writes_past_a_cores_range():
     # finalSmallTileNum 1 -> 2 on N=896 fp32: the small core 1 writes 512 + 384 elements from 512,
     # past its range and past the padded end, and nothing is double-written.

@@ -255,8 +255,11 @@ def build_case(args: argparse.Namespace, seed: "int | None" = None) -> Case:
                        f"got {list(args.shape)}", code=2)
     seed = getattr(args, "seed", 0) if seed is None else seed
     arrays = spec.make_arrays(args, np.random.default_rng(seed))
-    level = get_opt_level() if args.level is None else args.level
-    return Case(spec, arrays, args.platform, level, getattr(args, "backend", "numpy"))
+    backend = getattr(args, "backend", "numpy")
+    level = args.level
+    if level is None:  # ascend-sim simulates CANN's kernel, which exists up to level 1
+        level = 1 if backend == "ascend-sim" else get_opt_level()
+    return Case(spec, arrays, args.platform, level, backend)
 
 
 @dataclass

@@ -72,7 +72,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                     "evaluated in float64 on the same (rounded) inputs.",
         epilog="example: opgraph run aclnnBatchNormElemtBackward --shape 8,16,7,7 --dtype "
                "bfloat16 --platform Ascend950 --seed 1")
-    add_op_options(p, backend=True, seed=True)
+    add_op_options(p, backend=True, seed=True)  # --level defaults to 1 for ascend-sim
     p.add_argument("--trace", action="store_true",
                    help="print the backend's kernel trace after phase 2 (ascend-sim: tiling, "
                         "per-core work, findings)")
