@@ -1,0 +1,43 @@
+"""Third-party backends found through the ``opgraph.backends`` entry-point group."""
+from __future__ import annotations
+
+import sys
+import textwrap
+
+import numpy as np
+
+import backends
+import opgraph
+
+
+def test_entry_point_backend_is_discovered_and_runs_phase2(tmp_path, monkeypatch):
+    (tmp_path / "opg_fake_plugin.py").write_text(textwrap.dedent('''
+        from backends.numpy_backend import NumpyBackend
+
+        class CountingBackend(NumpyBackend):
+            name = "counting"
+            runs = 0
+
+            def run(self, graph, bindings, workspace=None):
+                type(self).runs += 1
+                super().run(graph, bindings, workspace)
+    '''))
+    dist = tmp_path / "opg_fake_plugin-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: opg-fake-plugin\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text(
+        "[opgraph.backends]\ncounting = opg_fake_plugin:CountingBackend\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(backends, "_ENTRY_POINTS_LOADED", False)
+    monkeypatch.setattr(backends, "_FACTORIES", dict(backends._FACTORIES))
+    monkeypatch.setattr(backends, "_INSTANCES", dict(backends._INSTANCES))
+
+    assert "counting" in backends.names()
+    assert "counting" in backends.available()
+    x = np.arange(8, dtype=np.float32).reshape(1, 2, 4)
+    c = lambda *v: np.float32(v)  # noqa: E731
+    with opgraph.use_backend("counting"):
+        y = opgraph.ops.batch_norm_elemt_backward(x, x, c(0, 0), c(1, 1), c(1, 1), c(0, 0), c(1, 1),
+                                                  c(5, 5))
+    assert sys.modules["opg_fake_plugin"].CountingBackend.runs == 1
+    assert np.allclose(y, 0.9 * x)
