@@ -23,7 +23,7 @@ MODELLED_ARCHS = {1001: "dav2201", 2201: "dav2201", 3510: "dav3510"}
 
 
 class ElemtAttrs(OpAttrs):
-    arch: int = 2201
+    arch: int  # NpuArch whose kernel numerics apply (2201, 1001 or 3510); always printed
 
 
 def kernel_flavour(arch: int) -> str:

@@ -134,7 +134,9 @@ class Node:
     def __str__(self) -> str:
         lhs = ", ".join(f"%{v.name}: {v.type}" for v in self.outputs)
         args = [f"%{v.name}" for v in self.inputs]
-        args += [f"{k}={format_attr(v)}" for k, v in self.attr_items() if k != "body"]
+        fields = type(self.attrs).model_fields
+        args += [f"{k}={format_attr(v)}" for k, v in self.attr_items()  # defaults are elided
+                 if k != "body" and not (not fields[k].is_required() and v == fields[k].default)]
         line = f"{lhs} = {self.op}({', '.join(args)})"
         body = getattr(self.attrs, "body", None)
         if body:
