@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import enum
+import operator
 
 import ml_dtypes
 import numpy as np
@@ -164,7 +165,12 @@ def format_of(x: "Format | str | int") -> Format:
             return Format[x.upper().removeprefix("ACL_FORMAT_").removeprefix("ACL_")]
         except KeyError:
             raise ValueError(f"unknown format {x!r}") from None
-    return Format(int(x))
+    if isinstance(x, (bool, np.bool_)):
+        raise ValueError(f"format must be a Format, a name or an integer, got {x!r}")
+    try:
+        return Format(operator.index(x))
+    except TypeError:
+        raise ValueError(f"format must be a Format, a name or an integer, got {x!r}") from None
 
 
 # Promotion (reference §8): tensor-tensor table over the real types.

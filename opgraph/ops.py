@@ -20,10 +20,15 @@ from .status import AclnnError, Status
 from .tensor import Tensor, tensor
 
 
-def _as_tensor(x: Any) -> Optional[Tensor]:
+def _as_tensor(name: str, x: Any) -> Optional[Tensor]:
+    """``x`` as an opgraph Tensor (None stays NULL); anything that is not array-like → 161002."""
     if x is None or isinstance(x, Tensor):
         return x
-    return tensor(x)
+    try:
+        return tensor(x)
+    except (TypeError, ValueError) as e:
+        raise AclnnError(Status.ACLNN_ERR_PARAM_INVALID,
+                         f"{name}: cannot be used as a tensor ({type(x).__name__}): {e}") from None
 
 
 def _raise(status: Status) -> None:
@@ -38,12 +43,14 @@ def batch_norm_elemt_backward(grad_out: Any, input: Any, mean: Any, invstd: Any,
     ``out`` (any float dtype, may be a strided view) receives the result; by default a new array
     of input's shape and dtype. Raises :class:`AclnnError` (and writes nothing) on bad input.
     """
-    args = [_as_tensor(a) for a in (grad_out, input, mean, invstd, weight, sum_dy, sum_dy_xmu, counter)]
+    names = ("grad_out", "input", "mean", "invstd", "weight", "sum_dy", "sum_dy_xmu", "counter")
+    args = [_as_tensor(n, a) for n, a in zip(names, (grad_out, input, mean, invstd, weight, sum_dy,
+                                                      sum_dy_xmu, counter))]
     if out is None:
         if args[1] is None:
             raise AclnnError(Status.ACLNN_ERR_PARAM_NULLPTR, "input: must not be NULL")
         out = np.empty(args[1].shape, dtype=args[1].dtype.np)
-    out_t = _as_tensor(out)
+    out_t = _as_tensor("out", out)
     status, ws, ex = aclnnBatchNormElemtBackwardGetWorkspaceSize(*args, out_t)
     if status != Status.ACLNN_SUCCESS:
         _raise(status)

@@ -17,9 +17,11 @@ from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from .dtypes import DataType, Format, dtype_of, format_of
 from .ir import Graph, GraphError, Node, TensorType, Value
+from .tensor import MAX_RANK
 
 SCHEMA = "opgraph.graph"
 SCHEMA_VERSION = 1
+INT64_LIMIT = 1 << 63  # aclTensor dims and strides are int64
 
 
 class _Strict(BaseModel):
@@ -43,6 +45,16 @@ class ValueModel(_Strict):
     @classmethod
     def _format(cls, v: str) -> str:
         format_of(v)
+        return v
+
+    @field_validator("shape", "strides")
+    @classmethod
+    def _dims(cls, v: "list[int] | None") -> "list[int] | None":
+        if v is not None:
+            if len(v) > MAX_RANK:
+                raise ValueError(f"rank {len(v)} > {MAX_RANK}")
+            if any(not 0 <= n < INT64_LIMIT for n in v):
+                raise ValueError("dims and strides must be in [0, 2**63)")
         return v
 
     @field_validator("name")
@@ -109,8 +121,22 @@ def from_json(text: "str | bytes") -> Graph:
     registered l0 ops, attrs are validated by the op's model, and the result is verified."""
     try:
         raw = json.loads(text)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    except RecursionError:
+        raise GraphError("graph JSON is malformed: nested too deeply") from None
+    except (ValueError, TypeError) as e:  # JSONDecodeError, UnicodeDecodeError, huge integers
         raise GraphError(f"graph JSON is malformed: {e}") from None
+    try:
+        return _graph_from_raw(raw)
+    except RecursionError:
+        raise GraphError("graph JSON is invalid: nested too deeply") from None
+    except GraphError:
+        raise
+    except (ValueError, TypeError, KeyError, OverflowError) as e:  # a rule the checks above missed
+        raise GraphError(f"graph JSON is invalid: {type(e).__name__}: {e}") from None
+
+
+def _graph_from_raw(raw: Any) -> Graph:
+    """:func:`from_json` after decoding: schema, model validation, rebuild, verify."""
     if not isinstance(raw, dict):
         raise GraphError("graph JSON must be an object")
     if raw.get("schema") != SCHEMA:

@@ -7,15 +7,25 @@
     >>> u = Tensor(t.storage, (3, 2), (1, 3))      # the transpose, sharing memory
     >>> u.numpy().tolist()
     [[0.0, 3.0], [1.0, 4.0], [2.0, 5.0]]
+
+Metadata is immutable after construction (so the bounds check made there stays true):
+
+    >>> t.strides = (1 << 40, 1)
+    Traceback (most recent call last):
+    ...
+    AttributeError: Tensor metadata is immutable: cannot set 'strides'
 """
 from __future__ import annotations
 
 import math
-from typing import Sequence
+import operator
+from typing import Any, Sequence
 
 import numpy as np
 
 from .dtypes import DataType, Format, dtype_of, format_of
+
+MAX_RANK = 64  # numpy's limit on array dimensions
 
 
 def row_major_strides(shape: Sequence[int]) -> tuple[int, ...]:
@@ -28,8 +38,8 @@ def row_major_strides(shape: Sequence[int]) -> tuple[int, ...]:
 
 
 def is_contiguous(shape: Sequence[int], strides: Sequence[int], fmt: Format = Format.ND) -> bool:
-    """``op::IsContiguous`` (reference §2.3): private format, ≤ 1 element, or row-major
-    strides when dims of size 1 are skipped. The view offset is ignored."""
+    """``op::IsContiguous`` (opbase tensor_view_utils.cpp): private format, ≤ 1 element, or
+    row-major strides when dims of size 1 are skipped. The view offset is ignored."""
     if fmt.is_private or math.prod(shape) <= 1:
         return True
     expected = 1
@@ -42,27 +52,55 @@ def is_contiguous(shape: Sequence[int], strides: Sequence[int], fmt: Format = Fo
     return True
 
 
+def _ints(what: str, values: Any) -> tuple[int, ...]:
+    """A tuple of Python ints; floats, bools and other non-integers are refused, not truncated."""
+    try:
+        items = tuple(values)
+    except TypeError:
+        raise ValueError(f"{what} must be a sequence of integers, got {values!r}") from None
+    out = []
+    for v in items:
+        if isinstance(v, (bool, np.bool_)):
+            raise ValueError(f"{what} {items!r}: {v!r} is not an integer")
+        try:
+            out.append(operator.index(v))
+        except TypeError:
+            raise ValueError(f"{what} {items!r}: {v!r} is not an integer") from None
+    return tuple(out)
+
+
+def _int(what: str, v: Any) -> int:
+    return _ints(what, (v,))[0]
+
+
 class Tensor:
     """A strided view over a flat 1-D numpy ``storage`` (element strides ≥ 0, element offset).
 
     Reads go through :meth:`numpy`; kernels that write the tensor (ViewCopy) write into
-    ``storage`` and touch only the view's elements.
+    ``storage`` and touch only the view's elements. ``copied`` is True when :func:`tensor` had to
+    copy the caller's array (writes to this tensor would not reach the caller), so op_apis refuse
+    such a tensor as an output.
     """
 
-    __slots__ = ("storage", "shape", "strides", "offset", "format", "storage_shape", "dtype", "_view")
+    __slots__ = ("storage", "shape", "strides", "offset", "format", "storage_shape", "dtype",
+                 "copied", "_view")
 
     def __init__(self, storage: np.ndarray, shape: Sequence[int], strides: Sequence[int],
                  offset: int = 0, format: "Format | str" = "ND",
-                 storage_shape: "Sequence[int] | None" = None):
+                 storage_shape: "Sequence[int] | None" = None, *, copied: bool = False):
         storage = np.asarray(storage)
         if storage.ndim != 1:
             raise ValueError(f"storage must be a flat 1-D array, got shape {storage.shape}")
         # numpy 2 gives 0- and 1-element arrays stride 0, so only check longer storages
         if storage.size > 1 and storage.strides[0] != storage.itemsize:
             raise ValueError("storage must be a contiguous 1-D array")
-        shape, strides = tuple(int(n) for n in shape), tuple(int(s) for s in strides)
+        dtype = dtype_of(storage.dtype)
+        shape, strides = _ints("shape", shape), _ints("strides", strides)
+        offset = _int("offset", offset)
         if len(shape) != len(strides):
             raise ValueError(f"shape {shape} and strides {strides} have different ranks")
+        if len(shape) > MAX_RANK:
+            raise ValueError(f"shape {shape} has rank {len(shape)} > {MAX_RANK}")
         if any(n < 0 for n in shape):
             raise ValueError(f"shape {shape} has a negative dim")
         if any(s < 0 for s in strides):
@@ -75,11 +113,18 @@ class Tensor:
                 raise ValueError(
                     f"view shape={shape} strides={strides} offset={offset} reaches element {last}, "
                     f"outside storage of {storage.size} elements")
-        self.storage = storage
-        self.dtype: DataType = dtype_of(storage.dtype)
-        self.shape, self.strides, self.offset = shape, strides, int(offset)
-        self.format: Format = format_of(format)
-        self.storage_shape = tuple(storage_shape) if storage_shape is not None else (storage.size,)
+        fmt = format_of(format)
+        sshape = _ints("storage_shape", storage_shape) if storage_shape is not None else (storage.size,)
+        for name, value in (("storage", storage), ("dtype", dtype), ("shape", shape),
+                            ("strides", strides), ("offset", offset), ("format", fmt),
+                            ("storage_shape", sshape), ("copied", bool(copied))):
+            object.__setattr__(self, name, value)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"Tensor metadata is immutable: cannot set {name!r}")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"Tensor metadata is immutable: cannot delete {name!r}")
 
     # --- metadata -------------------------------------------------------------------------
     @property
@@ -100,13 +145,18 @@ class Tensor:
     def is_contiguous(self) -> bool:
         return is_contiguous(self.shape, self.strides, self.format)
 
+    @property
+    def writeable(self) -> bool:
+        """True when phase 2 can write this tensor and the caller sees the result."""
+        return bool(self.storage.flags.writeable) and not self.copied
+
     # --- data -----------------------------------------------------------------------------
     def view(self) -> np.ndarray:
         """A live numpy view of the tensor (writes go to ``storage``); built once."""
         try:
             return self._view
         except AttributeError:
-            self._view = self._make_view()
+            object.__setattr__(self, "_view", self._make_view())
             return self._view
 
     def _make_view(self) -> np.ndarray:
@@ -122,26 +172,43 @@ class Tensor:
 
     def __repr__(self) -> str:
         return (f"Tensor({self.dtype.short}{list(self.shape)}, strides={list(self.strides)}, "
-                f"offset={self.offset}, format={self.format.name})")
+                f"offset={self.offset}, format={self.format.name}"
+                f"{', copied' if self.copied else ''})")
 
 
-def tensor(array: "np.ndarray | Sequence", format: "Format | str" = "ND", dtype=None) -> Tensor:
+def _wrappable(a: np.ndarray) -> bool:
+    """True when ``a``'s memory can be described with element strides ≥ 0 (no copy needed)."""
+    return all(s >= 0 and s % a.itemsize == 0 for s in a.strides)
+
+
+def tensor(array: "np.ndarray | Sequence", format: "Format | str" = "ND", dtype: Any = None) -> Tensor:
     """An aclTensor over a numpy array, sharing its memory when possible.
 
     A non-contiguous array with non-negative strides (e.g. ``a.T`` or ``a[:, ::2]``) becomes a
-    strided view over the same memory; other arrays are copied first.
+    strided view over the same memory. Other arrays (negative strides, strides that are not a
+    multiple of the item size, a dtype conversion) are copied and the tensor is marked
+    ``copied``: fine as an input, refused as an output. A 0-d array is a rank-0 tensor.
+
+    >>> tensor(np.float32(2.5)).shape
+    ()
+    >>> tensor(np.zeros(4, np.float32)[::-1]).copied
+    True
     """
     a = np.asarray(array, dtype=None if dtype is None else dtype_of(dtype).np)
+    # a new array that owns its memory is a copy the caller does not hold (a list, a scalar, a
+    # dtype conversion); an array that is the caller's or views other memory is not
+    copied = a is not array and a.flags.owndata
+    if not _wrappable(a):
+        a, copied = np.ascontiguousarray(a), True
     item = a.itemsize
-    if a.ndim == 0:
-        a = np.ascontiguousarray(a)
-    if any(s < 0 or s % item for s in a.strides):
-        a = np.ascontiguousarray(a)
     strides = tuple(s // item for s in a.strides)
     if a.size == 0:
-        return Tensor(np.empty(0, a.dtype), a.shape, row_major_strides(a.shape), 0, format)
+        return Tensor(np.empty(0, a.dtype), a.shape, row_major_strides(a.shape), 0, format,
+                      copied=copied)
+    if a.ndim == 0:
+        return Tensor(a.reshape(1), (), (), 0, format, storage_shape=(), copied=copied)
     span = 1 + sum((n - 1) * s for n, s in zip(a.shape, strides))
     storage = np.lib.stride_tricks.as_strided(a, shape=(span,), strides=(item,),
                                               writeable=a.flags.writeable)
     storage_shape = a.shape if a.flags.c_contiguous else None
-    return Tensor(storage, a.shape, strides, 0, format, storage_shape=storage_shape)
+    return Tensor(storage, a.shape, strides, 0, format, storage_shape=storage_shape, copied=copied)

@@ -79,8 +79,6 @@ def check_params(p: Platform, t: dict[str, Optional[Tensor]]) -> None:
         x = t[name]
         if x is not None and x.shape != (C,):
             raise _invalid(f"{name}: shape {list(x.shape)} must be [C] = [{C}] (C = input.shape[1])")
-    if t["gradInput"].numel and not t["gradInput"].storage.flags.writeable:  # phase 2 could not write it
-        raise _invalid("gradInput: storage is read-only")
 
 
 def mean_by_counter(ex: Executor, sum_dy: Value, sum_dy_xmu: Value, counter: Value) -> tuple[Value, Value]:

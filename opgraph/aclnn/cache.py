@@ -25,7 +25,7 @@ def _meta(a: Any) -> Optional[Hashable]:
         return None
     if isinstance(a, Tensor):
         # writeability is part of it: phase 1 rejects a read-only output
-        return ("T", a.shape, a.strides, int(a.dtype), int(a.format), bool(a.storage.flags.writeable))
+        return ("T", a.shape, a.strides, int(a.dtype), int(a.format), a.writeable)
     if isinstance(a, (int, float, str, bool)):
         return ("V", a)
     raise TypeError  # uncacheable argument

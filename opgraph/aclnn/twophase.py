@@ -21,6 +21,8 @@ import functools
 import threading
 from typing import Any, Callable, Optional
 
+import numpy as np
+
 from l0ops.registry import L0Error
 
 from ..config import get_backend_name, get_opt_level
@@ -68,13 +70,40 @@ def record(name: str, compose: Callable[[Executor], None]) -> tuple[Status, int,
     """Phase 1: run ``compose(executor)`` (checks + l0 calls), then compile at the current level."""
     ex = Executor(name)
     try:
-        compose(ex)
-        ex.compile(get_opt_level())
+        with np.errstate(all="ignore"):  # IEEE results (inf, NaN) are defined; the NPU does not warn
+            compose(ex)
+            check_outputs_writable(ex)
+            ex.compile(get_opt_level())
     except AclnnError as e:
         return _fail(e.status, e.message), 0, None
     except L0Error as e:
         return _fail(Status.ACLNN_ERR_INNER_NULLPTR, f"an l0 op returned NULL: {e}"), 0, None
     return _succeed(), ex.workspace_size, ex
+
+
+def written_inputs(graph: Any) -> list[str]:
+    """Names of the graph inputs (user tensors) some node writes: the op_api's outputs."""
+    written = {n.inputs[k].name for n in graph.nodes for k in n.opdef.written(n)}
+    return [v.name for v in graph.inputs if v.name in written]
+
+
+def _unwritable_reason(t: Tensor) -> "str | None":
+    if t.copied:
+        return ("the array could not be wrapped without a copy (negative strides, strides that are "
+                "not a multiple of the item size, or a dtype conversion), so the result would be "
+                "lost; pass a writable view with non-negative strides in whole elements")
+    if not t.storage.flags.writeable:
+        return "storage is read-only"
+    return None
+
+
+def check_outputs_writable(ex: Executor) -> None:
+    """161002 for an output phase 2 could not write where the caller sees it."""
+    for name in written_inputs(ex.graph):
+        t = ex.bindings[name]
+        why = _unwritable_reason(t) if t.numel else None
+        if why:
+            raise AclnnError(Status.ACLNN_ERR_PARAM_INVALID, f"{name}: {why}")
 
 
 def op_api(name: str) -> Callable[[Callable[..., None]], Callable[..., tuple[Status, int, Optional[Executor]]]]:
@@ -125,6 +154,11 @@ def check_runnable(workspace: Any, workspace_size: int, executor: Optional[Execu
                          "executor: already ran; phase 2 runs once per phase 1 unless "
                          "aclSetAclOpExecutorRepeatable was called right after phase 1")
     need = executor.workspace_size
+    if isinstance(workspace_size, (bool, np.bool_)) or not isinstance(workspace_size, (int, np.integer)):
+        raise AclnnError(Status.ACLNN_ERR_PARAM_INVALID,
+                         f"workspaceSize: expected an integer, got {type(workspace_size).__name__}")
+    if workspace_size < 0:
+        raise AclnnError(Status.ACLNN_ERR_PARAM_INVALID, f"workspaceSize: {workspace_size} is negative")
     if workspace_size < need:
         raise AclnnError(Status.ACLNN_ERR_PARAM_INVALID,
                          f"workspaceSize: {workspace_size} is smaller than the {need} bytes phase 1 reported")
@@ -153,7 +187,8 @@ def run_executor(workspace: Any, workspace_size: int, executor: Optional[Executo
     executor.runs += 1
     if executor.compiled is not None and executor.compiled.nodes:
         try:
-            backend.run(executor.compiled, executor.bindings, workspace)
+            with np.errstate(all="ignore"):  # IEEE results are defined; the NPU does not warn
+                backend.run(executor.compiled, executor.bindings, workspace)
         except Exception as e:  # a backend failure is a runtime error, never a raw traceback
             return _fail(Status.ACLNN_ERR_RUNTIME_ERROR,
                          f"backend {backend.name!r} failed: {type(e).__name__}: {e}")
@@ -182,6 +217,12 @@ def aclDestroyAclOpExecutor(executor: Optional[Executor]) -> Status:
 def _set_addr(executor: Optional[Executor], names: list[str], index: int, t: Any, what: str) -> Status:
     if executor is None or t is None:
         return _fail(Status.ACLNN_ERR_INNER_NULLPTR, f"{what}: executor and tensor must not be NULL")
+    if not isinstance(executor, Executor) or not isinstance(t, Tensor):
+        return _fail(Status.ACLNN_ERR_PARAM_INVALID,
+                     f"{what}: expected an Executor and an opgraph.Tensor, got "
+                     f"{type(executor).__name__} and {type(t).__name__}")
+    if isinstance(index, (bool, np.bool_)) or not isinstance(index, (int, np.integer)):
+        return _fail(Status.ACLNN_ERR_PARAM_INVALID, f"{what}: index must be an integer, got {index!r}")
     if not 0 <= index < len(names):
         return _fail(Status.ACLNN_ERR_PARAM_INVALID, f"{what}: index {index} out of range [0, {len(names)})")
     name = names[index]
@@ -189,12 +230,15 @@ def _set_addr(executor: Optional[Executor], names: list[str], index: int, t: Any
     if (old.shape, old.strides, old.dtype, old.format) != (t.shape, t.strides, t.dtype, t.format):
         return _fail(Status.ACLNN_ERR_PARAM_INVALID,
                      f"{what}: new tensor for %{name} must keep shape, strides, dtype and format")
+    why = _unwritable_reason(t) if name in written_inputs(executor.graph) and t.numel else None
+    if why:
+        return _fail(Status.ACLNN_ERR_PARAM_INVALID, f"{what}: %{name}: {why}")
     executor.bindings[name] = t
     return Status.ACLNN_SUCCESS
 
 
 def _io_names(executor: Executor, output: bool) -> list[str]:
-    written = {n.inputs[k].name for n in executor.graph.nodes for k in n.opdef.written(n)}
+    written = set(written_inputs(executor.graph))
     return [v.name for v in executor.graph.inputs if (v.name in written) == output]
 
 
