@@ -5,8 +5,27 @@ The compiler is the first of ``$CC``, ``cc``, ``gcc``, ``clang`` found on PATH (
 Flags are :data:`BASE_FLAGS` (exact IEEE float: no FMA contraction, no fast-math) plus
 :data:`OPTIONAL_FLAGS` that the compiler accepts (``-march=native``, ``-fopenmp``; probed once, on
 the first cache miss). A shared object is cached under :func:`cache_dir` as
-``k_<sha256>.so`` keyed by the source, the compiler, its flags and the CPU; the exact command
-line is stored next to it as ``k_<sha256>.cmd``.
+``k_<sha256>.so`` keyed by the source, the compiler, its flags and the CPU; its source is stored
+next to it as ``k_<sha256>.c`` and the exact command line as ``k_<sha256>.cmd``.
+
+The disk cache is
+
+* private: the directory is created with mode 0700. Before anything is compiled into or loaded
+  from it, the directory, and then the ``.so``, must be owned by the current user and not
+  group/world-writable, and the ``.so`` must be a regular file (not a symlink). Otherwise
+  :class:`NativeBuildError` names the path and the problem in one line. There is no silent
+  fallback to another directory: a cache that someone else can write to lets them run code in
+  this process, which the user should see and fix (or point ``$OPGRAPH_CACHE_DIR`` elsewhere).
+* atomic: the source, the library and the command line are written to unique temporaries
+  ``k_<sha256>.<random>.tmp.{c,so,cmd}`` in the cache directory and renamed into place
+  (``os.replace``), the library last. The new library is loaded before it is renamed, so no
+  process ever loads a half-written file, and processes compiling the same kernel at the same
+  time all succeed (the last rename wins; the bytes are the same).
+* bounded: after every compile the least recently used entries (``.so`` with its ``.c`` and
+  ``.cmd``) are deleted until the directory holds at most :func:`cache_limit` bytes
+  (:data:`MAX_CACHE_BYTES`, 256 MiB, or ``$OPGRAPH_CACHE_MAX_MB``). A disk hit sets the library's
+  access time (its modification time stays the compile time); "recently used" is the later of
+  the two. Temporaries older than :data:`TEMP_MAX_AGE` seconds (left by a killed compile) go too.
 
     >>> ok, why = availability()
     >>> fn = load("int opg_kernel(void) { return 7; }") if ok else None  # compiled or cached
@@ -17,12 +36,16 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import math
 import os
 import platform
+import re
 import shutil
+import stat
 import subprocess
 import tempfile
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -31,6 +54,11 @@ COMPILERS = ("cc", "gcc", "clang")
 BASE_FLAGS = ("-O3", "-ffp-contract=off", "-fno-fast-math", "-fPIC", "-shared", "-std=c11")
 OPTIONAL_FLAGS = ("-march=native", "-fopenmp")
 SYMBOL = "opg_kernel"
+MAX_CACHE_BYTES = 256 << 20  # the disk cache bound unless $OPGRAPH_CACHE_MAX_MB is set
+TEMP_MAX_AGE = 3600.0        # seconds after which a leftover temporary is deleted
+_ENTRY = re.compile(r"k_([0-9a-f]{64})\.(so|c|cmd)")
+_TEMP = re.compile(r"k_[0-9a-f]{64}\.[^.]+\.tmp\.(so|c|cmd)")
+_DELETE_ORDER = {"so": 0, "cmd": 1, "c": 2}  # the library first: no .so is left without sidecars
 
 stats = {"compiles": 0, "disk_hits": 0, "memory_hits": 0}  # counters, for tests and benchmarks
 _LOCK = threading.Lock()
@@ -39,7 +67,8 @@ _PROBED: dict[str, tuple[str, ...]] = {}
 
 
 class NativeBuildError(RuntimeError):
-    """The C compiler rejected a generated kernel; the message names the source file."""
+    """The C compiler rejected a generated kernel (the message names the source file), or the
+    disk cache is not private or not configured right (the message names the path or setting)."""
 
 
 @dataclass(frozen=True)
@@ -142,32 +171,167 @@ def cache_key(source: str, cc: str, extra: Sequence[str] = ()) -> str:
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()
 
 
-def compile_source(source: str, lib: Path, cc: str, extra: Sequence[str] = ()) -> list[str]:
-    """Compile ``source`` to the shared object ``lib`` (written atomically); returns the command.
-    Raises :class:`NativeBuildError` quoting the source path and the compiler's message."""
-    lib.parent.mkdir(parents=True, exist_ok=True)
-    src = lib.with_suffix(".c")
-    src.write_text(source, encoding="utf-8")
-    fd, tmp = tempfile.mkstemp(prefix=lib.stem + ".", suffix=".so.tmp", dir=lib.parent)
-    os.close(fd)
-    cmd = [cc, *flags(cc), *extra, str(src), "-o", tmp]
+def cache_limit() -> int:
+    """The disk cache bound in bytes: ``$OPGRAPH_CACHE_MAX_MB`` MiB (fractions allowed) when set,
+    else :data:`MAX_CACHE_BYTES`. A value that is not a number >= 0 raises NativeBuildError."""
+    text = os.environ.get("OPGRAPH_CACHE_MAX_MB", "").strip()
+    if not text:
+        return MAX_CACHE_BYTES
     try:
-        proc = _run(cmd)
+        mib = float(text)
+    except ValueError:
+        mib = math.nan
+    if not (math.isfinite(mib) and mib >= 0):
+        raise NativeBuildError(f"OPGRAPH_CACHE_MAX_MB must be a number of MiB >= 0, got {text!r}")
+    return int(mib * (1 << 20))
+
+
+def _require_private(what: str, path: Path, st: os.stat_result) -> None:
+    """Raise unless ``st`` is ours, not group/world-writable, and of the kind ``what`` expects."""
+    kind_ok = stat.S_ISDIR(st.st_mode) if what == "directory" else stat.S_ISREG(st.st_mode)
+    if not kind_ok:
+        problem = f"is not a {'directory' if what == 'directory' else 'regular file'}"
+    elif st.st_uid != os.getuid():
+        problem = f"is owned by uid {st.st_uid}, you are uid {os.getuid()}"
+    elif st.st_mode & 0o022:
+        problem = f"is group/world-writable (mode {stat.S_IMODE(st.st_mode):04o})"
+    else:
+        return
+    fix = ("make it private (yours, chmod 700) or set OPGRAPH_CACHE_DIR to another directory"
+           if what == "directory" else "delete it (it is rebuilt)")
+    raise NativeBuildError(f"refusing the native kernel cache {what} {path}: it {problem}; {fix}")
+
+
+def private_dir(directory: Optional[Path] = None) -> Path:
+    """``directory`` (default :func:`cache_dir`), created with mode 0700 when missing; raises
+    NativeBuildError unless it is a directory of ours that no one else can write to."""
+    directory = cache_dir() if directory is None else Path(directory)
+    try:
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        st = os.stat(directory)
+    except OSError as e:
+        raise NativeBuildError(f"cannot create the native kernel cache directory {directory}: "
+                               f"{e.strerror or e}") from None
+    _require_private("directory", directory, st)
+    return directory
+
+
+def _temp(lib: Path, ext: str) -> tuple[int, str]:
+    return tempfile.mkstemp(prefix=f"{lib.stem}.", suffix=f".tmp.{ext}", dir=lib.parent)
+
+
+def _write_temp(lib: Path, ext: str, text: str) -> str:
+    fd, path = _temp(lib, ext)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)
+    return path
+
+
+def _unlink(path: str) -> bool:
+    """Delete ``path``; True when it is gone afterwards (another process may have beaten us)."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    except OSError:
+        return False
+    return True
+
+
+def compile_source(source: str, lib: Path, cc: str, extra: Sequence[str] = ()) -> ctypes.CDLL:
+    """Compile ``source`` to the shared object ``lib`` in a private directory; returns it loaded.
+    Everything is written to unique temporaries and renamed into place, the library last (after
+    it is loaded). Raises :class:`NativeBuildError` quoting the source and the compiler's message
+    (the source is kept at ``lib.with_suffix(".c")``)."""
+    private_dir(lib.parent)
+    src = lib.with_suffix(".c")
+    base = [cc, *flags(cc), *extra]
+    shown = " ".join(base + [str(src), "-o", str(lib)])  # the command as if run on final names
+    temps: list[str] = []
+    try:
+        temps.append(_write_temp(lib, "c", source))
+        fd, tmp_lib = _temp(lib, "so")
+        os.close(fd)
+        temps.append(tmp_lib)
+        proc = _run(base + [temps[0], "-o", tmp_lib])
         if proc.returncode != 0:
-            msg = (proc.stderr or proc.stdout).strip()
+            os.replace(temps[0], src)
+            msg = (proc.stderr or proc.stdout).strip().replace(temps[0], str(src))
             raise NativeBuildError(f"C compiler failed on generated kernel {src} "
-                                   f"(command: {' '.join(cmd)}):\n{msg}")
-        os.replace(tmp, lib)
+                                   f"(command: {shown}):\n{msg}")
+        os.replace(temps[0], src)
+        os.chmod(tmp_lib, 0o700)  # the linker may have recreated it with the umask's mode
+        try:
+            handle = ctypes.CDLL(tmp_lib)
+        except OSError as e:
+            raise NativeBuildError(f"cannot load the kernel just compiled from {src}: {e}") from None
+        temps.append(_write_temp(lib, "cmd", shown + "\n"))
+        os.replace(temps[-1], lib.with_suffix(".cmd"))
+        os.replace(tmp_lib, lib)
     finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        for leftover in temps:
+            _unlink(leftover)
     stats["compiles"] += 1
-    lib.with_suffix(".cmd").write_text(" ".join(cmd[:-1] + [str(lib)]) + "\n", encoding="utf-8")
-    return cmd
+    return handle
+
+
+def _open_cached(lib: Path) -> Optional[ctypes.CDLL]:
+    """The cached library ``lib`` loaded (its access time set to now), or None when there is
+    none or it cannot be loaded (evicted meanwhile, damaged: then it is rebuilt)."""
+    try:
+        st = os.lstat(lib)
+    except FileNotFoundError:
+        return None
+    _require_private("library", lib, st)
+    try:
+        os.utime(lib, ns=(time.time_ns(), st.st_mtime_ns))
+    except FileNotFoundError:
+        return None
+    except OSError:
+        pass  # e.g. a read-only file system: the entry only looks older than it is
+    try:
+        return ctypes.CDLL(str(lib))
+    except OSError:
+        return None
+
+
+def evict(limit: Optional[int] = None, directory: Optional[Path] = None) -> list[Path]:
+    """Delete least recently used cache entries (``.so`` + ``.c`` + ``.cmd``) until
+    ``directory`` (default :func:`cache_dir`) holds at most ``limit`` bytes (default
+    :func:`cache_limit`), and temporaries older than :data:`TEMP_MAX_AGE`. Files that vanish
+    meanwhile (another process) are skipped. Returns the files deleted (or found gone)."""
+    limit = cache_limit() if limit is None else limit
+    directory = private_dir(directory)
+    groups: dict[str, list] = {}  # key -> [last use ns, bytes, [(delete order, path)]]
+    removed: list[Path] = []
+    oldest_temp = time.time() - TEMP_MAX_AGE
+    with os.scandir(directory) as it:
+        for e in it:
+            try:
+                st = e.stat(follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            m = _ENTRY.fullmatch(e.name)
+            if m is None:
+                if _TEMP.fullmatch(e.name) and st.st_mtime < oldest_temp and _unlink(e.path):
+                    removed.append(Path(e.path))
+                continue
+            g = groups.setdefault(m[1], [0, 0, []])
+            g[0] = max(g[0], st.st_atime_ns, st.st_mtime_ns)
+            g[1] += st.st_size
+            g[2].append((_DELETE_ORDER[m[2]], e.path))
+    total = sum(g[1] for g in groups.values())
+    for _, size, paths in sorted(groups.values(), key=lambda g: g[0]):
+        if total <= limit:
+            break
+        removed += [Path(p) for _, p in sorted(paths) if _unlink(p)]
+        total -= size
+    return removed
 
 
 def load(source: str, extra: Sequence[str] = (), symbol: str = SYMBOL) -> Kernel:
-    """The kernel ``symbol`` of ``source``: from memory, else the disk cache, else compiled now."""
+    """The kernel ``symbol`` of ``source``: from memory, else the disk cache, else compiled now
+    (then the disk cache is trimmed to :func:`cache_limit`)."""
     front = (source, tuple(extra), symbol, os.environ.get("OPGRAPH_CACHE_DIR"))
     hit = _BY_SOURCE.get(front)  # this process already loaded this exact source: no work at all
     if hit is not None:
@@ -188,13 +352,15 @@ def _load(source: str, extra: Sequence[str], symbol: str) -> Kernel:
         if hit is not None:
             stats["memory_hits"] += 1
             return hit
-        lib = cache_dir() / f"k_{key}.so"
-        if lib.exists():
+        limit = cache_limit()
+        lib = private_dir() / f"k_{key}.so"
+        handle = _open_cached(lib)
+        if handle is not None:
             stats["disk_hits"] += 1
         else:
-            compile_source(source, lib, cc, extra)
-        fn = getattr(ctypes.CDLL(str(lib)), symbol)
-        kernel = Kernel(fn, key, lib, lib.with_suffix(".c"))
+            handle = compile_source(source, lib, cc, extra)
+            evict(limit, lib.parent)
+        kernel = Kernel(getattr(handle, symbol), key, lib, lib.with_suffix(".c"))
         _LOADED[key] = kernel
         return kernel
 

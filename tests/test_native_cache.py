@@ -1,0 +1,320 @@
+"""The native kernel cache on disk is private (a 0700 directory; a library or directory that is
+not ours or is group/world-writable is refused), written atomically (two processes compiling one
+kernel both succeed) and bounded (least recently used entries go first, with their sidecars)."""
+from __future__ import annotations
+
+import ctypes
+import io
+import multiprocessing
+import os
+import stat
+import time
+from pathlib import Path
+
+import pytest
+
+from backends.native import build
+
+pytestmark = pytest.mark.skipif(
+    not build.availability()[0],
+    reason=f"the native kernel cache needs a C compiler: {build.availability()[1]}")
+
+NOBODY = 65534  # a uid that is not ours (only used when the tests run as root)
+
+
+def source(value: int, lines: int = 1) -> str:
+    """A kernel returning ``value * lines`` (``lines`` statements of ``v += value``)."""
+    body = f"  v += {value};\n" * lines
+    return f"#include <stdint.h>\nint64_t opg_kernel(void) {{\n  int64_t v = 0;\n{body}  return v;\n}}\n"
+
+
+def call(kernel: build.Kernel) -> int:
+    kernel.fn.restype = ctypes.c_int64
+    return kernel.fn()
+
+
+def entry(directory: Path, kernel: build.Kernel) -> list[Path]:
+    """The .so and its two sidecars."""
+    return [directory / f"k_{kernel.name}{ext}" for ext in (".so", ".c", ".cmd")]
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    """A fresh cache directory (not created yet) and a process that has loaded nothing."""
+    d = tmp_path / "deep" / "cache"
+    monkeypatch.setenv("OPGRAPH_CACHE_DIR", str(d))
+    monkeypatch.delenv("OPGRAPH_CACHE_MAX_MB", raising=False)
+    build.forget()
+    yield d
+    build.forget()
+    if d.exists():
+        d.chmod(0o700)  # so tmp_path can be cleaned when a test left it open
+
+
+def refused(match: str):
+    return pytest.raises(build.NativeBuildError, match=match)
+
+
+# --- privacy --------------------------------------------------------------------------------------
+def test_directory_is_created_0700_and_files_private_whatever_the_umask(cache):
+    old = os.umask(0)
+    try:
+        k = build.load(source(11))
+    finally:
+        os.umask(old)
+    assert call(k) == 11
+    st = os.stat(cache)
+    assert stat.S_IMODE(st.st_mode) == 0o700 and st.st_uid == os.getuid()
+    for f in entry(cache, k):
+        st = os.lstat(f)
+        assert stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid(), f
+        assert stat.S_IMODE(st.st_mode) & 0o022 == 0, (f, oct(st.st_mode))
+
+
+@pytest.mark.parametrize("mode", [0o770, 0o707, 0o777], ids=oct)
+def test_group_or_world_writable_directory_is_refused(cache, mode):
+    k = build.load(source(12))
+    before = dict(build.stats)
+    cache.chmod(mode)
+    build.forget()
+    for src in (source(12), source(13)):  # a cached kernel is not loaded, a new one not compiled
+        with refused("writable") as e:
+            build.load(src)
+        msg = str(e.value)
+        assert str(cache) in msg and "\n" not in msg and oct(mode)[2:] in msg
+    assert build.stats["disk_hits"] == before["disk_hits"]
+    assert build.stats["compiles"] == before["compiles"]
+    assert sorted(cache.iterdir()) == sorted(entry(cache, k))
+
+
+@pytest.mark.parametrize("mode", [0o620, 0o602, 0o777], ids=oct)
+def test_group_or_world_writable_library_is_refused(cache, mode):
+    k = build.load(source(14))
+    k.library.chmod(mode)
+    before = dict(build.stats)
+    build.forget()
+    with refused("writable") as e:
+        build.load(source(14))
+    assert str(k.library) in str(e.value) and "\n" not in str(e.value)
+    assert build.stats["disk_hits"] == before["disk_hits"]
+    assert stat.S_IMODE(k.library.stat().st_mode) == mode, "the file is left as it was"
+
+
+def test_symlinked_library_is_refused(cache, tmp_path):
+    k = build.load(source(15))
+    other = build.load(source(16))
+    k.library.unlink()
+    k.library.symlink_to(other.library)  # would silently run the wrong kernel
+    build.forget()
+    with refused("not a regular file") as e:
+        build.load(source(15))
+    assert str(k.library) in str(e.value)
+
+
+def _pretend_foreign(monkeypatch, target: Path) -> None:
+    """Every stat of ``target`` (by path or open descriptor) reports another user as its owner."""
+    real = target.stat()
+    ident = (real.st_dev, real.st_ino)
+    extra = ("st_atime", "st_mtime", "st_ctime", "st_atime_ns", "st_mtime_ns", "st_ctime_ns",
+             "st_blksize", "st_blocks", "st_rdev")
+
+    def wrap(fn):
+        def fake(*args, **kwargs):
+            st = fn(*args, **kwargs)
+            if (st.st_dev, st.st_ino) != ident:
+                return st
+            seq = tuple(st)
+            return os.stat_result(seq[:4] + (os.getuid() + 1,) + seq[5:],
+                                  {k: getattr(st, k) for k in extra if hasattr(st, k)})
+        return fake
+
+    for name in ("stat", "lstat", "fstat"):
+        monkeypatch.setattr(os, name, wrap(getattr(os, name)))
+
+
+@pytest.mark.parametrize("how", ["simulated", "real-chown"])
+def test_library_owned_by_another_user_is_refused(cache, monkeypatch, how):
+    k = build.load(source(17))
+    if how == "real-chown":
+        if os.getuid() != 0:
+            pytest.skip("giving a file to another user needs root")
+        os.chown(k.library, NOBODY, NOBODY)
+    else:
+        _pretend_foreign(monkeypatch, k.library)
+    build.forget()
+    with refused("owned by uid") as e:
+        build.load(source(17))
+    msg = str(e.value)
+    assert str(k.library) in msg and f"you are uid {os.getuid()}" in msg and "\n" not in msg
+
+
+@pytest.mark.parametrize("how", ["simulated", "real-chown"])
+def test_directory_owned_by_another_user_is_refused(cache, monkeypatch, how):
+    build.load(source(18))
+    if how == "real-chown":
+        if os.getuid() != 0:
+            pytest.skip("giving a directory to another user needs root")
+        os.chown(cache, NOBODY, NOBODY)
+    else:
+        _pretend_foreign(monkeypatch, cache)
+    build.forget()
+    with refused("owned by uid") as e:
+        build.load(source(18))
+    assert str(cache) in str(e.value)
+
+
+# --- two processes, one kernel ----------------------------------------------------------------------
+LINES = 3000  # long enough that half a source file does not compile
+CC_WRAPPER = """#!/bin/sh
+case "$*" in */k_*) sleep "${OPG_TEST_CC_DELAY:-0}";; esac
+exec "%s" "$@"
+"""
+
+
+class _SlowText:
+    """A text file whose kernel-source writes stall half way (a loaded disk)."""
+
+    def __init__(self, f, pause: float) -> None:
+        self._f, self._pause = f, pause
+
+    def write(self, data: str) -> int:
+        if not isinstance(data, str) or "opg_kernel" not in data:
+            return self._f.write(data)
+        half = len(data) // 2
+        n = self._f.write(data[:half])
+        self._f.flush()
+        time.sleep(self._pause)
+        return n + self._f.write(data[half:])
+
+    def __getattr__(self, name):
+        return getattr(self._f, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return self._f.__exit__(*exc)
+
+
+def _compile_worker(role, cache_dir, cc, barrier, results):
+    """One process of the race: the ``compiler`` role's compiler starts a second late; the
+    ``writer`` role starts 0.3 s later and its file writes stall half way for 1.5 s."""
+    try:
+        os.environ.update(OPGRAPH_CACHE_DIR=cache_dir, CC=cc)
+        os.environ["OPG_TEST_CC_DELAY"] = "1.0" if role == "compiler" else "0"
+        if role == "writer":
+            real_open = io.open
+            io.open = lambda *a, **k: (_SlowText(real_open(*a, **k), 1.5)
+                                       if "w" in str(a[1] if len(a) > 1 else k.get("mode", "r"))
+                                       else real_open(*a, **k))
+        barrier.wait(timeout=60)
+        if role == "writer":
+            time.sleep(0.3)
+        k = build.load(source(7, LINES))
+        results.put((role, call(k), ""))
+    except BaseException as e:  # noqa: BLE001 - reported to the parent
+        results.put((role, None, f"{type(e).__name__}: {e}"))
+
+
+def test_two_processes_compiling_one_kernel_both_succeed(cache, tmp_path, monkeypatch):
+    real_cc = build.find_compiler()[0]
+    cc = tmp_path / "slowcc"
+    cc.write_text(CC_WRAPPER % real_cc)
+    cc.chmod(0o755)
+    ctx = multiprocessing.get_context("spawn")
+    barrier, results = ctx.Barrier(2), ctx.Queue()
+    procs = [ctx.Process(target=_compile_worker, args=(role, str(cache), str(cc), barrier, results))
+             for role in ("compiler", "writer")]
+    for p in procs:
+        p.start()
+    try:
+        got = dict((r, (v, err)) for r, v, err in (results.get(timeout=120) for _ in procs))
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+                p.join()
+    assert got == {"compiler": (7 * LINES, ""), "writer": (7 * LINES, "")}
+    names = sorted(f.name for f in cache.iterdir())
+    assert len(names) == 3 and [n.rsplit(".", 1)[1] for n in names] == ["c", "cmd", "so"], names
+    assert (cache / names[0]).read_text() == source(7, LINES)
+    monkeypatch.setenv("CC", str(cc))  # the same compiler, so the same cache key
+    hits = build.stats["disk_hits"]
+    assert call(build.load(source(7, LINES))) == 7 * LINES  # the published library loads here
+    assert build.stats["disk_hits"] == hits + 1
+
+
+# --- the size bound -------------------------------------------------------------------------------
+def _size(files) -> int:
+    return sum(f.stat().st_size for f in files)
+
+
+def _total(directory: Path) -> int:
+    return _size(f for f in directory.iterdir())
+
+
+def test_eviction_keeps_the_bound_and_drops_the_least_recently_used_with_sidecars(cache,
+                                                                                  monkeypatch):
+    kernels = [build.load(source(v)) for v in (101, 102, 103)]  # same-size sources
+    one = max(_size(entry(cache, k)) for k in kernels)
+    now = time.time()
+    for age, k in zip((300, 200, 100), kernels):  # kernel 101 oldest, then 102, then 103
+        for f in entry(cache, k):
+            os.utime(f, (now - age, now - age))
+    build.forget()
+    assert call(build.load(source(101))) == 101  # a disk hit: 101 becomes the most recent
+    bound = 3 * one + one // 2  # room for three entries, not four
+    monkeypatch.setenv("OPGRAPH_CACHE_MAX_MB", repr(bound / 2 ** 20))
+    newest = build.load(source(104))
+    assert call(newest) == 104
+    gone = entry(cache, kernels[1])
+    assert not any(f.exists() for f in gone), "kernel 102 was the least recently used"
+    for k in (kernels[0], kernels[2], newest):
+        assert all(f.exists() for f in entry(cache, k))
+    assert _total(cache) <= bound
+
+
+def test_eviction_to_a_zero_bound_empties_the_cache_and_tolerates_vanished_files(cache,
+                                                                                 monkeypatch):
+    kernels = [build.load(source(v)) for v in (201, 202, 203)]
+    real_unlink = os.unlink
+
+    def raced(path, *a, **k):  # another process removed it just before us
+        real_unlink(path, *a, **k)
+        raise FileNotFoundError(2, "No such file or directory", str(path))
+
+    monkeypatch.setattr(os, "unlink", raced)
+    monkeypatch.setattr(os, "remove", raced)
+    removed = build.evict(limit=0)
+    assert not list(cache.iterdir())
+    assert sorted(removed) == sorted(f for k in kernels for f in entry(cache, k))
+    assert [call(k) for k in kernels] == [201, 202, 203]  # loaded kernels keep working
+
+
+def test_stale_temporaries_are_evicted_fresh_ones_kept(cache):
+    k = build.load(source(301))
+    stale = cache / f"k_{'a' * 64}.x7q_z9ab.tmp.so"
+    fresh = cache / f"k_{'b' * 64}.p0w3rs2x.tmp.c"  # maybe another process compiling right now
+    for f in (stale, fresh):
+        f.write_bytes(b"partial")
+    old = time.time() - build.TEMP_MAX_AGE - 60
+    os.utime(stale, (old, old))
+    build.evict()
+    assert not stale.exists() and fresh.exists()
+    assert all(f.exists() for f in entry(cache, k))
+
+
+@pytest.mark.parametrize("value", ["lots", "-1", "nan"])
+def test_bad_size_limit_is_a_clear_error(cache, monkeypatch, value):
+    monkeypatch.setenv("OPGRAPH_CACHE_MAX_MB", value)
+    with refused("OPGRAPH_CACHE_MAX_MB") as e:
+        build.load(source(401))
+    assert repr(value) in str(e.value) and "MiB" in str(e.value)
+
+
+def test_default_limit_and_env_override(monkeypatch):
+    monkeypatch.delenv("OPGRAPH_CACHE_MAX_MB", raising=False)
+    assert build.cache_limit() == 256 * 2 ** 20
+    monkeypatch.setenv("OPGRAPH_CACHE_MAX_MB", "1.5")
+    assert build.cache_limit() == 3 * 2 ** 19
