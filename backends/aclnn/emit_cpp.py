@@ -33,15 +33,19 @@ HEADERS = {
 C_TYPES = {"FLOAT": "float", "FLOAT16": "uint16_t", "BF16": "uint16_t", "INT32": "int32_t",
            "INT64": "int64_t", "INT8": "int8_t", "UINT8": "uint8_t", "DOUBLE": "double",
            "BOOL": "uint8_t", "INT16": "int16_t"}
+FLOAT_BITS = {"float": (np.float32, np.uint32), "double": (np.float64, np.uint64)}  # value, bits
+PRINT_AS_FLOAT = {"FLOAT16": "HalfToFloat", "BF16": "BFloat16ToFloat"}  # uint16_t bits -> float
 
 PRELUDE = r'''#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <vector>
 
 #include "acl/acl.h"
+#include "aclnn/acl_meta.h"
 {includes}
 
 #define CHECK_RET(cond, return_expr) \
@@ -53,8 +57,17 @@ PRELUDE = r'''#include <cmath>
 
 #define LOG_PRINT(message, ...) printf(message, ##__VA_ARGS__)
 
+// A float / double from its IEEE bit pattern (NaN literals keep their sign and payload).
+template <typename F, typename B>
+static F FromBits(B bits) {
+    static_assert(sizeof(F) == sizeof(B), "FromBits: F and B must have the same size");
+    F f;
+    std::memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
 // IEEE binary16 bits -> float (for printing float16 results).
-static float HalfToFloat(uint16_t h) {
+[[maybe_unused]] static float HalfToFloat(uint16_t h) {
     uint32_t sign = (h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu, bits;
     if (exp == 0) {
         if (man == 0) {
@@ -69,9 +82,12 @@ static float HalfToFloat(uint16_t h) {
     } else {
         bits = sign | (exp + 112) << 23 | man << 13;
     }
-    float f;
-    std::memcpy(&f, &bits, sizeof f);
-    return f;
+    return FromBits<float>(bits);
+}
+
+// bfloat16 bits -> float: they are the upper half of the float's bits (for printing bf16 results).
+[[maybe_unused]] static float BFloat16ToFloat(uint16_t b) {
+    return FromBits<float>(static_cast<uint32_t>(b) << 16);
 }
 
 template <typename T>
@@ -96,15 +112,34 @@ def ints(values) -> str:
 
 
 def literal(v, ctype: str) -> str:
-    """One element of an embedded array (float32 printed so that it reads back exactly)."""
-    if ctype in ("float", "double"):
+    """One element of an embedded array as a valid, exact C++ literal of ``ctype``: float32 as
+    ``%.9g`` with a dot (reads back to the same float), double as its shortest repr, ±inf via
+    ``std::numeric_limits`` and NaN from its bit pattern (sign and payload kept).
+
+    >>> [literal(v, "float") for v in (8.0, -0.0, 1e10, np.float32(0.1))]
+    ['8.0f', '-0.0f', '1.0e+10f', '0.100000001f']
+    >>> literal(float("-inf"), "float"), literal(float("nan"), "double")
+    ('-std::numeric_limits<float>::infinity()', 'FromBits<double>(UINT64_C(0x7ff8000000000000))')
+    >>> literal(-2**31, "int32_t"), literal(65535, "uint16_t")
+    ('INT32_MIN', '65535')
+    """
+    if ctype in FLOAT_BITS:
         f = float(v)
         if math.isnan(f):
-            return "NAN"
+            value_type, bits_type = FLOAT_BITS[ctype]
+            bits, width = int(np.array(v, value_type).view(bits_type)), 2 * np.dtype(bits_type).itemsize
+            return f"FromBits<{ctype}>(UINT{4 * width}_C(0x{bits:0{width}x}))"
         if math.isinf(f):
-            return "-INFINITY" if f < 0 else "INFINITY"
-        return (f"{f:.9g}" if ctype == "float" else f"{f!r}") + ("f" if ctype == "float" else "")
-    return str(int(v))
+            return ("-" if f < 0 else "") + f"std::numeric_limits<{ctype}>::infinity()"
+        text = f"{f:.9g}" if ctype == "float" else repr(f)
+        mantissa, e, exponent = text.partition("e")
+        if "." not in mantissa:
+            mantissa += ".0"
+        return mantissa + e + exponent + ("f" if ctype == "float" else "")
+    i = int(v)
+    if ctype.startswith("int") and i == np.iinfo(ctype[:-2]).min:
+        return ctype[:-2].upper() + "_MIN"  # -2147483648 would be a negated out-of-range literal
+    return str(i)
 
 
 def host_bits(a: np.ndarray, dtype: str) -> np.ndarray:
@@ -135,8 +170,8 @@ class Emitter:
         values = host_bits(self.data[u.name], u.dtype) if u.name in self.data else None
         if values is not None and values.size != u.elems:
             raise ValueError(f"data for {u.name} has {values.size} elements, the plan needs {u.elems}")
-        if values is not None and not values.any():
-            values = None  # all zeros: a value-initialised vector
+        if values is not None and not values.view(np.uint8).any():
+            values = None  # all bits zero (not -0.0, not NaN): a value-initialised vector
         if values is None or u.elems <= self.embed_limit:
             body = ", ".join(literal(v, ctype) for v in values) if values is not None else ""
             self.w(f"std::vector<{ctype}> {host}({u.elems});" if values is None else
@@ -210,9 +245,8 @@ class Emitter:
         self.w(f"ret = aclrtMemcpy({host}.data(), {size}, dev_{ident(u.name)[2:]}, {size}, "
                "ACL_MEMCPY_DEVICE_TO_HOST);")
         self.check("ret == ACL_SUCCESS", f"copy result {u.name} from device to host")
-        value = {"uint16_t": f"HalfToFloat({host}[i])"}.get(ctype, f"static_cast<double>({host}[i])")
-        if d.name == "BF16":
-            raise ValueError("emit-cpp does not print BF16 results yet")
+        value = (f"{PRINT_AS_FLOAT[d.name]}({host}[i])" if d.name in PRINT_AS_FLOAT
+                 else f"{host}[i]")
         self.w(f'LOG_PRINT("{u.name}:\\n");')
         self.w(f"for (size_t i = 0; i < {host}.size(); i++) {{")
         self.w(f'LOG_PRINT("result[%zu] is: %.9g\\n", i, static_cast<double>({value}));', 2)
@@ -252,10 +286,11 @@ class Emitter:
         for t in p.tensors:
             self.tensor(t)
         self.w()
-        self.w("uint64_t workspaceSize = 0;")
-        self.w("aclOpExecutor *executor = nullptr;")
-        self.w("void *workspaceAddr = nullptr;")
         self.w("std::vector<void *> workspaces;")
+        if p.calls:
+            self.w("uint64_t workspaceSize = 0;")
+            self.w("aclOpExecutor *executor = nullptr;")
+            self.w("void *workspaceAddr = nullptr;")
         for i, c in enumerate(p.calls):
             self.w()
             self.call(c, i)
