@@ -18,7 +18,7 @@ def _modules():
     for pkg in (opgraph, l0ops, backends):
         yield pkg.__name__
         for info in pkgutil.walk_packages(pkg.__path__, pkg.__name__ + "."):
-            if info.name not in SKIP and ".cli" not in info.name:
+            if info.name not in SKIP:
                 yield info.name
 
 
@@ -27,3 +27,8 @@ def test_docstring_examples(name):
     mod = importlib.import_module(name)
     result = doctest.testmod(mod, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
     assert result.failed == 0, f"{result.failed} docstring example(s) failed in {name}"
+
+
+def test_cli_modules_are_checked_too():
+    cli = {"opgraph.cli", "opgraph.cli.common", "opgraph.cli.demo", "opgraph.cli.tiling"}
+    assert cli <= set(_modules())

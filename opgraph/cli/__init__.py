@@ -11,6 +11,7 @@ Each command is a module with ``add_parser(subparsers)`` that registers a subpar
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Optional, Sequence
 
@@ -38,11 +39,26 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Run the CLI and return its exit status (0 ok, 1 failed op or error, 2 usage error).
+    """Run the CLI and return its exit status (0 ok, 1 failed op or error, 2 usage error,
+    141 when stdout was closed early, as in ``opgraph dump ... | head -2``).
 
     >>> main(["dump", "nope"])
     2
     """
+    try:
+        code = _run(argv)
+        sys.stdout.flush()  # a closed pipe shows here, not as "Exception ignored" at exit
+    except BrokenPipeError:  # the reader went away: stop quietly, like a SIGPIPE'd tool
+        _discard_stdout()
+        return 141
+    except OSError as e:  # stdout itself cannot take the output (a full disk ...)
+        _discard_stdout()
+        print(f"opgraph: error: cannot write to stdout: {e.strerror or e}", file=sys.stderr)
+        return 1
+    return code
+
+
+def _run(argv: Optional[Sequence[str]]) -> int:
     parser = build_parser()
     args = None
     try:
@@ -56,12 +72,41 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except KeyboardInterrupt:
         print("opgraph: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        raise
+    except OSError as e:  # the environment (a full disk ...), not a bug: one line
+        if args is not None and args.traceback:
+            raise
+        where = f": {e.filename}" if e.filename else ""
+        print(f"opgraph: error: {e.strerror or e}{where}", file=sys.stderr)
+        try:
+            sys.stdout.flush()
+        except OSError:  # it was stdout: what is still buffered would fail again at exit
+            _discard_stdout()
+        return 1
+    except MemoryError:  # the limits of build_case are estimates; never a traceback for this
+        print("opgraph: error: out of memory (try a smaller --shape)", file=sys.stderr)
+        return 1
     except Exception as e:  # a bug: one line unless --traceback
         if args is not None and args.traceback:
             raise
         print(f"opgraph: internal error: {type(e).__name__}: {e} (rerun with --traceback)",
               file=sys.stderr)
         return 1
+
+
+def _discard_stdout() -> None:
+    """Point the stdout descriptor at /dev/null so the interpreter's final flush of the
+    closed pipe neither fails nor prints; nothing to do when stdout is not a real file."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)
 
 
 __all__ = ["COMMANDS", "build_parser", "main"]

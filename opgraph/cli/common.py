@@ -14,10 +14,11 @@ A new command (``tiling``, ``plan``, ``emit-cpp`` ...) typically does:
 """
 from __future__ import annotations
 
-import sys
-
 import argparse
 import contextlib
+import math
+import os
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Optional
 
@@ -70,12 +71,71 @@ def fmt_values(a: np.ndarray, n: int = 6) -> str:
     return f"[{head}{more}] ({flat.size} values)"
 
 
+def fmt_bytes(n: int) -> str:
+    """A byte count for people: ``'512 B'``, ``'1.5 KiB'``, ``'768.0 GiB'``, ``'over 1 ZiB'``.
+
+    >>> fmt_bytes(512), fmt_bytes(1536), fmt_bytes(768 * 2**30), fmt_bytes(10**400)
+    ('512 B', '1.5 KiB', '768.0 GiB', 'over 1 ZiB')
+    """
+    if n < 1024:
+        return f"{n} B"
+    if n >= 2**70:
+        return "over 1 ZiB"
+    units = ("KiB", "MiB", "GiB", "TiB", "PiB", "EiB")
+    power = min((n.bit_length() - 1) // 10, len(units))
+    return f"{n / 2**(10 * power):.1f} {units[power - 1]}"
+
+
+# --- memory: refuse, before allocating, what would not fit ------------------------------------
+MEMORY_SHARE = 8  # a command's arrays may take 1/8 of physical memory; the rest is for temporaries
+FALLBACK_MEMORY = 16 * 2**30  # assumed where os.sysconf cannot tell
+
+
+def physical_memory() -> int:
+    """Bytes of physical memory (``SC_PHYS_PAGES * SC_PAGE_SIZE``; 16 GiB where unknown)."""
+    try:
+        total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return FALLBACK_MEMORY
+    return total if total > 0 else FALLBACK_MEMORY
+
+
+def check_memory(shape: tuple[int, ...], nbytes: int, what: str) -> None:
+    """CliError naming --shape when ``what`` would take more than 1/MEMORY_SHARE of memory.
+
+    >>> check_memory((2, 3), 96, "the inputs and output")
+    >>> check_memory((2**40, 3), 12 * 2**42, "the inputs and output")
+    Traceback (most recent call last):
+    ...
+    opgraph.cli.common.CliError: --shape 1099511627776,3: the inputs and output need 48.0 TiB, ...
+    """
+    total = physical_memory()
+    limit = total // MEMORY_SHARE
+    if nbytes > limit:
+        need, allowed = fmt_bytes(nbytes), fmt_bytes(limit)
+        if need == allowed:  # too close to tell apart when rounded
+            need, allowed = f"{nbytes} B", f"{limit} B"
+        raise CliError(f"--shape {','.join(map(str, shape))}: {what} need {need}, more than the "
+                       f"limit of {allowed} (1/{MEMORY_SHARE} of the {fmt_bytes(total)} of "
+                       f"physical memory)", code=2)
+
+
 # --- argument types (raise ArgumentTypeError: argparse turns it into one line) ------------------
+MAX_ELEMENTS = 2**60  # numpy's size limit for float64 arrays (the inputs are drawn in float64)
+MAX_RANK = 32  # the most dims numpy 1.x arrays have (2.x: 64)
+
+
 def parse_shape(text: str) -> tuple[int, ...]:
-    """``"2,3,1,4"`` → ``(2, 3, 1, 4)``; dims are non-negative integers.
+    """``"2,3,1,4"`` → ``(2, 3, 1, 4)``; at most 32 non-negative integer dims. An empty shape's
+    non-zero dims must multiply to less than 2**60, or numpy cannot describe it (the memory a
+    non-empty shape needs is checked by the command).
 
     >>> parse_shape("2, 3,1,4")
     (2, 3, 1, 4)
+    >>> parse_shape(f"{2**40},{2**20},0")
+    Traceback (most recent call last):
+    ...
+    argparse.ArgumentTypeError: bad shape '1099511627776,1048576,0': ...below 2**60...
     """
     parts = [p.strip() for p in text.split(",")]
     try:
@@ -85,7 +145,34 @@ def parse_shape(text: str) -> tuple[int, ...]:
     if not dims or any(d < 0 for d in dims):
         raise argparse.ArgumentTypeError(
             f"bad shape {text!r}: expected comma-separated non-negative integers, e.g. 2,3,1,4")
+    if len(dims) > MAX_RANK:
+        raise argparse.ArgumentTypeError(
+            f"bad shape: {len(dims)} dims, numpy arrays have at most {MAX_RANK}")
+    if 0 in dims and math.prod(d for d in dims if d) >= MAX_ELEMENTS:
+        raise argparse.ArgumentTypeError(
+            f"bad shape {text!r}: the non-zero dims of an empty shape must multiply to below "
+            f"2**60, numpy's array size limit")
     return dims
+
+
+def _int_at_least(text: str, low: int) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = low - 1
+    if n < low:
+        raise argparse.ArgumentTypeError(f"expected an integer >= {low}, got {text!r}")
+    return n
+
+
+def non_negative_int(text: str) -> int:
+    """An integer >= 0 (``--seed``, ``--embed-limit``)."""
+    return _int_at_least(text, 0)
+
+
+def positive_int(text: str) -> int:
+    """An integer >= 1 (``--cores``, ``--ub``)."""
+    return _int_at_least(text, 1)
 
 
 def parse_dtype(text: str) -> DataType:
@@ -131,6 +218,7 @@ class OpSpec:
     args: tuple[str, ...]
     output: str
     make_arrays: Callable[[argparse.Namespace, np.random.Generator], Arrays]
+    array_bytes: Callable[[argparse.Namespace], int]  # what make_arrays would allocate
     reference: Callable[[Arrays], np.ndarray]
     min_rank: int = 1
     summary: str = ""
@@ -159,6 +247,15 @@ def bn_elemt_backward_arrays(args: argparse.Namespace, rng: np.random.Generator)
     return out
 
 
+def bn_elemt_backward_bytes(args: argparse.Namespace) -> int:
+    """Bytes of the arrays :func:`bn_elemt_backward_arrays` makes, computed without making them."""
+    d = args.dtype
+    out_dtype = d if args.grad_input_dtype is None else args.grad_input_dtype
+    per_channel = (4 if args.no_weight else 5) * d.itemsize + args.counter_dtype.itemsize
+    numel, channels = math.prod(args.shape), args.shape[1]
+    return numel * (2 * d.itemsize + out_dtype.itemsize) + channels * per_channel
+
+
 def bn_elemt_backward_reference(a: Arrays) -> np.ndarray:
     """The formula in float64 on the (already rounded) inputs; channel = dim 1.
 
@@ -185,6 +282,7 @@ OPS: dict[str, OpSpec] = {
               "gradInput"),
         output="gradInput",
         make_arrays=bn_elemt_backward_arrays,
+        array_bytes=bn_elemt_backward_bytes,
         reference=bn_elemt_backward_reference,
         min_rank=2,
         summary="SyncBatchNorm element-wise input gradient, channel = dim 1",
@@ -219,7 +317,8 @@ def add_op_options(p: argparse.ArgumentParser, *, level_default: Optional[int] =
         p.add_argument("--backend", type=parse_backend, default="numpy", metavar="NAME",
                        help="backend phase 2 runs on (default: numpy)")
     if seed:
-        p.add_argument("--seed", type=int, default=0, help="random seed of the inputs (default: 0)")
+        p.add_argument("--seed", type=non_negative_int, default=0, metavar="N",
+                       help="random seed of the inputs, an integer >= 0 (default: 0)")
 
 
 @dataclass
@@ -253,6 +352,8 @@ def build_case(args: argparse.Namespace, seed: "int | None" = None) -> Case:
     if len(args.shape) < spec.min_rank:
         raise CliError(f"--shape: {spec.name} needs rank >= {spec.min_rank} (N, C, ...), "
                        f"got {list(args.shape)}", code=2)
+    check_memory(args.shape, spec.array_bytes(args),
+                 f"the {args.dtype.short} inputs and output")
     seed = getattr(args, "seed", 0) if seed is None else seed
     arrays = spec.make_arrays(args, np.random.default_rng(seed))
     backend = getattr(args, "backend", "numpy")
@@ -298,9 +399,10 @@ def execute(case: Case, rec: Recorded) -> Status:
         return Status(case.spec.run(workspace, rec.workspace_size, rec.executor))
 
 
-def write_output(text: "str | bytes", path: "str | None", summary: "str | None" = None) -> int:
+def write_output(text: "str | bytes", path: "str | None", summary: "str | None" = None,
+                 option: str = "-o/--output") -> int:
     """Write ``text`` to stdout (``path`` None or '-') or to ``path`` (bytes: binary), then
-    print ``summary`` when a file was written."""
+    print ``summary`` when a file was written; a failed write is a CliError naming ``option``."""
     if path in (None, "-"):
         sys.stdout.write(text)
         return 0
@@ -312,7 +414,7 @@ def write_output(text: "str | bytes", path: "str | None", summary: "str | None" 
             with open(path, "w", encoding="utf-8") as f:
                 f.write(text)
     except OSError as e:
-        raise CliError(f"cannot write {path}: {e.strerror or e}") from None
+        raise CliError(f"{option}: cannot write {path!r}: {e.strerror or e}") from None
     if summary:
         print(f"wrote {path}: {summary}")
     return 0

@@ -6,7 +6,7 @@ backward*.cpp), end to end, in FLOAT, FLOAT16 and BFLOAT16.
     == aclnnBatchNormElemtBackward, FLOAT on Ascend910B ...
     ...
     result[7] is: 6.300000
-    ...
+    <BLANKLINE>
     0
 """
 from __future__ import annotations
@@ -22,7 +22,7 @@ from ..platform import DEFAULT as DEFAULT_PLATFORM
 from ..platform import get_platform, platform
 from ..status import Status
 from ..tensor import tensor
-from .common import fmt_status, fmt_type, parse_dtype, parse_platform
+from .common import CliError, fmt_status, fmt_type, parse_dtype, parse_platform
 
 VARIANTS = (DataType.FLOAT, DataType.FLOAT16, DataType.BF16)
 SOURCES = {DataType.FLOAT: "test_aclnn_batch_norm_elemt_backward.cpp",
@@ -80,13 +80,24 @@ def _ok(ret: Status) -> bool:
     return True
 
 
+def parse_variant(text: str) -> DataType:
+    """A dtype the article has an example program for (float32, float16, bfloat16)."""
+    d = parse_dtype(text)
+    if d not in VARIANTS:
+        raise argparse.ArgumentTypeError(
+            f"the article's examples are {', '.join(v.name for v in VARIANTS)}; got {d.name}")
+    return d
+
+
 def run(args: argparse.Namespace) -> int:
-    """Run the selected variants; exit status 1 if any status was not success."""
-    ok = True
+    """Run the selected variants; a CliError (exit status 1) if any status was not success."""
     with platform(args.platform):
-        for d in args.dtype or VARIANTS:
-            ok = run_variant(d, show_graph=not args.no_graph) and ok
-    return 0 if ok else 1
+        failed = [d.name for d in args.dtype or VARIANTS
+                  if not run_variant(d, show_graph=not args.no_graph)]
+    if failed:
+        raise CliError(f"--platform {args.platform}: the {', '.join(failed)} example failed "
+                       f"(CHECK_RET above)")
+    return 0
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -96,7 +107,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                     "mean 0, invstd 1, weight 1, sumDy 0, sumDyXmu 1, counter {5,5}. Phase 1 "
                     "prints the status, workspace size and the recorded graph; phase 2 the "
                     "status and result[i] = 0.9*i. Exit status 1 if any status is not success.")
-    p.add_argument("--dtype", type=parse_dtype, action="append", metavar="DTYPE",
+    p.add_argument("--dtype", type=parse_variant, action="append", metavar="DTYPE",
                    help="run only this variant (float32, float16, bfloat16); repeatable")
     p.add_argument("--platform", type=parse_platform, default=DEFAULT_PLATFORM, metavar="SOC",
                    help=f"SoC preset (default: {DEFAULT_PLATFORM})")

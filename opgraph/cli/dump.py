@@ -10,11 +10,12 @@ as recorded (level 0) or after ``opgraph.passes.optimize(graph, level)``.
 from __future__ import annotations
 
 import argparse
+import os
 from typing import Any
 
 from ..ir import Graph
 from ..passes import DumpInstrument, PassManager, PrintInstrument, graph_stats, optimize, pipeline
-from .common import add_op_options, build_case, recorded_executor, write_output
+from .common import CliError, add_op_options, build_case, recorded_executor, write_output
 
 FORMATS = ("text", "json", "dot")
 
@@ -36,20 +37,41 @@ def print_stats(graph: Graph, fast_math: bool = False) -> None:
         print("  ".join(c.rjust(w) for c, w in zip(r, widths)))
 
 
+def check_dump_dir(path: str) -> None:
+    """CliError naming --dump-dir unless ``path`` is a directory or could become one."""
+    if not path:
+        raise CliError("--dump-dir: empty path", code=2)
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise CliError(f"--dump-dir {path!r}: exists and is not a directory", code=2)
+
+
+def run_passes(graph: Graph, args: argparse.Namespace, level: int) -> None:
+    """--passes / --dump-dir: run --level's pipeline printing and/or writing every step."""
+    instruments = [PrintInstrument()] if args.passes else []
+    try:
+        if args.dump_dir is not None:
+            dumps = DumpInstrument(args.dump_dir)
+            instruments.append(dumps)
+        PassManager(pipeline(level, args.fast_math), instruments).run(graph)
+    except OSError as e:
+        if args.dump_dir is None or e.filename is None:  # stdout, not the directory: main's job
+            raise
+        raise CliError(f"--dump-dir {args.dump_dir!r}: cannot write {e.filename!r}: "
+                       f"{e.strerror or e}") from None
+    if args.dump_dir is not None:
+        print(f"wrote {len(dumps.files)} files to {args.dump_dir} (NN-<pass>.txt/.json/.dot)")
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.dump_dir is not None:
+        check_dump_dir(args.dump_dir)
     case = build_case(args)
     graph = recorded_executor(case).graph
     if args.stats:
         print_stats(graph, args.fast_math)
         return 0
-    if args.passes or args.dump_dir:
-        instruments = [PrintInstrument()] if args.passes else []
-        if args.dump_dir:
-            dumps = DumpInstrument(args.dump_dir)
-            instruments.append(dumps)
-        PassManager(pipeline(case.level, args.fast_math), instruments).run(graph)
-        if args.dump_dir:
-            print(f"wrote {len(dumps.files)} files to {args.dump_dir} (NN-<pass>.txt/.json/.dot)")
+    if args.passes or args.dump_dir is not None:
+        run_passes(graph, args, case.level)
         return 0
     if case.level > 0 or args.fast_math:
         graph = optimize(graph, case.level, fast_math=args.fast_math)

@@ -9,6 +9,9 @@ next to the program).
     ...       os.path.join(d, "p.cpp")])  # doctest: +ELLIPSIS
     wrote ...p.cpp: 1 aclnn calls (level 2), 0 .bin files
     0
+    >>> sorted(os.listdir(d))
+    ['p.cpp']
+    >>> import shutil; shutil.rmtree(d)
 """
 from __future__ import annotations
 
@@ -16,7 +19,7 @@ import argparse
 import os
 from typing import Any
 
-from .common import add_op_options, write_output
+from .common import add_op_options, non_negative_int, write_output
 from .plan import case_plan
 
 
@@ -28,7 +31,8 @@ def run(args: argparse.Namespace) -> int:
     write_output(src, args.output)
     folder = os.path.dirname(os.path.abspath(args.output)) if args.output not in (None, "-") else "."
     for name, blob in files.items():
-        write_output(blob, os.path.join(folder, name))
+        write_output(blob, os.path.join(folder, name),
+                     option="-o/--output (its .bin inputs)")
     if args.output not in (None, "-"):
         print(f"wrote {args.output}: {len(plan.calls)} aclnn calls (level {plan.level}), "
               f"{len(files)} .bin files")
@@ -45,7 +49,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                "-L$ASCEND_HOME_PATH/lib64 -lascendcl -lnnopbase -lopapi_math -lopapi_nn")
     add_op_options(p, level_default=2)
     p.add_argument("-o", "--output", metavar="FILE", help="write the program to FILE (default: stdout)")
-    p.add_argument("--embed-limit", type=int, default=4096, metavar="N",
+    p.add_argument("--embed-limit", type=non_negative_int, default=4096, metavar="N",
                    help="inputs with more than N elements go to <name>.bin files (default: 4096)")
     p.set_defaults(func=run)
     return p

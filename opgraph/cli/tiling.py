@@ -19,17 +19,9 @@ from typing import Any, Optional, Sequence
 
 from ..platform import DEFAULT as DEFAULT_PLATFORM
 from ..platform import PRESETS, lookup
-from .common import CliError, parse_dtype, parse_platform, parse_shape
+from .common import CliError, check_memory, parse_dtype, parse_platform, parse_shape, positive_int
 
-
-def _positive(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        n = 0
-    if n <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return n
+COUNTER_BYTES = 4  # the dry run counts the writes to every output element in an int32
 
 
 def run(args: argparse.Namespace) -> int:
@@ -49,10 +41,14 @@ def run(args: argparse.Namespace) -> int:
     cores = p.vector_cores if args.cores is None else args.cores
     ub = p.ub_size if args.ub is None else args.ub
     numel = math.prod(args.shape)
+    if numel == 0:
+        raise CliError(f"--shape {','.join(map(str, args.shape))}: 0 elements; an empty tensor "
+                       f"launches no kernel, so it has no tiling", code=2)
+    check_memory(args.shape, numel * COUNTER_BYTES, "the dry run's per-element write counters")
     try:
         t = compute_tiling(numel, T, T1, cores=cores)
-    except ValueError as e:
-        raise CliError(str(e)) from None
+    except ValueError as e:  # numel and cores are checked above: what is left is (T, T1)
+        raise CliError(f"--dtype/--param-dtype: {e}") from None
     _, trace = run_kernel(t, None, ub_size=ub, soc=p.soc, arch=p.npu_arch)
     overrides = "".join(f" ({what} override)" for what, v in (("cores", args.cores), ("UB", args.ub))
                         if v is not None)
@@ -85,9 +81,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                         "float32 with --dtype float16 is the mixed kernel)")
     p.add_argument("--platform", type=parse_platform, default=DEFAULT_PLATFORM, metavar="SOC",
                    help=f"SoC preset: {', '.join(PRESETS)} (default: {DEFAULT_PLATFORM})")
-    p.add_argument("--cores", type=_positive, default=None, metavar="R",
+    p.add_argument("--cores", type=positive_int, default=None, metavar="R",
                    help="vector cores R (default: the platform's)")
-    p.add_argument("--ub", type=_positive, default=None, metavar="BYTES",
+    p.add_argument("--ub", type=positive_int, default=None, metavar="BYTES",
                    help="UB bytes per core (default: the platform's)")
     p.set_defaults(func=run)
     return p

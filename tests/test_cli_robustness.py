@@ -1,0 +1,196 @@
+"""Hostile option values on every ``opgraph`` command end in ONE stderr line
+``opgraph: error: ...`` that names the option, with a non-zero exit and never an internal
+error; inputs too big for memory are refused before any array is made; a reader that closes
+stdout early (``opgraph dump ... | head -2``) ends the command quietly."""
+from __future__ import annotations
+
+import dataclasses
+import os
+import select
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from opgraph.cli import common, main
+
+try:
+    import fcntl
+except ImportError:  # not on Windows
+    fcntl = None
+
+OP = "aclnnBatchNormElemtBackward"
+ROOT = Path(__file__).resolve().parents[1]
+RECORDING = ("run", "dump", "emit-c", "plan", "emit-cpp")  # the commands that build a case
+
+
+@pytest.fixture(autouse=True)
+def _in_tmp_dir(tmp_path, monkeypatch):
+    """emit-cpp writes .bin files to the current directory: keep them out of the repository."""
+    monkeypatch.chdir(tmp_path)
+
+
+def error_line(capsys, argv: list[str], option: str) -> str:
+    """Run the CLI in-process; assert the one-line error convention and return the line."""
+    code = main(argv)
+    _, err = capsys.readouterr()
+    assert code != 0
+    assert "internal error" not in err and "Traceback" not in err
+    lines = err.splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("opgraph: error: ")
+    assert option in lines[0], lines[0]
+    return lines[0]
+
+
+# --- every command, hostile values --------------------------------------------------------------
+HOSTILE = [
+    (["run", OP, "--shape", "99999999999999999999999,3"], "--shape"),
+    (["run", OP, "--shape", "65536,4,262144"], "--shape"),
+    (["dump", OP, "--shape", "99999999999,3"], "--shape"),
+    (["tiling", "--shape", "99999999999,99999999999"], "--shape"),
+    (["run", OP, "--shape", ",".join(["1"] * 65)], "--shape"),  # more dims than numpy has
+    (["tiling", "--shape", "1000000000000"], "--shape"),  # 3.6 TiB of write counters
+    (["tiling", "--shape", "0,3"], "--shape"),  # no elements: no kernel, no tiling
+    (["tiling", "--shape", "2,3", "--param-dtype", "f16"], "--param-dtype"),  # no f32/f16 kernel
+    (["run", OP, "--seed", "-1"], "--seed"),
+    (["run", OP, "--seed", "-99999999999999999999"], "--seed"),
+    (["emit-cpp", OP, "--embed-limit", "-1"], "--embed-limit"),
+    (["demo", "--dtype", "int32"], "--dtype"),  # the article has f32, f16, bf16 examples only
+    (["demo", "--dtype", "complex64"], "--dtype"),
+    (["demo", "--platform", "Ascend310P", "--no-graph"], "--platform"),  # no kernel there
+    (["demo", "--platform", "Ascend910", "--dtype", "bf16", "--no-graph"], "--platform"),
+] + [([cmd, OP, "--shape", shape], "--shape") for cmd in RECORDING for shape in (
+    "4611686018427387904,0",  # empty, but numpy cannot describe it
+    "99999999999999999999999,0",
+    "0,99999999999",  # empty data, 745 GiB of channel vectors
+    "2,99999999999",
+)]
+
+
+@pytest.mark.parametrize("argv,option", HOSTILE,
+                         ids=lambda v: " ".join(v)[:80] if isinstance(v, list) else v)
+def test_hostile_value_is_one_error_line_naming_the_option(capsys, argv, option):
+    error_line(capsys, argv, option)
+
+
+def test_too_big_shape_says_how_much_memory_before_allocating(capsys, monkeypatch):
+    def no_arrays(*_):
+        raise AssertionError("arrays were made before the memory check")
+    monkeypatch.setitem(common.OPS, OP, dataclasses.replace(common.OPS[OP], make_arrays=no_arrays))
+    line = error_line(capsys, ["run", OP, "--shape", "65536,4,262144"], "--shape")
+    # 2**36 elements x (gradOut + input + gradInput) x 4 B = 768 GiB (+ 96 B of channel vectors)
+    assert "768.0 GiB" in line and "physical memory" in line and "limit" in line
+
+
+@pytest.mark.parametrize("extra,nbytes", [
+    ([], 3 * 96 * 4 + 3 * (5 * 4 + 4)),  # f32 data x3, five f32 channel vectors + f32 counter
+    (["--dtype", "f16", "--no-weight", "--counter-dtype", "int32", "--grad-input-dtype", "f32"],
+     96 * (2 + 2 + 4) + 3 * (4 * 2 + 4)),
+])
+def test_memory_limit_counts_exactly_the_input_and_output_bytes(capsys, monkeypatch, extra, nbytes):
+    argv = ["run", OP, "--shape", "2,3,4,4", *extra]
+    share = common.MEMORY_SHARE
+    monkeypatch.setattr(common, "physical_memory", lambda: nbytes * share)  # limit == nbytes
+    assert main(argv) == 0, capsys.readouterr().err
+    capsys.readouterr()
+    p = common.Parser()
+    common.add_op_options(p)
+    case = common.build_case(p.parse_args(argv[1:]))
+    assert sum(a.nbytes for a in case.arrays.values() if a is not None) == nbytes  # no more
+    monkeypatch.setattr(common, "physical_memory", lambda: nbytes * share - 1)  # one byte short
+    line = error_line(capsys, argv, "--shape 2,3,4,4")
+    assert f"need {nbytes} B" in line and f"limit of {nbytes - 1} B" in line
+
+
+def test_tiling_memory_limit_counts_a_4_byte_counter_per_element(capsys, monkeypatch):
+    share = common.MEMORY_SHARE
+    monkeypatch.setattr(common, "physical_memory", lambda: 24 * share)  # 6 elements x 4 B
+    assert main(["tiling", "--shape", "2,3"]) == 0
+    capsys.readouterr()
+    monkeypatch.setattr(common, "physical_memory", lambda: 24 * share - 1)
+    assert "need 24 B" in error_line(capsys, ["tiling", "--shape", "2,3"], "--shape 2,3")
+
+
+def test_out_of_memory_anyway_is_one_error_line(capsys, monkeypatch):
+    def oom(*_):
+        raise MemoryError
+    monkeypatch.setitem(common.OPS, OP, dataclasses.replace(common.OPS[OP], make_arrays=oom))
+    assert "out of memory" in error_line(capsys, ["dump", OP], "--shape")
+
+
+# --- paths --------------------------------------------------------------------------------------
+@pytest.fixture
+def paths(tmp_path):
+    (tmp_path / "file").write_text("x")
+    (tmp_path / "dir").mkdir()
+    return {"directory": str(tmp_path / "dir"), "under a file": str(tmp_path / "file" / "x"),
+            "empty": ""}
+
+
+@pytest.mark.parametrize("target", ["directory", "under a file", "empty"])
+@pytest.mark.parametrize("cmd", [["dump", OP], ["emit-c", OP], ["plan", OP], ["emit-cpp", OP]],
+                         ids=lambda c: c[0])
+def test_unwritable_output_names_the_option(capsys, paths, cmd, target):
+    error_line(capsys, [*cmd, "-o", paths[target]], "-o/--output")
+
+
+def test_unwritable_bin_file_of_emit_cpp_names_the_option(capsys, tmp_path):
+    (tmp_path / "gradOut.bin").mkdir()  # the program can be written, this input cannot
+    argv = ["emit-cpp", OP, "--embed-limit", "0", "-o", str(tmp_path / "p.cpp")]
+    assert "gradOut.bin" in error_line(capsys, argv, "-o/--output")
+
+
+@pytest.mark.parametrize("target", ["file", "under a file", "empty"])
+def test_bad_dump_dir_names_the_option(capsys, paths, tmp_path, target):
+    directory = str(tmp_path / "file") if target == "file" else paths[target]
+    error_line(capsys, ["dump", OP, "--level", "2", "--dump-dir", directory], "--dump-dir")
+    assert (tmp_path / "file").read_text() == "x"  # untouched
+
+
+# --- stdout closed early ------------------------------------------------------------------------
+def first_lines_then_close(argv: list[str], n: int = 2) -> tuple[int, bytes, bytes]:
+    """``python -m opgraph ARGV | head -n`` through a 4 KiB pipe: read n lines, close, wait."""
+    r, w = os.pipe()
+    fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, 4096)  # smaller than the output: the writer must wait
+    p = subprocess.Popen([sys.executable, "-m", "opgraph", *argv], stdout=w,
+                         stderr=subprocess.PIPE, cwd=ROOT)
+    os.close(w)
+    got = b""
+    try:
+        while got.count(b"\n") < n and select.select([r], [], [], 300)[0]:
+            chunk = os.read(r, 64)
+            if not chunk:
+                break
+            got += chunk
+    finally:
+        os.close(r)
+    try:
+        _, err = p.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        raise
+    return p.returncode, got, err
+
+
+@pytest.mark.skipif(not hasattr(fcntl, "F_SETPIPE_SZ"), reason="needs a resizable pipe (Linux)")
+def test_closed_stdout_pipe_exits_quietly():
+    # 8 KB of buffered prints, flushed through a 4 KiB pipe after the reader has gone
+    code, out, err = first_lines_then_close(["dump", OP, "--passes", "--level", "2"])
+    assert out.count(b"\n") >= 2  # the reader did get its lines
+    assert err == b""  # no traceback, no "Exception ignored", no internal error
+    assert code == 141  # 128 + SIGPIPE, like any tool whose reader went away
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+@pytest.mark.parametrize("argv", [["dump", OP], ["dump", OP, "--passes", "--level", "2"]],
+                         ids=["dump", "passes"])
+def test_full_stdout_is_one_error_line(argv):
+    with open("/dev/full", "w") as full:
+        p = subprocess.run([sys.executable, "-m", "opgraph", *argv], stdout=full,
+                           stderr=subprocess.PIPE, text=True, cwd=ROOT, timeout=300)
+    assert p.returncode != 0
+    lines = p.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("opgraph: error: "), p.stderr
+    assert "No space left on device" in lines[0] and "internal error" not in lines[0]
