@@ -1,31 +1,43 @@
-"""The numpy backend: the bit-faithful CPU golden reference. It interprets a graph node by node
-with each l0 op's numpy semantics, freeing every value after its last use.
+"""The numpy backend: the bit-faithful CPU golden reference. ``compile`` resolves each node's
+lowering (the op's own numpy semantics unless the backend's table overrides it), the slot of
+every intermediate in the workspace arena the memory plan lays out, and the last use of every
+value; ``run`` interprets the graph node by node, storing each intermediate in its arena slot.
 
-    >>> import numpy as np, opgraph
-    >>> from opgraph.ir import Graph, TensorType
+    >>> import numpy as np, opgraph, l0ops
+    >>> from opgraph.core.ir import Graph, TensorType
     >>> g = Graph(); x = g.add_input("x", TensorType((2,), opgraph.DataType.FLOAT))
     >>> y = g.add_input("y", TensorType((2,), opgraph.DataType.FLOAT16))
     >>> c = g.add_node("Cast", [x], to=opgraph.DataType.FLOAT16).outputs[0]
     >>> g.outputs = [g.add_node("ViewCopy", [c, y]).outputs[0]]
     >>> out = np.zeros(2, np.float16)
-    >>> NumpyBackend().run(g, {"x": opgraph.tensor(np.float32([1.5, 2])), "y": opgraph.tensor(out)})
+    >>> _ = NumpyBackend().run(g, {"x": opgraph.tensor(np.float32([1.5, 2])), "y": opgraph.tensor(out)})
     >>> out.tolist()
     [1.5, 2.0]
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Optional
 
 import numpy as np
 
-from .base import Backend
+from opgraph.core.backend import Backend, Executable, LoweringTable
+from opgraph.core.ir import Graph, Node
+from opgraph.core.memory import MemoryPlan
+from opgraph.core.platform import Platform
+from opgraph.core.tensor import Tensor
 
-# Per-backend lowering table: op name -> fn(node, args) -> list of arrays. Ops not listed use the
-# op definition's own numpy semantics (OpDef.compute).
-Lowering = Callable[[Any, list], list]
+# lowering: fn(executable, node, input arrays) -> output arrays
+NumpyLowering = Callable[[Any, Node, list], list]
 
 
-def last_uses(graph) -> dict[int, list[str]]:
+def _op_semantics(op: str) -> NumpyLowering:
+    return lambda exe, node, args: node.opdef.compute(args, node.attrs)
+
+
+NUMPY_LOWERINGS = LoweringTable(fallback=_op_semantics)
+
+
+def last_uses(graph: Graph) -> dict[int, list[str]]:
     """``{node index: names of values whose last use is that node}`` (graph outputs excluded)."""
     last: dict[str, int] = {}
     for i, n in enumerate(graph.nodes):
@@ -41,40 +53,75 @@ def last_uses(graph) -> dict[int, list[str]]:
     return out
 
 
-def _cached_last_uses(graph) -> dict[int, list[str]]:
-    """:func:`last_uses`, memoised on the graph while its node list is unchanged."""
-    key = tuple(map(id, graph.nodes))
-    cached = getattr(graph, "_last_uses", None)
-    if cached is None or cached[0] != key:
-        cached = (key, last_uses(graph))
-        graph._last_uses = cached
-    return cached[1]
+class Slot:
+    """Where a node output lives: ``offset`` bytes into the arena, or a user tensor (``user``)."""
+
+    __slots__ = ("offset", "dtype", "shape", "user")
+
+    def __init__(self, offset: int, dtype: np.dtype, shape: tuple[int, ...], user: Optional[str]):
+        self.offset, self.dtype, self.shape, self.user = offset, dtype, shape, user
 
 
-class NumpyBackend(Backend):
-    """Interpret any graph on numpy; results are bit-faithful to the NPU numerics (design §4)."""
+class NumpyExecutable(Executable):
+    """A graph compiled for numpy-semantics execution (also the base of native and ascend-sim)."""
 
-    name = "numpy"
-    lowerings: dict[str, Lowering] = {}
+    def __init__(self, backend: Any, graph: Graph, plan: MemoryPlan, platform: Platform,
+                 lowerings: LoweringTable):
+        self.backend, self.graph, self.plan, self.platform = backend, graph, plan, platform
+        self.steps = [(node, lowerings.lower(node)) for node in graph.nodes]
+        self.frees = last_uses(graph)
+        self.slots: dict[str, Slot] = {}
+        for node in graph.nodes:
+            for v in node.outputs:
+                if v.name in plan.offsets:
+                    self.slots[v.name] = Slot(plan.offsets[v.name][0], v.dtype.np, v.shape, None)
+                elif v.name in plan.placed_in:
+                    self.slots[v.name] = Slot(0, v.dtype.np, v.shape, plan.placed_in[v.name])
 
-    def run(self, graph, bindings: Mapping[str, Any], workspace: Any = None) -> None:
-        self.evaluate(graph, bindings)
+    def _place(self, slot: Slot, value: np.ndarray, arena: Optional[np.ndarray],
+               bindings: Mapping[str, Tensor]) -> np.ndarray:
+        if slot.user is not None:
+            dst = bindings[slot.user].view()
+        else:
+            if arena is None:
+                raise ValueError("the graph needs a workspace but none was given")
+            n = int(np.prod(slot.shape))
+            dst = np.frombuffer(arena, slot.dtype, n, slot.offset).reshape(slot.shape)
+        if dst is not value:
+            np.copyto(dst, value)
+        return dst
 
-    def evaluate(self, graph, bindings: Mapping[str, Any]) -> dict[str, np.ndarray]:
-        """Run the graph and return its outputs by value name."""
+    def run(self, bindings: Mapping[str, Tensor], workspace: Any = None) -> dict[str, np.ndarray]:
+        """Run the graph; returns its outputs by value name."""
+        arena = None if workspace is None else memoryview(workspace).cast("B")
+        if self.plan.size and (arena is None or arena.nbytes < self.plan.size):
+            raise ValueError(f"workspace holds {0 if arena is None else arena.nbytes} bytes, the "
+                             f"memory plan needs {self.plan.size}")
         env: dict[str, np.ndarray] = {}
-        for v in graph.inputs:
+        for v in self.graph.inputs:
             try:
                 env[v.name] = bindings[v.name].view()
             except KeyError:
                 raise ValueError(f"graph input %{v.name} is not bound to a tensor") from None
-        frees = _cached_last_uses(graph)
-        for i, node in enumerate(graph.nodes):
-            args = [env[v.name] for v in node.inputs]
-            lower = self.lowerings.get(node.op)
-            results = lower(node, args) if lower else node.opdef.compute(args, node.attrs)
+        for i, (node, lower) in enumerate(self.steps):
+            results = lower(self, node, [env[v.name] for v in node.inputs])
             for v, r in zip(node.outputs, results):
-                env[v.name] = r
-            for name in frees.get(i, ()):
+                slot = self.slots.get(v.name)
+                env[v.name] = r if slot is None else self._place(slot, np.asarray(r), arena, bindings)
+            for name in self.frees.get(i, ()):
                 env.pop(name, None)
-        return {v.name: env[v.name] for v in graph.outputs}
+        return {v.name: env[v.name] for v in self.graph.outputs}
+
+
+class NumpyBackend(Backend):
+    """Interpret any graph on numpy; results are bit-faithful to the NPU numerics."""
+
+    name = "numpy"
+    lowerings = NUMPY_LOWERINGS
+
+    def compile(self, graph: Graph, memory_plan: MemoryPlan, platform: Platform) -> NumpyExecutable:
+        return NumpyExecutable(self, graph, memory_plan, platform, self.lowerings)
+
+    def evaluate(self, graph: Graph, bindings: Mapping[str, Tensor]) -> dict[str, np.ndarray]:
+        """Run an ad-hoc graph once and return its outputs by value name."""
+        return self.run(graph, bindings)

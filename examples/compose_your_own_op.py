@@ -4,6 +4,9 @@ built the way ops-nn's C++ op_apis are: check the arguments, then record l0 call
     aclnnChannelScale(x, scale, alpha, out):   out = alpha * x * scale[c]    (channel c = dim 1)
 
 Run: python examples/compose_your_own_op.py
+Every CLI command takes it too, e.g.
+    opgraph dump aclnnChannelScale --load examples/compose_your_own_op.py --level 2
+    opgraph run aclnnChannelScale --load examples/compose_your_own_op.py --dtype float16
 """
 import sys
 
@@ -12,10 +15,12 @@ import numpy as np
 import l0ops
 import opgraph
 from l0ops import OpAttrs, define_op
-from l0ops.registry import require
 from opgraph import AclnnError, DataType, Status
+from opgraph.core.opapi import InputConfig, Param
+from opgraph.core.opdef import require
 
-# --- 1. a new l0 op: attrs (a pydantic model), type inference, numpy semantics ----------------
+# --- 1. a new l0 op: attrs (a pydantic model), type inference, and its steps as elementwise ----
+#        primitives: that makes it fusable, and its numpy semantics come from the same steps
 
 
 class ScaledMulAttrs(OpAttrs):
@@ -32,15 +37,16 @@ def scaled_mul_infer(types, attrs):
     return [x.with_()]
 
 
-def scaled_mul_compute(arrays, attrs):
+def scaled_mul_expand(emit, args, attrs, types):
     """alpha * x * y in the operands' dtype (each product rounded, like two vector Muls)."""
-    x, y = arrays
-    return [(x * y) * x.dtype.type(attrs.alpha)]
+    d = types[0].dtype
+    alpha = emit("fill", [], d, value=attrs.alpha)
+    return emit("mul", [emit("mul", args, d), alpha], d)
 
 
 # A unique name, and replace=True so running this file twice in one process is fine.
 ScaledMul = define_op("ExampleScaledMul", attrs=ScaledMulAttrs, kind="elementwise", num_inputs=2,
-                      infer=scaled_mul_infer, compute=scaled_mul_compute, replace=True,
+                      infer=scaled_mul_infer, expand=scaled_mul_expand, replace=True,
                       doc="alpha * x * y, elementwise (an example user op)")
 
 # --- 2. a new op_api composed from l0 ops -------------------------------------------------------
@@ -64,7 +70,26 @@ def check_params(x, scale, out):
                          f"out: shape {list(out.shape)} must equal x's {list(x.shape)}")
 
 
-@opgraph.aclnn.op_api("aclnnChannelScale")
+def make_inputs(cfg: InputConfig, rng: np.random.Generator) -> dict:
+    """Random arguments for the CLI and the backend kit."""
+    return {"x": rng.standard_normal(cfg.shape).astype(cfg.dtype.np),
+            "scale": rng.uniform(-2, 2, cfg.shape[1]).astype(cfg.dtype.np),
+            "alpha": 2.0, "out": np.zeros(cfg.shape, cfg.dtype.np)}
+
+
+def reference(a: dict) -> dict:
+    """The formula in float64 (what ``opgraph run`` compares against)."""
+    x = np.asarray(a["x"], np.float64)
+    scale = np.asarray(a["scale"], np.float64).reshape((1, -1) + (1,) * (x.ndim - 2))
+    return {"out": a["alpha"] * x * scale}
+
+
+# replace=True in the registry: running this file twice in one process is fine
+@opgraph.aclnn.op_api("aclnnChannelScale",
+                      params=(Param("x", "tensor", "input"), Param("scale", "tensor", "input"),
+                              Param("alpha", "double", "attr"), Param("out", "tensor", "output")),
+                      dtypes=lambda p: FLOATS, make_inputs=make_inputs, reference=reference,
+                      rank=(2, 8), aclnn_api=None, summary="out = alpha * x * scale[c] (an example)")
 def aclnnChannelScaleGetWorkspaceSize(ex, x, scale, alpha, out):
     """Phase 1 of aclnnChannelScale; returns (status, workspace_size, executor)."""
     check_params(x, scale, out)

@@ -1,15 +1,22 @@
-"""l0 ops: one definition per op (attrs, shape/dtype inference, effects, numpy semantics).
+"""l0 ops: one definition per op — attributes, shape/dtype inference, effects, numpy semantics
+and expansion into elementwise primitives (see :func:`define_op`).
 
     >>> import l0ops
     >>> sorted(l0ops.all_ops())[:3]
     ['BroadcastTo', 'Cast', 'Contiguous']
-"""
-from .registry import DType, L0Error, OpAttrs, OpDef, all_ops, define_op, get_op
-from .basic import (BroadcastTo, Cast, Contiguous, Fill, RealDiv, ReduceSum, UnsqueezeNd,
-                    ViewCopy, cast_array)
-from .batchnorm import SyncBatchNormBackwardElemt, elemt_backward
-from .fused import FusedAttrs, FusedElementwise, Instr, run_fused
 
-__all__ = ["DType", "L0Error", "OpAttrs", "OpDef", "all_ops", "define_op", "get_op",
-           "BroadcastTo", "Cast", "Contiguous", "Fill", "RealDiv", "ReduceSum", "UnsqueezeNd",
-           "ViewCopy", "SyncBatchNormBackwardElemt", "FusedAttrs", "FusedElementwise", "Instr", "run_fused", "cast_array", "elemt_backward"]
+Layering: l0ops sits on ``opgraph.core`` and is imported by the passes, the op_apis and the
+backends. Its first import is ``opgraph.core`` (which loads the ``opgraph`` package first), and
+its modules import one another by module path, so either package may be imported first.
+"""
+from opgraph.core.opdef import DType, Fidelity, L0Error, OpAttrs, OpDef, all_ops, get_op, require
+from .define import define_op
+from .primitives import FusedAttrs, Instr, cast_array, run_fused
+from .basic import BroadcastTo, Cast, Contiguous, Fill, RealDiv, ReduceSum, UnsqueezeNd, ViewCopy
+from .batchnorm import SyncBatchNormBackwardElemt, elemt_backward
+from .fused import FusedElementwise
+
+__all__ = ["DType", "Fidelity", "L0Error", "OpAttrs", "OpDef", "all_ops", "define_op", "get_op",
+           "require", "FusedAttrs", "Instr", "cast_array", "run_fused", "BroadcastTo", "Cast",
+           "Contiguous", "Fill", "RealDiv", "ReduceSum", "UnsqueezeNd", "ViewCopy",
+           "SyncBatchNormBackwardElemt", "elemt_backward", "FusedElementwise"]

@@ -1,9 +1,9 @@
 """The generic l0 ops the op_api composes: Contiguous, Cast, ReduceSum, RealDiv, UnsqueezeNd,
-BroadcastTo, Fill and ViewCopy (reference §7). Each call records one node, even when CANN would
+BroadcastTo, Fill and ViewCopy (their ops-math l0 APIs). Each call records one node, even when CANN would
 launch nothing for it (the ``free`` predicates say when; level-1 pruning removes those).
 
-    >>> from opgraph.ir import Graph, TensorType
-    >>> from opgraph.dtypes import DataType
+    >>> from opgraph.core.ir import Graph, TensorType
+    >>> from opgraph.core.dtypes import DataType
     >>> g = Graph()
     >>> x = g.add_input("x", TensorType((3,), DataType.FLOAT))
     >>> y = UnsqueezeNd(g, x, dims=(0,))
@@ -14,9 +14,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from opgraph.dtypes import DataType
-from opgraph.ir import TensorType
-from .registry import DType, L0Error, OpAttrs, define_op, require
+from opgraph.core.dtypes import DataType
+from opgraph.core.opdef import DType, Fidelity, L0Error, OpAttrs, require
+from opgraph.core.types import TensorType
+from .define import define_op
+from .primitives import cast_array
+
+MOVES = (Fidelity("no arithmetic", "moves or views data"),)
+EXACT = (Fidelity("bit-faithful", "IEEE 754: one rounding to the result dtype"),)
 
 
 def _same(ts, a):
@@ -28,7 +33,8 @@ def _contiguous(xs, a):
 
 
 Contiguous = define_op(
-    "Contiguous", infer=_same, compute=_contiguous, kind="copy", num_inputs=1,
+    "Contiguous", infer=_same, compute=_contiguous, kind="copy", num_inputs=1, fidelity=MOVES,
+    expand=lambda emit, args, a, ts: args[0],  # fused: a strided read
     free=lambda node: node.inputs[0].type.is_contiguous,
     doc="A contiguous copy of a (possibly strided) tensor; free when the input is contiguous.")
 
@@ -37,22 +43,12 @@ class CastAttrs(OpAttrs):
     to: DType
 
 
-def cast_array(x: np.ndarray, to: DataType) -> np.ndarray:
-    """numpy semantics of Cast: round-to-nearest-even into floats; float→int truncates, NaN→0."""
-    dst = to.np
-    if x.dtype == dst:
-        return x
-    src_is_float = x.dtype.kind == "f" or x.dtype == DataType.BF16.np
-    if src_is_float and dst.kind in "iu":
-        return np.trunc(np.nan_to_num(x.astype(np.float64), nan=0.0)).astype(dst)
-    return x.astype(dst)
-
-
 Cast = define_op(
     "Cast", attrs=CastAttrs, num_inputs=1, kind="elementwise",
     infer=lambda ts, a: [ts[0].with_(dtype=a.to)],
     compute=lambda xs, a: [cast_array(xs[0], a.to)],
-    free=lambda node: node.inputs[0].dtype == node.attrs.to,
+    expand=lambda emit, args, a, ts: emit("cast", args, a.to),
+    free=lambda node: node.inputs[0].dtype == node.attrs.to, fidelity=EXACT,
     doc="Elementwise dtype conversion; identity (no kernel) when the dtype already matches.")
 
 
@@ -90,7 +86,12 @@ def _reduce_compute(xs, a):
 ReduceSum = define_op(
     "ReduceSum", attrs=ReduceSumAttrs, num_inputs=1, kind="reduce",
     infer=_reduce_infer, compute=_reduce_compute,
+    expand=lambda emit, args, a, ts: emit("sum", args, _reduce_infer(ts, a)[0].dtype),
+    expandable=lambda node: (not node.attrs.keepdims and node.inputs[0].dtype != DataType.BOOL
+                             and len(node.attrs.axes) == node.inputs[0].type.rank),
     free=lambda node: not node.attrs.axes,
+    fidelity=(Fidelity("formula", "float sums in numpy's pairwise order (exact for the integer "
+                       "counts op_apis sum)"),),
     doc="Sum over ``axes`` (empty axes is the identity); BOOL sums to INT64.")
 
 
@@ -106,7 +107,7 @@ def _div_infer(ts, a):
 
 RealDiv = define_op(
     "RealDiv", num_inputs=2, kind="elementwise", infer=_div_infer,
-    compute=lambda xs, a: [np.asarray(np.divide(xs[0], xs[1]), dtype=xs[0].dtype)],
+    expand=lambda emit, args, a, ts: emit("div", args, ts[0].dtype), fidelity=EXACT,
     doc="Broadcasting true division of two tensors of one dtype.")
 
 
@@ -133,7 +134,9 @@ def _unsqueeze_infer(ts, a):
 UnsqueezeNd = define_op(
     "UnsqueezeNd", attrs=UnsqueezeAttrs, num_inputs=1, kind="view", infer=_unsqueeze_infer,
     compute=lambda xs, a: [np.expand_dims(xs[0], _unsqueeze_dims(xs[0].ndim, a.dims))],
-    free=lambda node: True,
+    expand=lambda emit, args, a, ts: emit("view", args, ts[0].dtype,
+                                          shape=_unsqueeze_infer(ts, a)[0].shape),
+    free=lambda node: True, fidelity=MOVES,
     doc="Insert size-1 dims at output positions ``dims``; a pure view (no kernel).")
 
 
@@ -153,7 +156,8 @@ def _broadcast_infer(ts, a):
 
 BroadcastTo = define_op(
     "BroadcastTo", attrs=ShapeAttrs, num_inputs=1, kind="movement", infer=_broadcast_infer,
-    compute=lambda xs, a: [np.array(np.broadcast_to(xs[0], a.shape))],
+    compute=lambda xs, a: [np.array(np.broadcast_to(xs[0], a.shape))], fidelity=MOVES,
+    expand=lambda emit, args, a, ts: args[0],  # fused: a stride-0 read
     doc="Materialise a broadcast to ``shape`` (always a kernel in CANN).")
 
 
@@ -166,7 +170,8 @@ class FillAttrs(OpAttrs):
 Fill = define_op(
     "Fill", attrs=FillAttrs, num_inputs=0, kind="source",
     infer=lambda ts, a: [TensorType(a.shape, a.dtype)],
-    compute=lambda xs, a: [np.full(a.shape, a.value, dtype=a.dtype.np)],
+    compute=lambda xs, a: [np.full(a.shape, a.value, dtype=a.dtype.np)], fidelity=MOVES,
+    expand=lambda emit, args, a, ts: emit("fill", [], a.dtype, shape=a.shape, value=a.value),
     doc="A new tensor of ``shape`` filled with ``value`` (writes a fresh buffer).")
 
 
@@ -191,7 +196,8 @@ class ViewCopyAttrs(OpAttrs):
 ViewCopy = define_op(
     "ViewCopy", attrs=ViewCopyAttrs, num_inputs=2, kind="copy", writes=(1,),
     infer=_viewcopy_infer, compute=_viewcopy_compute,
-    free=lambda node: node.attrs.redirect,
+    free=lambda node: node.attrs.redirect, redirect=lambda node: node.attrs.redirect,
+    fidelity=MOVES,
     doc="Copy x into the (possibly strided) user tensor y, touching only y's view; an effect. "
         "With redirect=True (contiguous y, x an intermediate) no kernel runs: x's producer "
         "writes into y's memory.")

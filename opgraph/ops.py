@@ -13,11 +13,11 @@ from typing import Any, Optional
 
 import numpy as np
 
-from .aclnn.twophase import recent_error
-from .aclnn.batch_norm_elemt_backward import (aclnnBatchNormElemtBackward,
-                                              aclnnBatchNormElemtBackwardGetWorkspaceSize)
-from .status import AclnnError, Status
-from .tensor import Tensor, tensor
+from opgraph.aclnn.batch_norm_elemt_backward import (aclnnBatchNormElemtBackward,
+                                                     aclnnBatchNormElemtBackwardGetWorkspaceSize)
+from opgraph.aclnn.twophase import recent_error
+from opgraph.core.status import AclnnError, Status
+from opgraph.core.tensor import Tensor, tensor
 
 
 def _as_tensor(name: str, x: Any) -> Optional[Tensor]:

@@ -11,7 +11,7 @@ import pytest
 
 import backends
 import opgraph
-from backends.aclnn import LOWERINGS, CallPlan, LoweringError, lower, lower_executor
+from backends.aclnn import ACLNN_LOWERINGS, CallPlan, LoweringError, lower, lower_executor
 from backends.aclnn.emit_cpp import emit_cpp
 from backends.aclnn.runtime import AclnnBackend, AclnnRuntime
 from opgraph.aclnn import aclnnBatchNormElemtBackward as phase2
@@ -20,7 +20,6 @@ from opgraph.cli import main
 
 HERE = os.path.dirname(__file__)
 INCLUDE = os.path.join(HERE, "fixtures", "include")
-STUB_SRC = os.path.join(HERE, "fixtures", "aclnn_stub.c")
 BNEB = "aclnnBatchNormElemtBackward"
 
 
@@ -89,17 +88,31 @@ def test_level1_elemt_call_gets_per_channel_params_and_unit_counter():
     assert args["gradInput"].buffer == "user" and args["gradInput"].user == "gradInput"  # redirect
 
 
-def test_node_without_lowering_is_a_clear_error(monkeypatch):
-    monkeypatch.delitem(LOWERINGS, "RealDiv")
-    with pytest.raises(LoweringError, match=r"no aclnn lowering for node: %\d+: f32\[3\] = RealDiv"):
-        lower_executor(record(make_case(), 1)[1])
+def test_node_without_lowering_falls_back_to_the_whole_op_api_call(monkeypatch):
+    monkeypatch.delitem(ACLNN_LOWERINGS.entries, "RealDiv")
+    plan = lower_executor(record(make_case(), 1)[1])
+    assert [c.api for c in plan.calls] == ["aclnnBatchNormElemtBackward"]
 
 
-def test_unrecognised_fused_node_is_a_clear_error():
-    _, ex = record(make_case(), 2)
+def test_node_without_lowering_outside_an_op_api_is_a_clear_error(monkeypatch):
+    monkeypatch.delitem(ACLNN_LOWERINGS.entries, "RealDiv")
+    g = record(make_case(), 1)[1].compiled.copy()
+    g.call = None  # a hand-built graph: no op_api to run whole
+    with pytest.raises(LoweringError, match=r"no aclnn lowering for node %\d+: f32\[3\] = RealDiv"):
+        lower(g)
+
+
+def test_fused_graph_lowers_to_the_recorded_call_not_by_names():
+    """Level 2 becomes the op_api's own public API with the recorded arguments; renaming the
+    graph or its inputs changes nothing, a graph without a recorded call is refused."""
+    _, ex = record(make_case(weight=False), 2)
     g = ex.compiled.copy()
-    g.name = "someOtherOp"
-    with pytest.raises(LoweringError, match="FusedElementwise is lowerable only as a whole"):
+    g.name = "someOtherName"
+    call = lower(g).calls[0]
+    assert call.api == "aclnnBatchNormElemtBackward"
+    assert [a.name for a in call.args][4] == "weight" and call.args[4].tensor is None  # NULL kept
+    g.call = None
+    with pytest.raises(LoweringError, match="FusedElementwise.*not recorded by an op_api"):
         lower(g)
 
 
@@ -134,29 +147,6 @@ def test_emitted_program_compiles(tmp_path, level, dtype, weight):
 
 
 # --- the ctypes runtime on the stub library ------------------------------------------------------
-@pytest.fixture(scope="session")
-def stub_lib(tmp_path_factory):
-    cc = shutil.which("cc")
-    if cc is None:
-        pytest.skip("no C compiler")
-    out = tmp_path_factory.mktemp("stub") / "libaclnn_stub.so"
-    subprocess.run([cc, "-shared", "-fPIC", "-O1", "-ffp-contract=off", "-o", str(out), STUB_SRC],
-                   check=True)
-    return str(out)
-
-
-@pytest.fixture
-def stub_backend(stub_lib):
-    backend = AclnnBackend(libs=[stub_lib])
-    backends.register("aclnn-stub", backend, replace=True)
-    import ctypes
-    lib = ctypes.CDLL(stub_lib)
-    lib.stub_calls.restype = ctypes.c_char_p
-    lib.stub_reset()
-    yield lib
-    lib.stub_reset()
-
-
 def run_on(backend, t, level):
     ws, ex = record(t, level)
     with opgraph.use_backend(backend):

@@ -20,7 +20,7 @@ import opgraph
 from backends.ascend_sim import (AscendSimBackend, NotModelledError, TilingData, compute_tiling,
                                  run_kernel, simulate)
 from opgraph.aclnn import aclnnBatchNormElemtBackward, aclnnBatchNormElemtBackwardGetWorkspaceSize
-from opgraph.ir import Graph, TensorType
+from opgraph.core.ir import Graph, TensorType
 
 F32, F16, BF16 = np.dtype(np.float32), np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)
 UB_910B = 196608

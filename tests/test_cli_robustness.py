@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from opgraph.cli import common, main
+import opgraph.core.opapi as opapi
+from opgraph.cli import cases, common, main
 
 try:
     import fcntl
@@ -78,7 +79,7 @@ def test_hostile_value_is_one_error_line_naming_the_option(capsys, argv, option)
 def test_too_big_shape_says_how_much_memory_before_allocating(capsys, monkeypatch):
     def no_arrays(*_):
         raise AssertionError("arrays were made before the memory check")
-    monkeypatch.setitem(common.OPS, OP, dataclasses.replace(common.OPS[OP], make_arrays=no_arrays))
+    monkeypatch.setitem(opapi._REGISTRY, OP, dataclasses.replace(opapi.get_op_api(OP), make_inputs=no_arrays))
     line = error_line(capsys, ["run", OP, "--shape", "65536,4,262144"], "--shape")
     # 2**36 elements x (gradOut + input + gradInput) x 4 B = 768 GiB (+ 96 B of channel vectors)
     assert "768.0 GiB" in line and "physical memory" in line and "limit" in line
@@ -96,8 +97,8 @@ def test_memory_limit_counts_exactly_the_input_and_output_bytes(capsys, monkeypa
     assert main(argv) == 0, capsys.readouterr().err
     capsys.readouterr()
     p = common.Parser()
-    common.add_op_options(p)
-    case = common.build_case(p.parse_args(argv[1:]))
+    cases.add_op_subparsers(p)
+    case = cases.build_case(p.parse_args(argv[1:]))
     assert sum(a.nbytes for a in case.arrays.values() if a is not None) == nbytes  # no more
     monkeypatch.setattr(common, "physical_memory", lambda: nbytes * share - 1)  # one byte short
     line = error_line(capsys, argv, "--shape 2,3,4,4")
@@ -116,7 +117,7 @@ def test_tiling_memory_limit_counts_a_4_byte_counter_per_element(capsys, monkeyp
 def test_out_of_memory_anyway_is_one_error_line(capsys, monkeypatch):
     def oom(*_):
         raise MemoryError
-    monkeypatch.setitem(common.OPS, OP, dataclasses.replace(common.OPS[OP], make_arrays=oom))
+    monkeypatch.setitem(opapi._REGISTRY, OP, dataclasses.replace(opapi.get_op_api(OP), make_inputs=oom))
     assert "out of memory" in error_line(capsys, ["dump", OP], "--shape")
 
 

@@ -20,7 +20,7 @@ import pytest
 from backends.aclnn.emit_cpp import HEADERS, PRELUDE, emit_cpp, literal
 from backends.aclnn.plan import CallPlan, TensorDesc, UserBuffer
 from opgraph.cli import main
-from opgraph.dtypes import DataType, dtype_of
+from opgraph.core.dtypes import DataType, dtype_of
 
 FIXTURES = Path(__file__).parent / "fixtures"
 INCLUDE = FIXTURES / "include"

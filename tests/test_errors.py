@@ -11,7 +11,7 @@ import pytest
 
 import opgraph
 from opgraph import aclnn
-from opgraph.dtypes import PRIVATE_FORMATS, Format
+from opgraph.core.dtypes import PRIVATE_FORMATS, Format
 
 from reference import BF16, F16, F32, I32, NAMES, assert_bits_equal, make_case
 

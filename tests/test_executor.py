@@ -10,7 +10,7 @@ import pytest
 
 import backends
 import opgraph
-from backends.base import Backend, BackendUnavailable
+from opgraph.core.backend import Backend, BackendUnavailable, Executable
 from backends.numpy_backend import NumpyBackend
 from opgraph import aclnn
 
@@ -201,22 +201,29 @@ def test_unknown_backend_is_one_clear_line():
 
 
 class Recording(Backend):
-    """Delegates to numpy and remembers what it ran."""
+    """Delegates to numpy and remembers what it compiled and ran."""
 
     def __init__(self):
-        self.runs = []
+        self.compiled, self.runs = [], []
 
-    def run(self, graph, bindings, workspace=None):
-        self.runs.append((graph, dict(bindings), workspace))
-        NumpyBackend().run(graph, bindings, workspace)
+    def compile(self, graph, memory_plan, platform):
+        self.compiled.append((graph, memory_plan, platform))
+        inner = NumpyBackend().compile(graph, memory_plan, platform)
+        runs = self.runs
+
+        class Run(Executable):
+            def run(self, bindings, workspace=None):
+                runs.append((graph, dict(bindings), workspace))
+                return inner.run(bindings, workspace)
+        return Run()
 
 
 class Broken(Backend):
     def availability(self):
         return False, "the device driver is missing"
 
-    def run(self, graph, bindings, workspace=None):  # pragma: no cover - never reached
-        raise AssertionError("an unavailable backend must not run")
+    def compile(self, graph, memory_plan, platform):  # pragma: no cover - never reached
+        raise AssertionError("an unavailable backend must not compile")
 
 
 def test_custom_backend_receives_phase2(case):
@@ -229,12 +236,18 @@ def test_custom_backend_receives_phase2(case):
         assert used == name and opgraph.get_backend_name() == name
         assert run(bytearray(ws), ws, ex) == 0
     assert opgraph.get_backend_name() == "numpy"
-    assert len(rec.runs) == 1
+    assert len(rec.runs) == 1 and len(rec.compiled) == 1
     graph, bindings, workspace = rec.runs[0]
-    assert graph is ex.compiled
+    assert graph is ex.compiled and rec.compiled[0][1] is ex.memory_plan
     assert set(bindings) == {v.name for v in ex.graph.inputs}
-    assert len(workspace) == ws
+    assert workspace is None if ws == 0 else len(workspace) == ws
     assert_bits_equal(out, case.expected())
+    # a second call with the same metadata reuses the compiled program: no new compile
+    ws2, ex2, out2, _ = phase1(case)
+    with opgraph.use_backend(name):
+        assert run(bytearray(ws2), ws2, ex2) == 0
+    assert len(rec.runs) == 2 and len(rec.compiled) == 1
+    assert_bits_equal(out2, case.expected())
     with pytest.raises(ValueError, match="already registered"):
         backends.register(name, Recording())
 

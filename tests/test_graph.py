@@ -12,8 +12,9 @@ import l0ops
 import opgraph
 from backends.numpy_backend import NumpyBackend
 from l0ops import OpAttrs
+from opgraph.core.opapi import Param
 from opgraph import DataType, Graph, GraphError, TensorType, aclnn
-from opgraph.ir import Value
+from opgraph.core.ir import Value
 
 from reference import BF16, F16, F32, NAMES, make_case, to_tensors
 
@@ -323,7 +324,8 @@ Axpy = l0ops.define_op(
     doc="alpha·x + y")
 
 
-@aclnn.op_api("aclnnTestAxpy")
+@aclnn.op_api("aclnnTestAxpy", params=(Param("x", "tensor", "input"), Param("y", "tensor", "input"),
+                                        Param("out", "tensor", "output")), aclnn_api=None)
 def axpy_api(ex, x, y, out):
     aclnn.check_not_null(x=x, y=y, out=out)
     vx = l0ops.Contiguous(ex, ex.input("x", x))
@@ -361,6 +363,17 @@ def test_user_op_api_two_phase(lvl):
     assert out.tolist() == [[0.5, 2.5, 4.5], [6.5, 8.5, 10.5]]
     st, _, _ = axpy_api(None, opgraph.tensor(y), opgraph.tensor(out))
     assert st == 161001 and "x" in aclnn.aclGetRecentErrMsg()
+
+
+def test_user_op_api_is_registered_with_its_real_signature():
+    import inspect
+    assert "aclnnTestAxpy" in aclnn.op_apis()
+    spec = aclnn.get_op_api("aclnnTestAxpy")
+    assert spec.get_workspace_size is axpy_api and [p.name for p in spec.tensor_params("output")] == ["out"]
+    assert list(inspect.signature(axpy_api).parameters) == ["x", "y", "out"]
+    assert axpy_api.__name__ == "axpy_api"
+    with pytest.raises(ValueError, match="differ from the declared"):
+        aclnn.op_api("aclnnTestBad", params=(Param("x", "tensor", "input"),))(lambda ex, y: None)
 
 
 def test_define_op_rejects_duplicates_and_bad_kinds():

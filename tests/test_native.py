@@ -17,9 +17,9 @@ import opgraph
 import reference as R
 from backends import native
 from backends.native import build
-from l0ops.fused import FusedAttrs, Instr, run_fused
-from opgraph.dtypes import DataType as D
-from opgraph.ir import Graph, TensorType
+from l0ops.primitives import FusedAttrs, Instr, run_fused
+from opgraph.core.dtypes import DataType as D
+from opgraph.core.ir import Graph, TensorType
 
 pytestmark = pytest.mark.skipif(not native.available(), reason=native.availability()[1])
 

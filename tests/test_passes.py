@@ -13,9 +13,9 @@ from opgraph import passes
 from opgraph.aclnn import aclnnBatchNormElemtBackward as run_phase2
 from opgraph.aclnn import aclnnBatchNormElemtBackwardGetWorkspaceSize as phase1
 from opgraph.aclnn.cache import EXECUTOR_CACHE
-from opgraph.dtypes import DataType
-from opgraph.ir import Graph, TensorType
-from opgraph.memory import plan_memory
+from opgraph.core.dtypes import DataType
+from opgraph.core.ir import Graph, TensorType
+from opgraph.core.memory import plan_memory
 from opgraph.passes.prune import merged_unsqueeze_dims
 
 F32, F16 = DataType.FLOAT, DataType.FLOAT16
@@ -120,7 +120,7 @@ def test_level2_is_one_fused_kernel_with_zero_workspace():
 def test_per_channel_terms_are_hoisted():
     ex, _, _ = record(shape=(2, 3, 40, 50))
     node = passes.optimize(ex.graph, 2).nodes[0]
-    h = l0ops.fused.Hoisted(node.attrs, [ex.bindings[v.name].view() for v in node.inputs[:-1]])
+    h = l0ops.primitives.Hoisted(node.attrs, [ex.bindings[v.name].view() for v in node.inputs[:-1]])
     live_ops = [ins.op for _, ins in h.live]
     assert live_ops.count("mul") == 3 and live_ops.count("sub") == 3  # invstd²·meanDyXmu hoisted
     assert all(ins.op not in ("sum", "div", "view") for _, ins in h.live)
@@ -129,7 +129,7 @@ def test_per_channel_terms_are_hoisted():
 def test_mixed_variant_cast_folding_keeps_bits():
     ex, _, out = record(dtype=np.float16, pdtype=np.float32)
     g1 = passes.optimize(ex.graph, 1)
-    g1v, stats = passes.kernel_variants.run(g1)
+    g1v, stats = passes.op_rewrites().run(g1)
     assert stats.counts["f16-f32-variant"] == 1
     k = next(n for n in g1v.nodes if n.op == "SyncBatchNormBackwardElemt")
     assert (k.inputs[0].dtype, k.inputs[2].dtype, k.outputs[0].dtype) == (F16, F32, F16)
@@ -191,9 +191,10 @@ def test_dump_print_and_timing_instruments(tmp_path, capsys):
 def test_default_pipelines_are_bit_exact_and_fast_math_is_opt_in():
     for level in passes.LEVELS:
         assert all(p.bit_exact for p in passes.pipeline(level))
-    assert not passes.fast_math_channel_affine.bit_exact
-    assert "fast-math" in passes.fast_math_channel_affine.name
-    assert passes.fast_math_channel_affine in passes.pipeline(2, fast_math=True)
+    fm = passes.fast_math_pass()
+    assert not fm.bit_exact and "fast-math" in fm.name
+    assert [p.name for p in passes.pipeline(2, fast_math=True)].count("fast-math") == 1
+    assert all(p.name != "fast-math" for level in passes.LEVELS for p in passes.pipeline(level))
 
 
 def test_fast_math_error_within_documented_bound():
@@ -300,7 +301,7 @@ def test_chunked_fused_execution_matches_level0_and_leaves_inputs_alone(dtype):
     """A shape several chunks large: the chunk loop, temporaries reused in place and the direct
     store into the output give level 0's bits and never write an input."""
     import ml_dtypes
-    from l0ops.fused import CHUNK_ELEMS
+    from l0ops.primitives import CHUNK_ELEMS
     dt = ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype
     shape = (3, 5, 70, 130)
     assert np.prod(shape) > 3 * CHUNK_ELEMS

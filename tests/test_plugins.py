@@ -7,6 +7,7 @@ import textwrap
 import numpy as np
 
 import backends
+import opgraph.core.backend as registry
 import opgraph
 
 
@@ -18,9 +19,16 @@ def test_entry_point_backend_is_discovered_and_runs_phase2(tmp_path, monkeypatch
             name = "counting"
             runs = 0
 
-            def run(self, graph, bindings, workspace=None):
-                type(self).runs += 1
-                super().run(graph, bindings, workspace)
+            def compile(self, graph, memory_plan, platform):
+                inner = super().compile(graph, memory_plan, platform)
+                backend = type(self)
+
+                class Counted(inner.__class__):
+                    def run(self, bindings, workspace=None):
+                        backend.runs += 1
+                        return super().run(bindings, workspace)
+                inner.__class__ = Counted
+                return inner
     '''))
     dist = tmp_path / "opg_fake_plugin-1.0.dist-info"
     dist.mkdir()
@@ -28,9 +36,9 @@ def test_entry_point_backend_is_discovered_and_runs_phase2(tmp_path, monkeypatch
     (dist / "entry_points.txt").write_text(
         "[opgraph.backends]\ncounting = opg_fake_plugin:CountingBackend\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr(backends, "_ENTRY_POINTS_LOADED", False)
-    monkeypatch.setattr(backends, "_FACTORIES", dict(backends._FACTORIES))
-    monkeypatch.setattr(backends, "_INSTANCES", dict(backends._INSTANCES))
+    monkeypatch.setattr(registry, "_DISCOVERED", False)
+    monkeypatch.setattr(registry, "_FACTORIES", dict(registry._FACTORIES))
+    monkeypatch.setattr(registry, "_INSTANCES", dict(registry._INSTANCES))
 
     assert "counting" in backends.names()
     assert "counting" in backends.available()

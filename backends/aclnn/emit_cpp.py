@@ -1,5 +1,5 @@
 """Emit a complete C++ host program from a call plan, in the style of the CANN op examples
-(reference §3.1): ACL init, device tensors from the given input data, every call in the two-phase
+(ops-nn norm/sync_batch_norm_backward_elemt/docs/aclnnBatchNormElemtBackward.md): ACL init, device tensors from the given input data, every call in the two-phase
 pattern with status checks naming the call, one workspace per call, stream sync, copy back,
 ``result[i] is: v`` lines and full cleanup.
 
@@ -191,7 +191,7 @@ class Emitter:
 
     def tensor(self, t: TensorDesc) -> None:
         v = ident(t.id)
-        addr = (f"dev_{ident(t.user)[2:]}" if t.buffer == "user"
+        addr = (f"dev_{ident(t.user)[2:]}" if t.buffer in ("user", "plan")
                 else f"static_cast<char *>(arena) + {t.ws_offset}")
         self.w(f"std::vector<int64_t> {v}_dims = {ints(t.dims)}, {v}_strides = {ints(t.strides)}, "
                f"{v}_storage = {ints(t.storage_dims)};")
@@ -208,6 +208,12 @@ class Emitter:
             return a.dtype
         if a.kind == "bool":
             return "true" if a.flag else "false"
+        if a.kind == "double":
+            return literal(np.float64(a.value), "double")
+        if a.kind == "float":
+            return literal(np.float32(a.value), "float")
+        if a.kind == "int64":
+            return f"static_cast<int64_t>({int(a.value)})"
         name = f"call{i}_{a.name}"
         if a.kind == "int_array":
             self.w(f"std::vector<int64_t> {name}_values = {ints(a.ints)};")
@@ -275,6 +281,12 @@ class Emitter:
         for u in p.users:
             self.user(u)
         self.w()
+        for b in p.plan_buffers:
+            dev = f"dev_{ident(b.name)[2:]}"
+            self.w(f"void *{dev} = nullptr;  // a buffer the plan owns")
+            self.w(f"ret = aclrtMalloc(&{dev}, {b.nbytes}, ACL_MEM_MALLOC_HUGE_FIRST);")
+            self.check("ret == ACL_SUCCESS", f"aclrtMalloc {b.name}")
+            self.meta.append(("aclrtFree", dev))
         if p.workspace_size:
             self.w("// workspace arena for the intermediate tensors of the plan")
             self.w("void *arena = nullptr;")

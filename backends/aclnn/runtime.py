@@ -1,7 +1,7 @@
 """Run a call plan through ctypes on the CANN libraries (backend ``"aclnn"``).
 
 The libraries are ``lib64/libascendcl.so``, ``libnnopbase.so``, ``libopapi_math.so`` and
-``libopapi_nn.so`` under ``$ASCEND_HOME_PATH`` (or ``$ASCEND_TOOLKIT_HOME``), reference §3.1.
+``libopapi_nn.so`` under ``$ASCEND_HOME_PATH`` (or ``$ASCEND_TOOLKIT_HOME``), as ops-nn docs/zh/context/compile_and_run_sample.md links them.
 ``OPGRAPH_ACLNN_LIBS`` (``os.pathsep``-separated paths) or the ``libs`` argument replace that
 list, e.g. with one stand-in library for tests.
 
@@ -18,14 +18,18 @@ from __future__ import annotations
 
 import ctypes
 import os
-from ctypes import (POINTER, byref, c_bool, c_char_p, c_int, c_int32, c_int64, c_size_t,
-                    c_uint64, c_void_p)
+from ctypes import (POINTER, byref, c_bool, c_char_p, c_double, c_float, c_int, c_int32, c_int64,
+                    c_size_t, c_uint64, c_void_p)
 from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 
-from ..base import Backend
-from .plan import CallPlan, dtype_from_acl, format_from_acl, lower
+from opgraph.core.backend import Backend, Executable
+from opgraph.core.ir import Graph
+from opgraph.core.memory import MemoryPlan
+from opgraph.core.platform import Platform
+from .lower import lower
+from .plan import CallPlan, dtype_from_acl, format_from_acl
 
 LIB_NAMES = ("libascendcl.so", "libnnopbase.so", "libopapi_math.so", "libopapi_nn.so")
 ENV_HOMES = ("ASCEND_HOME_PATH", "ASCEND_TOOLKIT_HOME")
@@ -138,6 +142,9 @@ class AclnnRuntime:
             arena = self.malloc(plan.workspace_size) if plan.workspace_size else None
             if arena is not None:
                 allocs.append(arena)
+            for b in plan.plan_buffers:
+                dev[b.name] = self.malloc(b.nbytes)
+                allocs.append(dev[b.name])
             tensors = {t.id: self._tensor(t, dev, arena, handles) for t in plan.tensors}
             for call in plan.calls:
                 self._call(call, tensors, handles)
@@ -156,7 +163,7 @@ class AclnnRuntime:
     def _tensor(self, t, dev, arena, handles) -> c_void_p:
         def arr(v):
             return (c_int64 * max(len(v), 1))(*v)
-        if t.buffer == "user":
+        if t.buffer in ("user", "plan"):
             base = dev[t.user].value
         else:
             base = arena.value + t.ws_offset
@@ -191,6 +198,9 @@ class AclnnRuntime:
             elif a.kind == "dtype":
                 args.append(int(dtype_from_acl(a.dtype)))
                 types.append(c_int)
+            elif a.kind in ("double", "float", "int64"):
+                args.append(a.value if a.kind != "int64" else int(a.value))
+                types.append({"double": c_double, "float": c_float, "int64": c_int64}[a.kind])
             else:
                 args.append(a.flag)
                 types.append(c_bool)
@@ -209,12 +219,30 @@ class AclnnRuntime:
                 self.fn("aclrtFree", [c_void_p])(wsp)
 
 
-class AclnnBackend(Backend):
-    """Backend ``"aclnn"``: lower the graph to a call plan and run it on the CANN libraries.
+class AclnnExecutable(Executable):
+    """A graph lowered to call plans, one per layout of the user tensors (their offsets and
+    storage sizes, which the plan's aclTensors describe; usually one), run on the runtime."""
 
-    ``workspace`` (the host buffer of the Python API) is not used: the device workspace is
-    allocated here with ``aclrtMalloc``.
-    """
+    def __init__(self, runtime: AclnnRuntime, graph: Graph, mem: MemoryPlan):
+        self.runtime, self.graph, self.mem = runtime, graph, mem
+        self.plans: dict[tuple, CallPlan] = {}
+
+    def plan_for(self, bindings: Mapping[str, Any]) -> CallPlan:
+        key = tuple((k, t.offset, t.storage.size) for k, t in sorted(bindings.items()))
+        plan = self.plans.get(key)
+        if plan is None:
+            plan = self.plans[key] = lower(self.graph, bindings, mem=self.mem)
+        return plan
+
+    def run(self, bindings: Mapping[str, Any], workspace: Any = None) -> None:
+        """The device arena is exactly the memory plan's size (what phase 1 reported); the
+        Python-level ``workspace`` is host memory, so it stands for that arena, which is
+        allocated on the device with aclrtMalloc."""
+        self.runtime.execute(self.plan_for(bindings), {k: t.storage for k, t in bindings.items()})
+
+
+class AclnnBackend(Backend):
+    """Backend ``"aclnn"``: lower the graph to a call plan once and run it on the CANN libraries."""
 
     name = "aclnn"
 
@@ -224,6 +252,5 @@ class AclnnBackend(Backend):
     def availability(self) -> tuple[bool, str]:
         return self.runtime.availability()
 
-    def run(self, graph, bindings: Mapping[str, Any], workspace: Any = None) -> None:
-        plan = lower(graph, bindings)
-        self.runtime.execute(plan, {k: t.storage for k, t in bindings.items() if t is not None})
+    def compile(self, graph: Graph, memory_plan: MemoryPlan, platform: Platform) -> AclnnExecutable:
+        return AclnnExecutable(self.runtime, graph, memory_plan)

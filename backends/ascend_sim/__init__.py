@@ -24,9 +24,11 @@ from typing import Any, Mapping, Optional
 
 import numpy as np
 
-from opgraph.dtypes import dtype_of
-from opgraph.platform import PRESETS, Platform, get_platform, lookup
-from ..numpy_backend import NumpyBackend
+from opgraph.core.dtypes import dtype_of
+from opgraph.core.ir import Graph
+from opgraph.core.memory import MemoryPlan
+from opgraph.core.platform import PRESETS, Platform, lookup
+from ..numpy_backend import NUMPY_LOWERINGS, NumpyBackend, NumpyExecutable
 from .sim import CoreTrace, Finding, KernelTrace, run_kernel, simulate
 from .tiling import (NotModelledError, Tiling, TilingData, check_modelled, compute_tiling)
 
@@ -50,16 +52,11 @@ class AscendSimBackend(NumpyBackend):
         self.traces: list[KernelTrace] = []      # every launch of the last run, in order
         self.last_trace: Optional[KernelTrace] = None
 
-    @property
-    def lowerings(self) -> dict:  # type: ignore[override]
-        """The numpy lowerings (read live), with SyncBatchNormBackwardElemt on the simulator."""
-        return {**NumpyBackend.lowerings, KERNEL_OP: self._lower_elemt}
-
-    def platform_for(self, arch: int) -> Platform:
+    def platform_for(self, arch: int, current: Optional[Platform] = None) -> Platform:
         """The SoC a node recorded for NpuArch ``arch`` runs on (NotModelledError if none)."""
         p = self.platform
         if p is None:
-            cur = get_platform()
+            cur = current or PRESETS["Ascend910B"]
             p = cur if cur.npu_arch == arch else next(
                 (q for q in PRESETS.values() if q.npu_arch == arch), cur)
         if p.npu_arch != arch:
@@ -81,28 +78,41 @@ class AscendSimBackend(NumpyBackend):
         """UB bytes per core: the override, else the platform's."""
         return p.ub_size if self.ub_size is None else self.ub_size
 
-    def evaluate(self, graph, bindings: Mapping[str, Any]) -> dict[str, np.ndarray]:
-        """Run the graph (``run`` calls this); ``traces``/``last_trace`` describe this run."""
-        for node in graph.nodes:  # refuse an unmodelled kernel before any side effect
+    def compile(self, graph: Graph, memory_plan: MemoryPlan, platform: Platform) -> "SimExecutable":
+        """Refuses a graph with an unmodelled kernel here, before anything runs."""
+        for node in graph.nodes:
             if node.op == KERNEL_OP:
-                self.platform_for(node.attrs.arch)
-        self.traces, self.last_trace = [], None
-        outputs = super().evaluate(graph, bindings)
-        self.last_trace = self.traces[-1] if self.traces else None
+                self.platform_for(node.attrs.arch, platform)
+        return SimExecutable(self, graph, memory_plan, platform, self.lowerings)
+
+
+class SimExecutable(NumpyExecutable):
+    """Runs like numpy; ``backend.traces`` / ``last_trace`` describe the last run."""
+
+    def run(self, bindings: Mapping[str, Any], workspace: Any = None) -> dict[str, np.ndarray]:
+        self.backend.traces, self.backend.last_trace = [], None
+        outputs = super().run(bindings, workspace)
+        self.backend.last_trace = self.backend.traces[-1] if self.backend.traces else None
         return outputs
 
-    def _lower_elemt(self, node, args: list) -> list:
-        arch = node.attrs.arch
-        p = self.platform_for(arch)
-        shape, T = args[0].shape, args[0].dtype
-        numel = int(np.prod(shape))
-        if numel == 0:  # CANN launches no kernel for an empty tensor
-            return [np.empty(shape, T)]
-        tiling = self.tiling_for(numel, dtype_of(T), dtype_of(args[2].dtype), arch)
-        flat = [np.ascontiguousarray(a).reshape(-1) for a in args]
-        out, trace = run_kernel(tiling, flat, ub_size=self.ub_of(p), soc=p.soc, arch=arch)
-        self.traces.append(trace)
-        return [out.reshape(shape)]
+
+def _lower_elemt(exe: SimExecutable, node, args: list) -> list:
+    """SyncBatchNormBackwardElemt on the simulated kernel (tiling, UB, per-core trace)."""
+    sim: AscendSimBackend = exe.backend
+    arch = node.attrs.arch
+    p = sim.platform_for(arch, exe.platform)
+    shape, T = args[0].shape, args[0].dtype
+    numel = int(np.prod(shape))
+    if numel == 0:  # CANN launches no kernel for an empty tensor
+        return [np.empty(shape, T)]
+    tiling = compute_tiling(numel, dtype_of(T), dtype_of(args[2].dtype), cores=sim.cores_of(p))
+    flat = [np.ascontiguousarray(a).reshape(-1) for a in args]
+    out, trace = run_kernel(tiling, flat, ub_size=sim.ub_of(p), soc=p.soc, arch=arch)
+    sim.traces.append(trace)
+    return [out.reshape(shape)]
+
+
+AscendSimBackend.lowerings = NUMPY_LOWERINGS.extend({KERNEL_OP: _lower_elemt})
 
 
 __all__ = ["AscendSimBackend", "CoreTrace", "Finding", "KernelTrace", "NotModelledError",

@@ -19,8 +19,8 @@ from dataclasses import astuple, dataclass, fields
 from typing import NamedTuple
 
 from l0ops.batchnorm import KERNEL_VARIANTS, MODELLED_ARCHS
-from opgraph.dtypes import DataType, dtype_of
-from opgraph.platform import PRESETS, Platform
+from opgraph.core.dtypes import DataType, dtype_of
+from opgraph.core.platform import PRESETS, Platform
 
 F32, F16, BF16 = DataType.FLOAT, DataType.FLOAT16, DataType.BF16
 
@@ -59,7 +59,7 @@ def check_modelled(where: "Platform | int") -> None:
     ascend-sim models the DAV_2201 kernel only; Ascend950's DAV_3510 kernel is not modelled
     """
     if isinstance(where, Platform):
-        arch, soc, supported = where.npu_arch, where.soc, where.supports_elemt_backward
+        arch, soc, supported = where.npu_arch, where.soc, where.npu_arch in MODELLED_ARCHS
     else:
         arch = int(where)
         p = next((q for q in PRESETS.values() if q.npu_arch == arch), None)

@@ -10,7 +10,7 @@ Needs a C compiler on PATH (``cc``/``gcc``/``clang``, or ``$CC``). Without one,
 
     >>> import numpy as np
     >>> from l0ops.fused import FusedAttrs, Instr
-    >>> from opgraph.dtypes import DataType as D
+    >>> from opgraph.core.dtypes import DataType as D
     >>> a = FusedAttrs(shape=(2, 3), body=(Instr(op="mul", args=("in0", "in1"), dtype=D.FLOAT),),
     ...                result="t0", out_dtype=D.FLOAT)
     >>> x, w = np.arange(6, dtype=np.float32).reshape(2, 3), np.float32([[1, 2, 3]])
@@ -26,8 +26,9 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from l0ops.fused import FusedAttrs, Hoisted
-from ..numpy_backend import NumpyBackend
+from l0ops.primitives import FusedAttrs, Hoisted
+from opgraph.core.backend import LoweringTable
+from ..numpy_backend import NUMPY_LOWERINGS, NumpyBackend
 from . import build, render
 from .build import NativeBuildError, availability
 from .render import Unsupported
@@ -83,7 +84,7 @@ def _check_out(a: FusedAttrs, out: np.ndarray, inputs: Sequence[np.ndarray]) -> 
 
 def run_fused_native(a: FusedAttrs, inputs: Sequence[np.ndarray],
                      out: Optional[np.ndarray] = None) -> np.ndarray:
-    """Like :func:`l0ops.fused.run_fused`, as a compiled kernel (bit-identical results).
+    """Like :func:`l0ops.primitives.run_fused`, as a compiled kernel (bit-identical results).
     Raises :class:`Unsupported` for a body it does not render."""
     h = Hoisted(a, inputs)
     p = render.plan(a, h)
@@ -108,6 +109,24 @@ def run_fused_native(a: FusedAttrs, inputs: Sequence[np.ndarray],
     return out
 
 
+def _lower_fused(exe: Any, node: Any, args: list) -> list:
+    """FusedElementwise as a compiled C kernel; small or unsupported bodies run on numpy."""
+    a: FusedAttrs = node.attrs
+    backend: NativeBackend = exe.backend
+    if math.prod(a.shape) < backend.min_elements:
+        backend.small += 1
+        return node.opdef.compute(args, a)
+    ins, dst = (args[:-1], args[-1]) if a.store else (args, None)
+    try:
+        return [run_fused_native(a, ins, dst)]
+    except Unsupported as e:
+        backend.fallbacks[str(e)] += 1
+        return node.opdef.compute(args, a)
+
+
+NATIVE_LOWERINGS: LoweringTable = NUMPY_LOWERINGS.extend({"FusedElementwise": _lower_fused})
+
+
 class NativeBackend(NumpyBackend):
     """NumpyBackend with FusedElementwise lowered to compiled C; ``fallbacks`` counts the fused
     nodes that ran on numpy, by reason. Kernels smaller than ``min_elements`` run on numpy
@@ -115,26 +134,14 @@ class NativeBackend(NumpyBackend):
 
     name = "native"
     min_elements = 4096
+    lowerings = NATIVE_LOWERINGS
 
     def __init__(self) -> None:
-        self.lowerings = {**NumpyBackend.lowerings, "FusedElementwise": self._fused}
         self.fallbacks: Counter[str] = Counter()
         self.small = 0
 
     def availability(self) -> tuple[bool, str]:
         return availability()
-
-    def _fused(self, node: Any, args: list) -> list:
-        a: FusedAttrs = node.attrs
-        if math.prod(a.shape) < self.min_elements:
-            self.small += 1
-            return node.opdef.compute(args, a)
-        ins, dst = (args[:-1], args[-1]) if a.store else (args, None)
-        try:
-            return [run_fused_native(a, ins, dst)]
-        except Unsupported as e:
-            self.fallbacks[str(e)] += 1
-            return node.opdef.compute(args, a)
 
 
 def emit_c(node: Any) -> str:

@@ -1,6 +1,6 @@
 """Render the per-element part of a FusedElementwise body as one C kernel.
 
-:func:`plan` splits a body with :class:`l0ops.fused.Hoisted` (the per-channel part is evaluated
+:func:`plan` splits a body with :class:`l0ops.primitives.Hoisted` (the per-channel part is evaluated
 once in numpy) and checks that the rest is float arithmetic the kernel supports; :func:`render`
 turns the plan into C source. The kernel makes one pass over the data:
 
@@ -14,8 +14,8 @@ turns the plan into C source. The kernel makes one pass over the data:
   1 (data) and 0 or 1 (hoisted registers), and a generic strided loop otherwise.
 
     >>> import numpy as np
-    >>> from l0ops.fused import FusedAttrs, Hoisted, Instr
-    >>> from opgraph.dtypes import DataType as D
+    >>> from l0ops.primitives import FusedAttrs, Hoisted, Instr
+    >>> from opgraph.core.dtypes import DataType as D
     >>> a = FusedAttrs(shape=(2, 2), body=(Instr(op="sub", args=("in0", "in1"), dtype=D.FLOAT16),),
     ...                result="t0", out_dtype=D.FLOAT16)
     >>> p = plan(a, Hoisted(a, [np.ones((2, 2), np.float16), np.ones((2, 1), np.float16)]))
@@ -30,8 +30,8 @@ import functools
 from dataclasses import dataclass
 from typing import Callable
 
-from l0ops.fused import ARITH, FusedAttrs, Hoisted, Instr
-from opgraph.dtypes import DataType
+from l0ops.primitives import ARITH, FusedAttrs, Hoisted, Instr
+from opgraph.core.dtypes import DataType
 
 F32, F16, BF16 = DataType.FLOAT, DataType.FLOAT16, DataType.BF16
 FLOATS = (F32, F16, BF16)

@@ -1,16 +1,18 @@
-"""The aclnn C API, in Python: two-phase op_apis and the executor meta API.
+"""The aclnn C API, in Python: every registered op_api's two-phase pair and the executor meta
+API. One module per op_api; importing this package registers the built-in ones.
 
     >>> from opgraph import aclnn
-    >>> callable(aclnn.aclnnBatchNormElemtBackwardGetWorkspaceSize)
+    >>> "aclnnBatchNormElemtBackward" in aclnn.op_apis()
     True
 """
+from opgraph.core.opapi import get_op_api, op_apis
+from .twophase import aclGetRecentErrMsg, check_not_null, op_api, record, recent_error, run_executor
+from .executor_api import (aclDestroyAclOpExecutor, aclSetAclOpExecutorRepeatable,
+                           aclSetInputTensorAddr, aclSetOutputTensorAddr)
 from .batch_norm_elemt_backward import (aclnnBatchNormElemtBackward,
                                         aclnnBatchNormElemtBackwardGetWorkspaceSize)
-from .twophase import (aclDestroyAclOpExecutor, aclGetRecentErrMsg, aclSetAclOpExecutorRepeatable,
-                       aclSetInputTensorAddr, aclSetOutputTensorAddr, check_not_null, op_api, record,
-                       run_executor)
 
 __all__ = ["aclnnBatchNormElemtBackward", "aclnnBatchNormElemtBackwardGetWorkspaceSize",
            "aclDestroyAclOpExecutor", "aclGetRecentErrMsg", "aclSetAclOpExecutorRepeatable",
-           "aclSetInputTensorAddr", "aclSetOutputTensorAddr", "check_not_null", "op_api", "record",
-           "run_executor"]
+           "aclSetInputTensorAddr", "aclSetOutputTensorAddr", "check_not_null", "get_op_api",
+           "op_api", "op_apis", "recent_error", "record", "run_executor"]

@@ -1,4 +1,5 @@
-"""aclnnBatchNormElemtBackward, composed like the C++ op_api (reference §5.4–§5.5): the checks in
+"""aclnnBatchNormElemtBackward, composed like the C++ op_api (ops-nn
+norm/sync_batch_norm_backward_elemt/op_api/aclnn_batch_norm_elemt_backward.cpp): the checks in
 the vendor's order, then every l0 call in emission order on the executor.
 
     >>> import numpy as np, opgraph
@@ -15,89 +16,74 @@ the vendor's order, then every l0 call in emission order on the executor.
 """
 from __future__ import annotations
 
+import math
 from typing import Optional
 
-import l0ops
-from l0ops.batchnorm import MODELLED_ARCHS
+import numpy as np
 
-from ..dtypes import DataType
-from ..executor import Executor
-from ..ir import Value
-from ..platform import PRESETS, Platform
-from ..status import AclnnError, Status
-from ..tensor import Tensor
+from l0ops.basic import BroadcastTo, Cast, Contiguous, Fill, RealDiv, ReduceSum, UnsqueezeNd, ViewCopy
+from l0ops.batchnorm import MODELLED_ARCHS, SyncBatchNormBackwardElemt
+from opgraph.core.dtypes import DataType
+from opgraph.core.executor import Executor
+from opgraph.core.ir import Value
+from opgraph.core.opapi import Arrays, InputConfig, Option, Param
+from opgraph.core.platform import PRESETS, Platform
+from opgraph.core.tensor import Tensor
+from .common import F16, F32, MAX_RANK, S32, check_dtype, float_dtypes, invalid, require_kernel
 from .twophase import check_not_null, op_api, run_executor
 
-F32, F16, BF16, S32 = DataType.FLOAT, DataType.FLOAT16, DataType.BF16, DataType.INT32
-DTYPES = (F32, F16)
-DTYPES_BF16 = (F32, F16, BF16)
 COUNTER_DTYPES = (F32, F16, S32)
-MAX_RANK = 8
 INPUT_ORDER = ("gradOut", "input", "mean", "invstd", "weight", "sumDy", "sumDyXmu", "counter")
-
-
-def _invalid(msg: str) -> AclnnError:
-    return AclnnError(Status.ACLNN_ERR_PARAM_INVALID, msg)
-
-
-def data_dtypes(p: Platform) -> tuple[DataType, ...]:
-    """BF16 is accepted on Ascend910B / 910_93 and on regbase (Ascend950) only."""
-    return DTYPES_BF16 if p.soc in ("Ascend910B", "Ascend910_93") or p.is_regbase else DTYPES
+PLATFORMS = tuple(soc for soc, p in PRESETS.items() if p.npu_arch in MODELLED_ARCHS)
+PARAMS = (*(Param(n, "tensor", "input", optional=n == "weight") for n in INPUT_ORDER),
+          Param("gradInput", "tensor", "output"))
 
 
 def check_params(p: Platform, t: dict[str, Optional[Tensor]]) -> None:
     """CheckNotNull, CheckDtypeValid, CheckFormat, CheckShape — in that order."""
     check_not_null(**{k: t[k] for k in ("gradOut", "input", "mean", "invstd", "sumDy", "sumDyXmu",
                                           "counter", "gradInput")})
-    check_not_null(**({"weight": t["weight"]} if t["weight"] is not None else {}))
-    allowed = data_dtypes(p)
-    for name in ("gradOut", "input", "mean", "invstd", "weight", "sumDy", "sumDyXmu", "counter", "gradInput"):
-        x = t[name]
-        if x is None:
-            continue
-        ok = COUNTER_DTYPES if name == "counter" else allowed
-        if x.dtype not in ok:
-            raise _invalid(f"{name}: dtype {x.dtype.name} is not supported on {p.soc} "
-                           f"(supported: {', '.join(d.name for d in ok)})")
+    allowed = float_dtypes(p)
+    for name in (*INPUT_ORDER, "gradInput"):
+        check_dtype(name, t[name], COUNTER_DTYPES if name == "counter" else allowed, p)
     for name in ("gradOut", "input", "gradInput"):
         if t[name].format.is_private:
-            raise _invalid(f"{name}: private storage format {t[name].format.name} is not supported "
-                           "(use ND, NCHW, NCL, NCDHW or another plain format)")
+            raise invalid(f"{name}: private storage format {t[name].format.name} is not supported "
+                          "(use ND, NCHW, NCL, NCDHW or another plain format)")
     inp = t["input"]
     if inp.ndim < 2:
-        raise _invalid(f"input: rank {inp.ndim} is less than 2")
+        raise invalid(f"input: rank {inp.ndim} is less than 2")
     for name in ("input", "gradOut", "gradInput", "counter"):
         if t[name].ndim > MAX_RANK:
-            raise _invalid(f"{name}: rank {t[name].ndim} is greater than {MAX_RANK}")
+            raise invalid(f"{name}: rank {t[name].ndim} is greater than {MAX_RANK}")
     C = inp.shape[1]
     if C == 0:
-        raise _invalid(f"input: channel dim (dim 1) is 0 in shape {list(inp.shape)}")
+        raise invalid(f"input: channel dim (dim 1) is 0 in shape {list(inp.shape)}")
     for name in ("gradOut", "gradInput"):
         if t[name].shape != inp.shape:
-            raise _invalid(f"{name}: shape {list(t[name].shape)} must equal input's {list(inp.shape)}")
+            raise invalid(f"{name}: shape {list(t[name].shape)} must equal input's {list(inp.shape)}")
     for name in ("mean", "invstd", "weight", "sumDy", "sumDyXmu"):
         x = t[name]
         if x is not None and x.shape != (C,):
-            raise _invalid(f"{name}: shape {list(x.shape)} must be [C] = [{C}] (C = input.shape[1])")
+            raise invalid(f"{name}: shape {list(x.shape)} must be [C] = [{C}] (C = input.shape[1])")
 
 
 def mean_by_counter(ex: Executor, sum_dy: Value, sum_dy_xmu: Value, counter: Value) -> tuple[Value, Value]:
     """meanDy = sumDy / Σcounter and meanDyXmu = sumDyXmu / Σcounter, in FP32 (the div type)."""
-    total = l0ops.ReduceSum(ex, l0ops.Cast(ex, counter, to=F32),
-                            axes=tuple(range(counter.type.rank)), keepdims=False)
+    total = ReduceSum(ex, Cast(ex, counter, to=F32), axes=tuple(range(counter.type.rank)), keepdims=False)
     div_type = F32  # PromoteType(sumDy's compute type, FLOAT) is FP32 for FP16/FP32
-    sum_dy = l0ops.Cast(ex, sum_dy, to=div_type)
-    sum_dy_xmu = l0ops.Cast(ex, sum_dy_xmu, to=div_type)
-    total = l0ops.Cast(ex, total, to=div_type)
-    return l0ops.RealDiv(ex, sum_dy, total), l0ops.RealDiv(ex, sum_dy_xmu, total)
+    sum_dy = Cast(ex, sum_dy, to=div_type)
+    sum_dy_xmu = Cast(ex, sum_dy_xmu, to=div_type)
+    total = Cast(ex, total, to=div_type)
+    return RealDiv(ex, sum_dy, total), RealDiv(ex, sum_dy_xmu, total)
 
 
 def broadcast_channel(ex: Executor, param: Value, shape: tuple[int, ...]) -> Value:
     """[C] → (1, C) → (1, C, 1, …) → BroadcastTo(shape): channel parameter to full size."""
-    v = l0ops.UnsqueezeNd(ex, param, dims=(0,))
+    v = UnsqueezeNd(ex, param, dims=(0,))
     if len(shape) > 2:
-        v = l0ops.UnsqueezeNd(ex, v, dims=tuple(range(2, len(shape))))
-    return l0ops.BroadcastTo(ex, v, shape=tuple(shape))
+        v = UnsqueezeNd(ex, v, dims=tuple(range(2, len(shape))))
+    return BroadcastTo(ex, v, shape=tuple(shape))
 
 
 def promote_type(dtypes: list[DataType]) -> DataType:
@@ -105,7 +91,55 @@ def promote_type(dtypes: list[DataType]) -> DataType:
     return F16 if all(d == F16 for d in dtypes) else F32
 
 
-@op_api("aclnnBatchNormElemtBackward")
+# --- what the CLI, the backend kit and the docs need beyond the compose function -------------
+def make_inputs(cfg: InputConfig, rng: np.random.Generator) -> Arrays:
+    """Random valid arguments: invstd in [0.5, 2), counter whole numbers in 1..8."""
+    shape, d = cfg.shape, cfg.dtype
+    out_dtype = d if cfg.option("grad_input_dtype") is None else cfg.option("grad_input_dtype")
+    C = shape[1]
+    cast = lambda a, t: np.asarray(a).astype(t.np)  # noqa: E731
+    return {
+        "gradOut": cast(rng.standard_normal(shape), d),
+        "input": cast(rng.standard_normal(shape), d),
+        "mean": cast(rng.normal(0.0, 0.5, C), d),
+        "invstd": cast(rng.uniform(0.5, 2.0, C), d),
+        "weight": None if cfg.option("no_weight") else cast(rng.uniform(0.5, 1.5, C), d),
+        "sumDy": cast(rng.standard_normal(C), d),
+        "sumDyXmu": cast(rng.standard_normal(C), d),
+        "counter": cast(rng.integers(1, 9, C), cfg.option("counter_dtype")),
+        "gradInput": np.zeros(shape, out_dtype.np),
+    }
+
+
+def input_bytes(cfg: InputConfig) -> int:
+    """Bytes of the arrays :func:`make_inputs` makes, computed without making them."""
+    d = cfg.dtype
+    out_dtype = d if cfg.option("grad_input_dtype") is None else cfg.option("grad_input_dtype")
+    per_channel = (4 if cfg.option("no_weight") else 5) * d.itemsize + cfg.option("counter_dtype").itemsize
+    numel, channels = math.prod(cfg.shape), cfg.shape[1]
+    return numel * (2 * d.itemsize + out_dtype.itemsize) + channels * per_channel
+
+
+def reference(a: Arrays) -> dict[str, np.ndarray]:
+    """The formula in float64 on the (already rounded) inputs; channel = dim 1:
+    ``((gradOut − sumDy/Σcnt) − (input − mean)·invstd²·(sumDyXmu/Σcnt))·invstd·weight``."""
+    f = {k: np.asarray(v).astype(np.float64) for k, v in a.items() if v is not None}
+    x = f["input"]
+    bshape = (1, x.shape[1]) + (1,) * (x.ndim - 2)
+    ch = {k: f[k].reshape(bshape) for k in ("mean", "invstd", "weight", "sumDy", "sumDyXmu") if k in f}
+    total = f["counter"].sum()
+    weight = ch.get("weight", 1.0)
+    return {"gradInput": (((f["gradOut"] - ch["sumDy"] / total)
+                           - (x - ch["mean"]) * ch["invstd"] ** 2 * (ch["sumDyXmu"] / total))
+                          * ch["invstd"] * weight)}
+
+
+@op_api("aclnnBatchNormElemtBackward", params=PARAMS, platforms=PLATFORMS, dtypes=float_dtypes,
+        make_inputs=make_inputs, input_bytes=input_bytes, reference=reference, rank=(2, MAX_RANK),
+        options=(Option("no_weight", "flag", help="pass weight as NULL (filled with ones)"),
+                 Option("counter_dtype", "dtype", F32, "dtype of counter: float32, float16, int32"),
+                 Option("grad_input_dtype", "dtype", None, "dtype of gradInput (default: --dtype)")),
+        summary="SyncBatchNorm element-wise input gradient, channel = dim 1")
 def aclnnBatchNormElemtBackwardGetWorkspaceSize(
         ex: Executor, gradOut: Optional[Tensor], input: Optional[Tensor], mean: Optional[Tensor],
         invstd: Optional[Tensor], weight: Optional[Tensor], sumDy: Optional[Tensor],
@@ -117,30 +151,26 @@ def aclnnBatchNormElemtBackwardGetWorkspaceSize(
     check_params(p, t)
     if input.is_empty or gradOut.is_empty:
         return  # success, workspace 0, an executor with no kernels
-    if not p.supports_elemt_backward or p.npu_arch not in MODELLED_ARCHS:
-        supported = ", ".join(k for k, q in PRESETS.items() if q.supports_elemt_backward)
-        raise AclnnError(Status.ACLNN_ERR_INNER_FIND_KERNEL_ERROR,
-                         f"SyncBatchNormBackwardElemt has no kernel on {p.soc} ({p.arch_name}); "
-                         f"supported platforms: {supported}")
+    require_kernel(PLATFORMS, p, "SyncBatchNormBackwardElemt")
     shape, C = input.shape, input.shape[1]
     v = {name: ex.input(name, x) for name, x in t.items() if x is not None}
     if weight is None:
-        v["weight"] = l0ops.Fill(ex, shape=(C,), value=1.0, dtype=F32)
-    c = {name: l0ops.Contiguous(ex, v[name]) for name in INPUT_ORDER}
+        v["weight"] = Fill(ex, shape=(C,), value=1.0, dtype=F32)
+    c = {name: Contiguous(ex, v[name]) for name in INPUT_ORDER}
     floats = INPUT_ORDER[:-1]
     promote = promote_type([c[n].dtype for n in floats])
-    c.update({name: l0ops.Cast(ex, c[name], to=promote) for name in floats})
+    c.update({name: Cast(ex, c[name], to=promote) for name in floats})
     mean_dy, mean_dy_xmu = mean_by_counter(ex, c["sumDy"], c["sumDyXmu"], c["counter"])
     b = {name: broadcast_channel(ex, val, shape)
          for name, val in (("mean", c["mean"]), ("invstd", c["invstd"]), ("weight", c["weight"]),
                            ("meanDy", mean_dy), ("meanDyXmu", mean_dy_xmu))}
-    b["meanDy"] = l0ops.Cast(ex, b["meanDy"], to=promote)
-    b["meanDyXmu"] = l0ops.Cast(ex, b["meanDyXmu"], to=promote)
-    out = l0ops.SyncBatchNormBackwardElemt(
+    b["meanDy"] = Cast(ex, b["meanDy"], to=promote)
+    b["meanDyXmu"] = Cast(ex, b["meanDyXmu"], to=promote)
+    out = SyncBatchNormBackwardElemt(
         ex, c["gradOut"], c["input"], b["mean"], b["invstd"], b["weight"], b["meanDy"],
         b["meanDyXmu"], arch=p.npu_arch)
-    out = l0ops.Cast(ex, out, to=gradInput.dtype)
-    ex.output(l0ops.ViewCopy(ex, out, v["gradInput"]))
+    out = Cast(ex, out, to=gradInput.dtype)
+    ex.output(ViewCopy(ex, out, v["gradInput"]))
 
 
 aclnnBatchNormElemtBackward = run_executor

@@ -1,8 +1,9 @@
-"""The executor cache: phase 1 with the same argument metadata reuses the compiled plan.
+"""The executor cache: phase 1 with the same argument metadata reuses the compiled program.
 
-The key holds, per argument, the tensor metadata (shape, strides, dtype, format, writeable) or None for a
-NULL, the aliasing pattern of the arguments, the platform and the opt level — everything phase 1
-depends on except data pointers. Bounded (LRU) and thread-safe.
+The key holds, per argument, the tensor metadata (shape, strides, dtype, format, writable) or
+None for a NULL, scalars by value, the aliasing pattern of the arguments, the platform and the
+opt level — everything phase 1 depends on except data pointers. Bounded (LRU, 256 entries by
+default; the least recently used entry is evicted) and thread-safe.
 
     >>> import numpy as np, opgraph
     >>> t = opgraph.tensor(np.zeros((2, 3), np.float32))
@@ -16,18 +17,18 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Hashable, Optional
 
-from ..executor import Executor
-from ..tensor import Tensor
+from opgraph.core.executor import CompiledProgram, Executor
+from opgraph.core.tensor import Tensor
 
 
 def _meta(a: Any) -> Optional[Hashable]:
     if a is None:
         return None
     if isinstance(a, Tensor):
-        # writeability is part of it: phase 1 rejects a read-only output
+        # writability is part of it: phase 1 rejects an output it could not write
         return ("T", a.shape, a.strides, int(a.dtype), int(a.format), a.writeable)
-    if isinstance(a, (int, float, str, bool)):
-        return ("V", a)
+    if isinstance(a, (int, float, bool)):
+        return ("V", type(a).__name__, a)
     raise TypeError  # uncacheable argument
 
 
@@ -43,49 +44,35 @@ def cache_key(name: str, args: tuple, platform: Any, level: int) -> Optional[tup
 
 
 @dataclass(frozen=True)
-class CompiledOp:
-    """What a cache hit reuses: the recorded and compiled graphs, the memory plan, and which
-    argument position binds each graph input."""
+class CachedOp:
+    """What a cache hit reuses: the compiled program and which argument position binds each
+    graph input."""
 
-    name: str
-    graph: Any
-    compiled: Any
-    memory_plan: Any
-    workspace_size: int
-    opt_level: int
-    platform: Any
+    program: CompiledProgram
     positions: tuple[tuple[str, int], ...]
 
     @classmethod
-    def from_executor(cls, ex: Executor, args: tuple) -> "CompiledOp":
-        pos = []
-        for name, t in ex.bindings.items():
-            idx = next(i for i, a in enumerate(args) if a is t)
-            pos.append((name, idx))
-        return cls(ex.name, ex.graph, ex.compiled, ex.memory_plan, ex.workspace_size,
-                   ex.opt_level, ex.platform, tuple(pos))
+    def of(cls, ex: Executor, args: tuple) -> "CachedOp":
+        pos = tuple((name, next(i for i, a in enumerate(args) if a is t))
+                    for name, t in ex.bindings.items())
+        assert ex.program is not None
+        return cls(ex.program, pos)
 
     def instantiate(self, args: tuple) -> Executor:
-        """A fresh single-use executor over the shared plan, bound to ``args``."""
-        ex = Executor.__new__(Executor)
-        ex.graph, ex.compiled, ex.memory_plan = self.graph, self.compiled, self.memory_plan
-        ex.workspace_size, ex.opt_level, ex.platform = self.workspace_size, self.opt_level, self.platform
-        ex.bindings = {name: args[i] for name, i in self.positions}
-        ex.repeatable, ex.runs, ex.destroyed = False, 0, False
-        ex.cached = True
-        return ex
+        """A fresh single-use executor over the shared program, bound to ``args``."""
+        return Executor.of_program(self.program, {name: args[i] for name, i in self.positions})
 
 
 class ExecutorCache:
-    """A bounded LRU map from cache keys to CompiledOp, safe under threads."""
+    """A bounded LRU map from cache keys to CachedOp, safe under threads."""
 
     def __init__(self, capacity: int = 256):
         self.capacity = capacity
-        self._items: "OrderedDict[tuple, CompiledOp]" = OrderedDict()
+        self._items: "OrderedDict[tuple, CachedOp]" = OrderedDict()
         self._lock = threading.Lock()
         self.hits = self.misses = 0
 
-    def get(self, key: tuple) -> Optional[CompiledOp]:
+    def get(self, key: tuple) -> Optional[CachedOp]:
         with self._lock:
             item = self._items.get(key)
             if item is None:
@@ -95,7 +82,7 @@ class ExecutorCache:
             self.hits += 1
             return item
 
-    def put(self, key: tuple, item: CompiledOp) -> None:
+    def put(self, key: tuple, item: CachedOp) -> None:
         with self._lock:
             self._items[key] = item
             self._items.move_to_end(key)

@@ -1,37 +1,50 @@
-"""The two-phase aclnn machinery shared by every op_api: phase 1 records and compiles a graph on
-an executor, phase 2 runs it on the current backend. Write a new op like this:
+"""The two-phase aclnn machinery shared by every op_api: phase 1 checks the arguments, records a
+graph on an executor and compiles it; phase 2 runs it on the current backend. A new op_api is one
+module with one decorated compose function:
 
-    >>> import numpy as np, l0ops, opgraph
-    >>> @op_api("aclnnDemoCast")
+    >>> import numpy as np, opgraph
+    >>> from l0ops.basic import Cast, Contiguous, ViewCopy
+    >>> from opgraph.core.opapi import Param
+    >>> @op_api("aclnnDemoCast", params=(Param("x", "tensor", "input"),
+    ...                                  Param("out", "tensor", "output")))
     ... def demo_cast(ex, x, out):
     ...     check_not_null(x=x, out=out)
-    ...     y = l0ops.Cast(ex, l0ops.Contiguous(ex, ex.input("x", x)), to=out.dtype)
-    ...     ex.output(l0ops.ViewCopy(ex, y, ex.input("out", out)))
+    ...     y = Cast(ex, Contiguous(ex, ex.input("x", x)), to=out.dtype)
+    ...     ex.output(ViewCopy(ex, y, ex.input("out", out)))
     >>> out = np.zeros(3, np.float16)
     >>> status, ws, ex = demo_cast(opgraph.tensor(np.float32([1, 2, 3])), opgraph.tensor(out))
     >>> run_executor(bytearray(ws) if ws else None, ws, ex), out.tolist()
     (<Status.ACLNN_SUCCESS: 0>, [1.0, 2.0, 3.0])
+    >>> import inspect; str(inspect.signature(demo_cast)).split(" ->")[0]   # not (ex, x, out)
+    '(x, out)'
 
 Phase 1 never raises for bad arguments: it returns ``(status, 0, None)`` and leaves the message
-for :func:`aclGetRecentErrMsg`.
+for :func:`aclGetRecentErrMsg`. The executor API (repeatable executors, rebinding addresses) is in
+:mod:`opgraph.aclnn.executor_api`.
 """
 from __future__ import annotations
 
-import functools
+import inspect
 import threading
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Concatenate, Optional, ParamSpec, Sequence
 
 import numpy as np
 
-from l0ops.registry import L0Error
+from opgraph.core.backend import BackendUnavailable
+from opgraph.core.config import current_backend, get_opt_level
+from opgraph.core.executor import CompiledProgram, Executor
+from opgraph.core.memory import plan_memory
+from opgraph.core.opapi import OpApiSpec, Param, register_op_api
+from opgraph.core.opdef import L0Error
+from opgraph.core.platform import get_platform
+from opgraph.core.status import AclnnError, Status
+from opgraph.core.tensor import Tensor
+from opgraph.core.types import RecordedCall
+from opgraph.passes import optimize
+from .cache import EXECUTOR_CACHE, CachedOp, cache_key
 
-from ..config import get_backend_name, get_opt_level
-from ..executor import Executor
-from ..platform import get_platform
-from .cache import EXECUTOR_CACHE, CompiledOp, cache_key
-from ..status import AclnnError, Status
-from ..tensor import Tensor
-
+P = ParamSpec("P")
+Phase1 = tuple[Status, int, Optional[Executor]]
 _last_error = threading.local()
 
 
@@ -46,12 +59,13 @@ def recent_error() -> "AclnnError | None":
     return getattr(_last_error, "err", None)
 
 
-def _fail(status: Status, msg: str) -> Status:
+def fail(status: Status, msg: str) -> Status:
+    """Record ``msg`` for aclGetRecentErrMsg and return ``status``."""
     _last_error.err = AclnnError(status, msg)
     return status
 
 
-def _succeed() -> Status:
+def succeed() -> Status:
     _last_error.err = None
     return Status.ACLNN_SUCCESS
 
@@ -61,24 +75,6 @@ def check_not_null(**tensors: Any) -> None:
     for name, t in tensors.items():
         if t is None:
             raise AclnnError(Status.ACLNN_ERR_PARAM_NULLPTR, f"{name}: must not be NULL")
-        if not isinstance(t, Tensor):
-            raise AclnnError(Status.ACLNN_ERR_PARAM_INVALID,
-                             f"{name}: expected an opgraph.Tensor, got {type(t).__name__}")
-
-
-def record(name: str, compose: Callable[[Executor], None]) -> tuple[Status, int, Optional[Executor]]:
-    """Phase 1: run ``compose(executor)`` (checks + l0 calls), then compile at the current level."""
-    ex = Executor(name)
-    try:
-        with np.errstate(all="ignore"):  # IEEE results (inf, NaN) are defined; the NPU does not warn
-            compose(ex)
-            check_outputs_writable(ex)
-            ex.compile(get_opt_level())
-    except AclnnError as e:
-        return _fail(e.status, e.message), 0, None
-    except L0Error as e:
-        return _fail(Status.ACLNN_ERR_INNER_NULLPTR, f"an l0 op returned NULL: {e}"), 0, None
-    return _succeed(), ex.workspace_size, ex
 
 
 def written_inputs(graph: Any) -> list[str]:
@@ -87,7 +83,8 @@ def written_inputs(graph: Any) -> list[str]:
     return [v.name for v in graph.inputs if v.name in written]
 
 
-def _unwritable_reason(t: Tensor) -> "str | None":
+def unwritable_reason(t: Tensor) -> "str | None":
+    """Why phase 2 could not write ``t`` where the caller sees it (None if it can)."""
     if t.copied:
         return ("the array could not be wrapped without a copy (negative strides, strides that are "
                 "not a multiple of the item size, or a dtype conversion), so the result would be "
@@ -101,33 +98,109 @@ def check_outputs_writable(ex: Executor) -> None:
     """161002 for an output phase 2 could not write where the caller sees it."""
     for name in written_inputs(ex.graph):
         t = ex.bindings[name]
-        why = _unwritable_reason(t) if t.numel else None
+        why = unwritable_reason(t) if t.numel else None
         if why:
             raise AclnnError(Status.ACLNN_ERR_PARAM_INVALID, f"{name}: {why}")
 
 
-def op_api(name: str) -> Callable[[Callable[..., None]], Callable[..., tuple[Status, int, Optional[Executor]]]]:
-    """Turn ``compose(ex, *args)`` into ``aclnnXxxGetWorkspaceSize(*args) -> (status, size, executor)``.
+def _check_kinds(params: Sequence[Param], args: Sequence[Any]) -> None:
+    """Python-level argument types: a tensor parameter takes an opgraph.Tensor or None, a
+    scalar a real number, a mask a bool (161002 naming the parameter)."""
+    if len(args) != len(params):
+        raise AclnnError(Status.ACLNN_ERR_PARAM_INVALID,
+                         f"expected {len(params)} arguments ({', '.join(p.name for p in params)}), "
+                         f"got {len(args)}")
+    for p, a in zip(params, args):
+        if p.kind == "tensor":
+            ok = a is None or isinstance(a, Tensor)
+            want = "an opgraph.Tensor or None"
+        elif p.kind == "bool":
+            ok = isinstance(a, (bool, np.bool_))
+            want = "a bool"
+        else:
+            ok = isinstance(a, (int, float, np.integer, np.floating)) and not isinstance(a, (bool, np.bool_))
+            want = "a number"
+        if not ok:
+            raise AclnnError(Status.ACLNN_ERR_PARAM_INVALID,
+                             f"{p.name}: expected {want}, got {type(a).__name__}")
 
-    Successful compilations are cached by argument metadata (see :mod:`.cache`): a second call
-    with the same shapes, dtypes, strides, formats, NULL pattern, platform and level reuses the
-    compiled plan and only rebinds the tensors."""
-    def deco(compose: Callable[..., None]):
-        @functools.wraps(compose)
-        def get_workspace_size(*args: Any) -> tuple[Status, int, Optional[Executor]]:
+
+def recorded_call(name: str, params: Sequence[Param], args: Sequence[Any]) -> RecordedCall:
+    """The call as graph metadata: tensors by parameter name (None for NULL), scalars by value."""
+    return RecordedCall(name, tuple(
+        (p.name, p.kind, (None if a is None else p.name) if p.kind == "tensor"
+         else (bool(a) if p.kind == "bool" else int(a) if p.kind == "int" else float(a)))
+        for p, a in zip(params, args)))
+
+
+def compile_executor(ex: Executor, level: int) -> None:
+    """Optimise the recorded graph at ``level`` and plan its memory (the workspace size)."""
+    compiled = optimize(ex.graph, level, verify_each=False) if ex.graph.nodes else ex.graph
+    ex.program = CompiledProgram(ex.graph, compiled, plan_memory(compiled), level, ex.platform)
+
+
+def record(name: str, compose: Callable[[Executor], None], call: Optional[RecordedCall] = None) -> Phase1:
+    """Phase 1: run ``compose(executor)`` (checks + l0 calls), then compile at the current level."""
+    ex = Executor(name, call=call)
+    try:
+        with np.errstate(all="ignore"):  # IEEE results (inf, NaN) are defined; the NPU does not warn
+            compose(ex)
+            check_outputs_writable(ex)
+            compile_executor(ex, get_opt_level())
+    except AclnnError as e:
+        return fail(e.status, e.message), 0, None
+    except L0Error as e:
+        return fail(Status.ACLNN_ERR_INNER_NULLPTR, f"an l0 op returned NULL: {e}"), 0, None
+    return succeed(), ex.workspace_size, ex
+
+
+def op_api(name: str, *, params: Sequence[Param], **spec: Any
+           ) -> Callable[[Callable[Concatenate[Executor, P], None]], Callable[P, Phase1]]:
+    """Register ``compose(ex, *args)`` as op_api ``name``; returns phase 1,
+    ``aclnnXxxGetWorkspaceSize(*args) -> (status, workspace_size, executor)``.
+
+    ``params`` lists the C prototype's parameters (workspaceSize/executor excluded) and must
+    match compose's. ``spec`` holds the other :class:`OpApiSpec` fields (platforms, dtypes,
+    make_inputs, reference, options, rank, aclnn_api, summary). Successful compilations are
+    cached by argument metadata (:mod:`.cache`): a later call with the same shapes, dtypes,
+    strides, formats, NULL pattern, scalars, platform and level only rebinds the tensors."""
+    params = tuple(params)
+
+    def deco(compose: Callable[..., None]) -> Callable[..., Phase1]:
+        sig = inspect.signature(compose)
+        names = list(sig.parameters)[1:]
+        if names != [p.name for p in params]:
+            raise ValueError(f"op_api {name}: compose parameters {names} differ from the declared "
+                             f"{[p.name for p in params]}")
+
+        def get_workspace_size(*args: Any) -> Phase1:
+            try:
+                _check_kinds(params, args)
+            except AclnnError as e:
+                return fail(e.status, e.message), 0, None
             key = cache_key(name, args, get_platform(), get_opt_level())
             hit = EXECUTOR_CACHE.get(key) if key is not None else None
             if hit is not None:
-                return _succeed(), hit.workspace_size, hit.instantiate(args)
-            status, size, ex = record(name, lambda ex: compose(ex, *args))
+                return succeed(), hit.program.workspace_size, hit.instantiate(args)
+            status, size, ex = record(name, lambda ex: compose(ex, *args),
+                                      recorded_call(name, params, args))
             if ex is not None and key is not None:
-                EXECUTOR_CACHE.put(key, CompiledOp.from_executor(ex, args))
+                EXECUTOR_CACHE.put(key, CachedOp.of(ex, args))
             return status, size, ex
+
+        get_workspace_size.__name__ = get_workspace_size.__qualname__ = compose.__name__
+        get_workspace_size.__doc__ = compose.__doc__
+        get_workspace_size.__module__ = compose.__module__
+        get_workspace_size.__signature__ = sig.replace(  # type: ignore[attr-defined]
+            parameters=list(sig.parameters.values())[1:], return_annotation=Phase1)
         get_workspace_size.op_name = name  # type: ignore[attr-defined]
+        get_workspace_size.spec = register_op_api(OpApiSpec(  # type: ignore[attr-defined]
+            name, params, get_workspace_size, run_executor, **spec), replace=True)
         return get_workspace_size
     return deco
 
 
+# --- phase 2 -----------------------------------------------------------------------------------
 def _buffer_len(workspace: Any) -> int:
     try:
         mv = memoryview(workspace)
@@ -139,11 +212,11 @@ def _buffer_len(workspace: Any) -> int:
     return mv.nbytes
 
 
-def check_runnable(workspace: Any, workspace_size: int, executor: Optional[Executor]) -> None:
+def check_runnable(workspace: Any, workspace_size: Any, executor: Optional[Executor]) -> None:
     """The phase-2 argument checks (raise AclnnError)."""
     if executor is None:
         raise AclnnError(Status.ACLNN_ERR_PARAM_NULLPTR, "executor: must not be NULL")
-    if not isinstance(executor, Executor):
+    if not isinstance(executor, Executor) or executor.program is None:
         raise AclnnError(Status.ACLNN_ERR_PARAM_INVALID,
                          f"executor: expected an Executor from phase 1, got {type(executor).__name__}")
     if executor.destroyed:
@@ -174,81 +247,23 @@ def check_runnable(workspace: Any, workspace_size: int, executor: Optional[Execu
 
 def run_executor(workspace: Any, workspace_size: int, executor: Optional[Executor],
                  stream: Any = None) -> Status:
-    """Phase 2 (``CommonOpExecutorRun``): run the compiled graph on the current backend."""
-    import backends
+    """Phase 2 (``CommonOpExecutorRun``): run the compiled program on the current backend, with
+    the caller's ``workspace`` as the arena the memory plan lays out."""
     try:
         check_runnable(workspace, workspace_size, executor)
-        backend = backends.get(get_backend_name())
+        backend = current_backend()
     except AclnnError as e:
-        return _fail(e.status, e.message)
-    except backends.BackendUnavailable as e:
-        return _fail(Status.ACLNN_ERR_RUNTIME_ERROR, str(e))
-    assert executor is not None
+        return fail(e.status, e.message)
+    except BackendUnavailable as e:
+        return fail(Status.ACLNN_ERR_RUNTIME_ERROR, str(e))
+    assert executor is not None and executor.program is not None
     executor.runs += 1
-    if executor.compiled is not None and executor.compiled.nodes:
+    if executor.program.compiled.nodes:
         try:
             with np.errstate(all="ignore"):  # IEEE results are defined; the NPU does not warn
-                backend.run(executor.compiled, executor.bindings, workspace)
+                executor.program.executable(backend).run(
+                    executor.bindings, None if not executor.workspace_size else workspace)
         except Exception as e:  # a backend failure is a runtime error, never a raw traceback
-            return _fail(Status.ACLNN_ERR_RUNTIME_ERROR,
-                         f"backend {backend.name!r} failed: {type(e).__name__}: {e}")
-    return _succeed()
-
-
-def aclSetAclOpExecutorRepeatable(executor: Optional[Executor]) -> Status:
-    """Allow phase 2 to run this executor many times (call right after phase 1)."""
-    if executor is None:
-        return _fail(Status.ACLNN_ERR_INNER_NULLPTR, "executor: must not be NULL")
-    if executor.runs or executor.destroyed:
-        return _fail(Status.ACLNN_ERR_PARAM_INVALID,
-                     "executor: aclSetAclOpExecutorRepeatable must be called right after phase 1")
-    executor.repeatable = True
-    return Status.ACLNN_SUCCESS
-
-
-def aclDestroyAclOpExecutor(executor: Optional[Executor]) -> Status:
-    """Free a repeatable executor; phase 2 on it is rejected afterwards."""
-    if executor is None:
-        return _fail(Status.ACLNN_ERR_INNER_NULLPTR, "executor: must not be NULL")
-    executor.destroyed = True
-    return Status.ACLNN_SUCCESS
-
-
-def _set_addr(executor: Optional[Executor], names: list[str], index: int, t: Any, what: str) -> Status:
-    if executor is None or t is None:
-        return _fail(Status.ACLNN_ERR_INNER_NULLPTR, f"{what}: executor and tensor must not be NULL")
-    if not isinstance(executor, Executor) or not isinstance(t, Tensor):
-        return _fail(Status.ACLNN_ERR_PARAM_INVALID,
-                     f"{what}: expected an Executor and an opgraph.Tensor, got "
-                     f"{type(executor).__name__} and {type(t).__name__}")
-    if isinstance(index, (bool, np.bool_)) or not isinstance(index, (int, np.integer)):
-        return _fail(Status.ACLNN_ERR_PARAM_INVALID, f"{what}: index must be an integer, got {index!r}")
-    if not 0 <= index < len(names):
-        return _fail(Status.ACLNN_ERR_PARAM_INVALID, f"{what}: index {index} out of range [0, {len(names)})")
-    name = names[index]
-    old = executor.bindings[name]
-    if (old.shape, old.strides, old.dtype, old.format) != (t.shape, t.strides, t.dtype, t.format):
-        return _fail(Status.ACLNN_ERR_PARAM_INVALID,
-                     f"{what}: new tensor for %{name} must keep shape, strides, dtype and format")
-    why = _unwritable_reason(t) if name in written_inputs(executor.graph) and t.numel else None
-    if why:
-        return _fail(Status.ACLNN_ERR_PARAM_INVALID, f"{what}: %{name}: {why}")
-    executor.bindings[name] = t
-    return Status.ACLNN_SUCCESS
-
-
-def _io_names(executor: Executor, output: bool) -> list[str]:
-    written = set(written_inputs(executor.graph))
-    return [v.name for v in executor.graph.inputs if (v.name in written) == output]
-
-
-def aclSetInputTensorAddr(executor: Optional[Executor], index: int, t: Tensor) -> Status:
-    """Rebind input ``index`` (recorded order, NULL inputs skipped) to tensor ``t``'s memory."""
-    return _set_addr(executor, _io_names(executor, False) if executor else [], index, t,
-                     "aclSetInputTensorAddr")
-
-
-def aclSetOutputTensorAddr(executor: Optional[Executor], index: int, t: Tensor) -> Status:
-    """Rebind output ``index`` to tensor ``t``'s memory."""
-    return _set_addr(executor, _io_names(executor, True) if executor else [], index, t,
-                     "aclSetOutputTensorAddr")
+            return fail(Status.ACLNN_ERR_RUNTIME_ERROR,
+                        f"backend {backend.name!r} failed: {type(e).__name__}: {e}")
+    return succeed()

@@ -1,8 +1,10 @@
-"""The ``opgraph`` command line: ``opgraph demo``, ``opgraph dump``, ``opgraph run``.
+"""The ``opgraph`` command line: ``opgraph demo``, ``opgraph ops``, ``opgraph dump``, ``opgraph run``...
 
 Each command is a module with ``add_parser(subparsers)`` that registers a subparser and sets
 ``func`` (``args -> exit status``); add a command by writing one module and listing it in
-:data:`COMMANDS`. Shared options and input construction live in :mod:`opgraph.cli.common`.
+:data:`COMMANDS`. Commands that take an OP get one sub-parser per registered op_api
+(:mod:`opgraph.cli.cases`); ``--load MODULE`` (a module name or a ``.py`` path, anywhere on the
+command line) registers user op_apis first, as do the ``opgraph.op_apis`` entry points.
 
     >>> main(["--version"])  # doctest: +ELLIPSIS
     opgraph 0...
@@ -15,11 +17,14 @@ import os
 import sys
 from typing import Optional, Sequence
 
-from .. import __version__
-from . import demo, dump, emit_c, emit_cpp, plan, run, tiling
+import importlib.util
+
+from opgraph import __version__
+from opgraph.core.opapi import load_entry_points, load_module
+from . import demo, dump, emit_c, emit_cpp, ops, plan, run, tiling
 from .common import CliError, Parser
 
-COMMANDS = [demo, dump, run, tiling, emit_c, plan, emit_cpp]
+COMMANDS = [demo, ops, dump, run, tiling, emit_c, plan, emit_cpp]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -32,6 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"opgraph {__version__}")
     parser.add_argument("--traceback", action="store_true",
                         help="show the Python traceback of an unexpected error")
+    parser.add_argument("--load", metavar="MODULE", action="append", default=[],
+                        help="import MODULE (a module name or a .py file) that registers op_apis; "
+                             "may be given anywhere on the command line, more than once")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for module in COMMANDS:
         module.add_parser(sub)
@@ -58,10 +66,50 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     return code
 
 
+def split_load(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """``(modules named by --load, the other arguments)`` from anywhere in ``argv``.
+
+    >>> split_load(["dump", "aclnnX", "--load", "my.ops", "--load=b.py", "--level", "2"])
+    (['my.ops', 'b.py'], ['dump', 'aclnnX', '--level', '2'])
+    """
+    mods, rest, it = [], [], iter(argv)
+    for a in it:
+        if a == "--load":
+            mods.append(next(it, ""))
+        elif a.startswith("--load="):
+            mods.append(a.split("=", 1)[1])
+        else:
+            rest.append(a)
+    return mods, rest
+
+
+def load(target: str) -> None:
+    """Import a module by name, or a ``.py`` file by path (CliError naming --load on failure)."""
+    try:
+        if target.endswith(".py"):
+            name = "opgraph_user_" + "".join(c if c.isalnum() else "_" for c in target)
+            spec = importlib.util.spec_from_file_location(name, target)
+            if spec is None or spec.loader is None:
+                raise ImportError(f"cannot load {target!r}")
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[name] = module
+            spec.loader.exec_module(module)
+        else:
+            load_module(target)
+    except Exception as e:  # the user's module: say what failed, in one line
+        raise CliError(f"--load {target!r}: {type(e).__name__}: {e}", code=2) from None
+
+
 def _run(argv: Optional[Sequence[str]]) -> int:
-    parser = build_parser()
     args = None
     try:
+        mods, argv = split_load(sys.argv[1:] if argv is None else list(argv))
+        if "" in mods:
+            raise CliError("--load: expected a module name or a .py path", code=2)
+        load_entry_points()
+        for m in mods:
+            load(m)
+        parser = build_parser()
         args = parser.parse_args(argv)
         return int(args.func(args) or 0)
     except SystemExit as e:  # --help, --version and usage errors

@@ -16,12 +16,12 @@ from typing import Any
 
 import numpy as np
 
-from .. import aclnn
-from ..dtypes import DataType
-from ..platform import DEFAULT as DEFAULT_PLATFORM
-from ..platform import get_platform, platform
-from ..status import Status
-from ..tensor import tensor
+from opgraph import aclnn
+from opgraph.core.dtypes import DataType
+from opgraph.core.platform import DEFAULT as DEFAULT_PLATFORM
+from opgraph.core.platform import get_platform, platform
+from opgraph.core.status import Status
+from opgraph.core.tensor import tensor
 from .common import CliError, fmt_status, fmt_type, parse_dtype, parse_platform
 
 VARIANTS = (DataType.FLOAT, DataType.FLOAT16, DataType.BF16)

@@ -13,9 +13,11 @@ import argparse
 import os
 from typing import Any
 
-from ..ir import Graph
-from ..passes import DumpInstrument, PassManager, PrintInstrument, graph_stats, optimize, pipeline
-from .common import CliError, add_op_options, build_case, recorded_executor, write_output
+from opgraph.core.ir import Graph
+from opgraph.passes import (DumpInstrument, PassManager, PrintInstrument, graph_stats, optimize,
+                            pipeline)
+from .cases import add_op_subparsers, build_case, recorded_executor
+from .common import CliError, write_output
 
 FORMATS = ("text", "json", "dot")
 
@@ -35,6 +37,20 @@ def print_stats(graph: Graph, fast_math: bool = False) -> None:
     widths = [max(len(r[i]) for r in rows) for i in range(5)]
     for r in rows:
         print("  ".join(c.rjust(w) for c, w in zip(r, widths)))
+
+
+def fusion_note(graph: Graph) -> "str | None":
+    """A line saying level 2 fused nothing, and which kernels could not be fused (None when it
+    fused something or there was nothing to fuse)."""
+    fused = optimize(graph, 2)
+    if any(n.op == "FusedElementwise" for n in fused.nodes):
+        return None
+    stuck = sorted({n.op for n in fused.nodes if not n.opdef.is_free(n) and n.opdef.expand is None
+                    and not n.opdef.has_effects})
+    if not stuck:
+        return None
+    return (f"note: level 2 fused nothing: {', '.join(stuck)} define no expansion into elementwise "
+            "primitives (see README 'Define an l0 op')")
 
 
 def check_dump_dir(path: str) -> None:
@@ -67,11 +83,14 @@ def run(args: argparse.Namespace) -> int:
         check_dump_dir(args.dump_dir)
     case = build_case(args)
     graph = recorded_executor(case).graph
-    if args.stats:
-        print_stats(graph, args.fast_math)
-        return 0
-    if args.passes or args.dump_dir is not None:
-        run_passes(graph, args, case.level)
+    if args.stats or args.passes or args.dump_dir is not None:
+        if args.stats:
+            print_stats(graph, args.fast_math)
+        else:
+            run_passes(graph, args, case.level)
+        note = fusion_note(graph) if args.stats or case.level == 2 else None
+        if note:
+            print(note)
         return 0
     if case.level > 0 or args.fast_math:
         graph = optimize(graph, case.level, fast_math=args.fast_math)
@@ -79,14 +98,7 @@ def run(args: argparse.Namespace) -> int:
     return write_output(text, args.output, f"{args.format}, {len(graph.nodes)} nodes (level {case.level})")
 
 
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    p = subparsers.add_parser(
-        "dump", help="record an op_api and dump its graph (text, json, dot)",
-        description="Record OP on random tensors of --shape/--dtype (phase 1 only) and print "
-                    "executor.graph (--level 0) or opgraph.passes.optimize(graph, level).",
-        epilog="example: opgraph dump aclnnBatchNormElemtBackward --shape 2,3,1,4 "
-               "--dtype float16 --format dot -o g.dot")
-    add_op_options(p, level_default=0)
+def _options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--format", choices=FORMATS, default="text", help="dump format (default: text)")
     p.add_argument("-o", "--output", metavar="FILE", help="write to FILE instead of stdout")
     p.add_argument("--passes", action="store_true",
@@ -96,6 +108,16 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--stats", action="store_true",
                    help="print nodes, kernel launches, bytes moved and workspace for levels 0, 1, 2")
     p.add_argument("--fast-math", action="store_true",
-                   help="add the opt-in, NOT bit-exact fast-math-channel-affine rewrite")
+                   help="add the opt-in, NOT bit-exact fast-math rewrites")
     p.set_defaults(func=run)
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "dump", help="record an op_api and dump its graph (text, json, dot)",
+        description="Record OP on random tensors of --shape/--dtype (phase 1 only) and print "
+                    "executor.graph (--level 0) or opgraph.passes.optimize(graph, level).",
+        epilog="example: opgraph dump aclnnBatchNormElemtBackward --shape 2,3,1,4 "
+               "--dtype float16 --format dot -o g.dot ('opgraph dump OP --help' lists OP's options)")
+    add_op_subparsers(p, _options, level_default=0)
     return p

@@ -12,15 +12,16 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ..passes import optimize
-from .common import CliError, add_op_options, build_case, recorded_executor, write_output
+from backends.native import Unsupported, emit_c
+from backends.native.build import BASE_FLAGS, OPTIONAL_FLAGS
+from opgraph.passes import optimize
+from .cases import add_op_subparsers, build_case, recorded_executor
+from .common import CliError, write_output
 
 LEVEL = 2
 
 
 def run(args: argparse.Namespace) -> int:
-    from backends.native import Unsupported, emit_c
-    from backends.native.build import BASE_FLAGS, OPTIONAL_FLAGS
     case = build_case(args)
     graph = optimize(recorded_executor(case).graph, case.level)
     chunks = []
@@ -48,7 +49,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                     "--level (default 2) and print the C source of every FusedElementwise kernel.",
         epilog="example: opgraph emit-c aclnnBatchNormElemtBackward --shape 32,64,56,56 "
                "--dtype bfloat16 -o kernel.c")
-    add_op_options(p, level_default=LEVEL)
+    add_op_subparsers(p, _options, level_default=LEVEL)
+    return p
+
+
+def _options(p: argparse.ArgumentParser) -> None:
     p.add_argument("-o", "--output", metavar="FILE", help="write to FILE instead of stdout")
     p.set_defaults(func=run)
-    return p

@@ -19,12 +19,13 @@ import argparse
 import os
 from typing import Any
 
-from .common import add_op_options, non_negative_int, write_output
+from backends.aclnn.emit_cpp import emit_cpp
+from .cases import add_op_subparsers
+from .common import non_negative_int, write_output
 from .plan import case_plan
 
 
 def run(args: argparse.Namespace) -> int:
-    from backends.aclnn.emit_cpp import emit_cpp
     _, ex, plan = case_plan(args)
     data = {k: t.storage for k, t in ex.bindings.items() if t is not None}
     src, files = emit_cpp(plan, data, embed_limit=args.embed_limit)
@@ -47,9 +48,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         epilog="example: opgraph emit-cpp aclnnBatchNormElemtBackward --shape 8,16,7,7 --level 1 "
                "-o prog.cpp && g++ -std=c++17 prog.cpp -I$ASCEND_HOME_PATH/include "
                "-L$ASCEND_HOME_PATH/lib64 -lascendcl -lnnopbase -lopapi_math -lopapi_nn")
-    add_op_options(p, level_default=2)
+    add_op_subparsers(p, _options, level_default=2)
+    return p
+
+
+def _options(p: argparse.ArgumentParser) -> None:
     p.add_argument("-o", "--output", metavar="FILE", help="write the program to FILE (default: stdout)")
     p.add_argument("--embed-limit", type=non_negative_int, default=4096, metavar="N",
                    help="inputs with more than N elements go to <name>.bin files (default: 4096)")
     p.set_defaults(func=run)
-    return p

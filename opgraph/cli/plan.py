@@ -12,12 +12,13 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from .common import CliError, add_op_options, build_case, recorded_executor, write_output
+from backends.aclnn.lower import LoweringError, lower_executor
+from .cases import add_op_subparsers, build_case, recorded_executor
+from .common import CliError, write_output
 
 
 def case_plan(args: argparse.Namespace):
-    """``(case, executor, plan)`` for the shared op options (phase 1, then the lowering)."""
-    from backends.aclnn.plan import LoweringError, lower_executor
+    """``(case, executor, plan)`` for the op options (phase 1, then the lowering)."""
     case = build_case(args)
     ex = recorded_executor(case)
     try:
@@ -39,9 +40,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                     "public aclnn C API calls (tensors, buffers, calls in order).",
         epilog="example: opgraph plan aclnnBatchNormElemtBackward --shape 2,3,1,4 --level 1 "
                "--format json")
-    add_op_options(p, level_default=2)
+    add_op_subparsers(p, _options, level_default=2)
+    return p
+
+
+def _options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--format", choices=("listing", "json"), default="listing",
                    help="output format (default: listing)")
     p.add_argument("-o", "--output", metavar="FILE", help="write to FILE instead of stdout")
     p.set_defaults(func=run)
-    return p

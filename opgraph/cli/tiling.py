@@ -2,8 +2,8 @@
 TilingData fields in order, blockDim, tiling key, per-core ranges, UB usage — and the safety
 findings of a dry run of the ascend-sim kernel (padded GM reads/writes, UB overflow, coverage).
 
-    >>> from opgraph.cli import tiling
-    >>> tiling.main(["--shape", "2,3,1,4", "--dtype", "float16"])  # doctest: +ELLIPSIS
+    >>> from opgraph.cli import main
+    >>> main(["tiling", "--shape", "2,3,1,4", "--dtype", "float16"])  # doctest: +ELLIPSIS
     SyncBatchNormBackwardElemt tiling on Ascend910B (DAV_2201): 40 vector cores, UB 196608 B
     shape [2,3,1,4]: N=24 f16/f16 (direct path): E=256 elements per 512 B, L=256, ...
     0
@@ -15,18 +15,19 @@ from __future__ import annotations
 
 import argparse
 import math
-from typing import Any, Optional, Sequence
+from typing import Any
 
-from ..platform import DEFAULT as DEFAULT_PLATFORM
-from ..platform import PRESETS, lookup
+from backends.ascend_sim import NotModelledError, check_modelled, compute_tiling, run_kernel
+from opgraph.aclnn.common import float_dtypes
+from opgraph.core.backend import get
+from opgraph.core.platform import DEFAULT as DEFAULT_PLATFORM
+from opgraph.core.platform import PRESETS, lookup
 from .common import CliError, check_memory, parse_dtype, parse_platform, parse_shape, positive_int
 
 COUNTER_BYTES = 4  # the dry run counts the writes to every output element in an int32
 
 
 def run(args: argparse.Namespace) -> int:
-    from backends.ascend_sim import NotModelledError, check_modelled, compute_tiling, run_kernel
-    from ..aclnn.batch_norm_elemt_backward import data_dtypes
     p = lookup(args.platform)
     try:
         check_modelled(p)
@@ -35,9 +36,9 @@ def run(args: argparse.Namespace) -> int:
     T = args.dtype
     T1 = T if args.param_dtype is None else args.param_dtype
     for what, d in (("--dtype", T), ("--param-dtype", T1)):
-        if d not in data_dtypes(p):
+        if d not in float_dtypes(p):
             raise CliError(f"{what} {d.name} is not supported on {p.soc} "
-                           f"(supported: {', '.join(x.name for x in data_dtypes(p))})")
+                           f"(supported: {', '.join(x.name for x in float_dtypes(p))})")
     cores = p.vector_cores if args.cores is None else args.cores
     ub = p.ub_size if args.ub is None else args.ub
     numel = math.prod(args.shape)
@@ -89,17 +90,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    """``opgraph tiling ...`` on its own (the same as ``opgraph.cli.main(["tiling", ...])``)."""
-    from . import main as cli_main
-    return cli_main(["tiling", *(argv or [])])
-
-
 def trace_report(backend_name: str) -> str:
     """What ``opgraph run --trace`` prints after phase 2: the backend's kernel traces of the last
     run (ascend-sim), or one line saying why there are none."""
-    import backends
-    traces = getattr(backends.get(backend_name), "traces", None)
+    traces = getattr(get(backend_name), "traces", None)
     if traces is None:
         return f"trace: backend {backend_name!r} records no kernel trace (use --backend ascend-sim)"
     if not traces:

@@ -2,8 +2,8 @@
 as one pure view, constant folding of constant (Fill-rooted) subgraphs, CSE, DCE and the
 ViewCopy redirect (the producing kernel writes straight into a contiguous user output).
 
-    >>> from opgraph.ir import Graph, TensorType
-    >>> from opgraph.dtypes import DataType
+    >>> from opgraph.core.ir import Graph, TensorType
+    >>> from opgraph.core.dtypes import DataType
     >>> g = Graph(); x = g.add_input("x", TensorType((3,), DataType.FLOAT))
     >>> y = g.add_node("UnsqueezeNd", [x], dims=(0,)).outputs[0]
     >>> g.outputs = [g.add_node("UnsqueezeNd", [y], dims=(2, 3)).outputs[0]]
@@ -15,9 +15,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from l0ops.basic import cast_array
-from ..ir import Graph, Node
-from .core import FunctionPass, Rule, RewritePass, sweep_dead
+from l0ops.primitives import cast_array
+from opgraph.core.ir import Graph, Node
+from opgraph.core.passmanager import FunctionPass, RewritePass, sweep_dead
+from opgraph.core.rules import Rule
+
+
+MOVES = ("copy", "view", "movement")  # op kinds that move values without arithmetic
 
 
 def _forward(g: Graph, n: Node) -> None:
@@ -27,7 +31,7 @@ def _forward(g: Graph, n: Node) -> None:
 
 def _replace(g: Graph, n: Node, op: str, inputs, **attrs) -> None:
     """Insert ``op(inputs, attrs)`` where ``n`` stands and route n's users to it."""
-    new = g.add_node(op, inputs, index=g.nodes.index(n), **attrs)
+    new = g.add_node(op, inputs, index=g.nodes.index(n), source=n.source, **attrs)
     g.replace_all_uses_with(n.outputs[0], new.outputs[0])
 
 
@@ -55,7 +59,7 @@ def _fold_constant(g: Graph, n: Node) -> None:
     """Evaluate a node whose operands are all Fills on one element each; the result is a Fill.
     Same op, same operand values: the folded value has the result's exact bits."""
     args = [np.full((), v.producer.attrs.value, dtype=v.dtype.np) for v in n.inputs]
-    if n.op in ("Contiguous", "UnsqueezeNd", "BroadcastTo"):
+    if n.opdef.kind in MOVES:  # a view, copy or broadcast of a constant: the same value
         value = args[0]
     else:
         value = n.opdef.compute(args, n.attrs)[0]
@@ -67,8 +71,8 @@ def _fold_constant(g: Graph, n: Node) -> None:
 def _foldable(n: Node) -> bool:
     if not n.inputs or not all(_is_fill(v) for v in n.inputs) or n.opdef.written(n):
         return False
-    return n.op in ("Contiguous", "UnsqueezeNd", "BroadcastTo") or (
-        n.opdef.kind == "elementwise" and len(n.outputs) == 1)
+    return len(n.outputs) == 1 and (n.opdef.kind == "elementwise"
+                                    or (n.opdef.kind in MOVES and len(n.inputs) == 1))
 
 
 IDENTITY_RULES = [
@@ -120,7 +124,7 @@ def _redirect(g: Graph) -> dict[str, int]:
     count = 0
     for i, n in enumerate(g.nodes):
         if n.op == "ViewCopy" and _redirect_ok(n):
-            g.nodes[i] = Node(n.op, n.inputs, n.attrs.model_copy(update={"redirect": True}))
+            g.nodes[i] = Node(n.op, n.inputs, n.attrs.model_copy(update={"redirect": True}), n.source)
             g.nodes[i].outputs = n.outputs
             for v in n.outputs:
                 v.producer = g.nodes[i]

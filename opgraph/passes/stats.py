@@ -10,9 +10,9 @@
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
-from ..memory import plan_memory
+from opgraph.core.memory import plan_memory
 
 
 @dataclass(frozen=True)
@@ -22,8 +22,6 @@ class GraphStats:
     bytes_moved: int
     workspace: int
 
-    def as_dict(self) -> dict:
-        return asdict(self)
 
 
 def node_traffic(node) -> int:

@@ -1,8 +1,9 @@
 """Memory planning: which values need workspace, their lifetimes, and 512-byte-aligned offsets in
 one arena with buffer reuse. The plan's size is what phase 1 reports as the workspace.
 
-    >>> from opgraph.ir import Graph, TensorType
-    >>> from opgraph.dtypes import DataType
+    >>> import l0ops
+    >>> from opgraph.core.ir import Graph, TensorType
+    >>> from opgraph.core.dtypes import DataType
     >>> g = Graph(); x = g.add_input("x", TensorType((256,), DataType.FLOAT))
     >>> y = g.add_node("Cast", [x], to=DataType.FLOAT16).outputs[0]
     >>> z = g.add_node("Cast", [y], to=DataType.FLOAT).outputs[0]
@@ -13,6 +14,7 @@ one arena with buffer reuse. The plan's size is what phase 1 reports as the work
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 ALIGN = 512
 
@@ -29,6 +31,11 @@ class MemoryPlan:
     offsets: dict[str, tuple[int, int]] = field(default_factory=dict)
     aliases: dict[str, str] = field(default_factory=dict)  # value -> value whose buffer it uses
     lifetimes: dict[str, tuple[int, int]] = field(default_factory=dict)
+    placed_in: dict[str, str] = field(default_factory=dict)  # value -> user tensor it is made in
+
+    def buffer_of(self, name: str) -> str:
+        """The value (or graph input) whose buffer ``name`` lives in."""
+        return self.aliases.get(name, name)
 
 
 def buffer_root(node) -> "int | None":
@@ -43,16 +50,18 @@ def buffer_root(node) -> "int | None":
     return None
 
 
-def plan_memory(graph) -> MemoryPlan:
+def plan_memory(graph: Any) -> MemoryPlan:
     """Liveness over the node order, then first-fit offsets (lowest gap that fits)."""
     plan = MemoryPlan()
     root: dict[str, str] = {v.name: v.name for v in graph.inputs}
     owners: dict[str, int] = {}  # buffer name -> defining node index (workspace buffers only)
     last: dict[str, int] = {}
     sizes: dict[str, int] = {}
-    # ViewCopy redirect: the copied value lives in the destination user tensor from the start.
-    redirected = {n.inputs[0].name: n.inputs[1].name for n in graph.nodes
-                  if n.op == "ViewCopy" and n.attrs.redirect}
+    # a redirecting copy (opdef.redirects): the copied value lives in the destination user
+    # tensor from the start, so its producer writes there
+    redirected = {n.inputs[0].name: n.inputs[n.opdef.written(n)[0]].name for n in graph.nodes
+                  if n.opdef.redirects(n)}
+    plan.placed_in = dict(redirected)
     for i, node in enumerate(graph.nodes):
         for v in node.inputs:
             last[root[v.name]] = i

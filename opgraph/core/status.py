@@ -11,7 +11,7 @@ import enum
 
 
 class Status(enum.IntEnum):
-    """aclnnStatus (reference §1.3); names and numbers are the vendor's."""
+    """aclnnStatus; names and numbers as in ops-nn docs/zh/context/aclnn_return_code.md."""
 
     ACLNN_SUCCESS = 0
     ACLNN_ERR_PARAM_NULLPTR = 161001

@@ -1,6 +1,7 @@
 """The IR: typed SSA values, nodes (one l0 op call each) and graphs.
 
-    >>> from opgraph.dtypes import DataType
+    >>> from opgraph.core.dtypes import DataType
+    >>> import l0ops
     >>> g = Graph("demo")
     >>> x = g.add_input("x", TensorType((2, 3), DataType.FLOAT16))
     >>> y = g.add_node("Cast", [x], to=DataType.FLOAT).outputs[0]
@@ -12,86 +13,21 @@
     }
 
 Values know their users (cheap ``replace_all_uses_with``); ``verify()`` re-infers every type.
-Serialization (JSON, DOT, networkx) lives in :mod:`opgraph.serialize`.
+Nodes remember the source line that recorded them (``node.source``). Dumps (JSON, DOT,
+networkx) are functions in :mod:`opgraph.core.serialize` that the ``Graph.to_*`` methods call.
 """
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Optional, Sequence
 
 from pydantic import BaseModel
 
-from .dtypes import DataType, Format
-from .tensor import is_contiguous, row_major_strides
+from . import serialize
+from .dtypes import DataType
+from .opdef import OpDef, get_op
+from .types import GraphError, RecordedCall, TensorType, format_attr
 
-
-def _registry():
-    """l0ops.registry, imported on first use (l0ops imports this module)."""
-    global _REGISTRY_MODULE
-    if _REGISTRY_MODULE is None:
-        import l0ops.registry as reg
-        _REGISTRY_MODULE = reg
-    return _REGISTRY_MODULE
-
-
-_REGISTRY_MODULE = None
-
-
-class GraphError(ValueError):
-    """A graph broke an IR rule; the message quotes the offending node's dump line."""
-
-
-@dataclass(frozen=True)
-class TensorType:
-    """Shape, dtype and format of a value; graph inputs (user tensors) also carry strides."""
-
-    shape: tuple[int, ...]
-    dtype: DataType
-    format: Format = Format.ND
-    strides: "tuple[int, ...] | None" = None
-
-    def __post_init__(self) -> None:  # normalise, cheaply when already normal
-        if type(self.shape) is not tuple or not all(type(n) is int for n in self.shape):
-            object.__setattr__(self, "shape", tuple(int(n) for n in self.shape))
-        if type(self.dtype) is not DataType:
-            object.__setattr__(self, "dtype", DataType(self.dtype))
-        if type(self.format) is not Format:
-            object.__setattr__(self, "format", Format(self.format))
-        if self.strides is not None and (type(self.strides) is not tuple
-                                         or not all(type(n) is int for n in self.strides)):
-            object.__setattr__(self, "strides", tuple(int(s) for s in self.strides))
-
-    @property
-    def numel(self) -> int:
-        return math.prod(self.shape)
-
-    @property
-    def nbytes(self) -> int:
-        return self.numel * self.dtype.itemsize
-
-    @property
-    def rank(self) -> int:
-        return len(self.shape)
-
-    @property
-    def is_contiguous(self) -> bool:
-        return self.strides is None or is_contiguous(self.shape, self.strides, self.format)
-
-    def with_(self, shape: "tuple[int, ...] | None" = None, dtype: "DataType | None" = None,
-              format: "Format | None" = None, strides: "tuple[int, ...] | None" = None) -> "TensorType":
-        """A copy with some fields changed (strides dropped unless given)."""
-        return TensorType(self.shape if shape is None else shape, self.dtype if dtype is None else dtype,
-                          self.format if format is None else format, strides)
-
-    def __str__(self) -> str:
-        s = f"{self.dtype.short}[{','.join(map(str, self.shape))}]"
-        if self.strides is not None and self.strides != row_major_strides(self.shape):
-            s += "{" + ",".join(map(str, self.strides)) + "}"
-        if self.format != Format.ND:
-            s += f"@{self.format.name}"
-        return s
-
+__all__ = ["Graph", "GraphError", "Node", "TensorType", "Value"]
 
 class Value:
     """An SSA value: a name, a type, the node producing it (None for graph inputs), its users."""
@@ -115,56 +51,52 @@ class Value:
 
 
 class Node:
-    """One call of an l0 op: ``outputs = op(inputs, attrs)``."""
+    """One call of an l0 op: ``outputs = op(inputs, attrs)``; ``source`` is where it was recorded."""
 
-    __slots__ = ("op", "inputs", "attrs", "outputs")
+    __slots__ = ("op", "inputs", "attrs", "outputs", "source")
 
-    def __init__(self, op: str, inputs: Sequence[Value], attrs: BaseModel):
-        self.op, self.inputs, self.attrs = op, list(inputs), attrs
+    def __init__(self, op: str, inputs: Sequence[Value], attrs: BaseModel,
+                 source: Optional[str] = None):
+        self.op, self.inputs, self.attrs, self.source = op, list(inputs), attrs, source
         self.outputs: list[Value] = []
 
     @property
-    def opdef(self):
-        return _registry().get_op(self.op)
+    def opdef(self) -> OpDef:
+        return get_op(self.op)
 
     def attr_items(self) -> list[tuple[str, Any]]:
         """Attributes in declaration order."""
         return [(k, getattr(self.attrs, k)) for k in type(self.attrs).model_fields]
 
-    def __str__(self) -> str:
+    def header(self) -> str:
+        """The node's dump line without its body (attributes at their default are elided)."""
         lhs = ", ".join(f"%{v.name}: {v.type}" for v in self.outputs)
         args = [f"%{v.name}" for v in self.inputs]
         fields = type(self.attrs).model_fields
-        args += [f"{k}={format_attr(v)}" for k, v in self.attr_items()  # defaults are elided
+        args += [f"{k}={format_attr(v)}" for k, v in self.attr_items()
                  if k != "body" and not (not fields[k].is_required() and v == fields[k].default)]
-        line = f"{lhs} = {self.op}({', '.join(args)})"
-        body = getattr(self.attrs, "body", None)
+        return f"{lhs} = {self.op}({', '.join(args)})"
+
+    def __str__(self) -> str:
+        line = self.header()
+        try:
+            fmt = self.opdef.format_body
+        except KeyError:  # an unregistered op (a graph that fails verify) prints without a body
+            fmt = None
+        body = fmt(self.attrs) if fmt is not None else []
         if body:
-            from l0ops.fused import body_lines
-            line += " {\n" + "\n".join("      " + b for b in body_lines(self.attrs)) + "\n  }"
+            line += " {\n" + "\n".join("      " + b for b in body) + "\n  }"
         return line
 
     __repr__ = __str__
 
 
-def format_attr(v: Any) -> str:
-    """How an attribute value prints in a text dump."""
-    if isinstance(v, DataType):
-        return v.short
-    if isinstance(v, Format):
-        return v.name
-    if isinstance(v, (tuple, list)):
-        return "[" + ",".join(format_attr(x) for x in v) + "]"
-    if isinstance(v, float):
-        return repr(v)
-    return str(v)
-
-
 class Graph:
     """A recorded op_api graph: named inputs (user tensors), nodes in emission order, outputs."""
 
-    def __init__(self, name: str = "graph"):
+    def __init__(self, name: str = "graph", call: Optional[RecordedCall] = None):
         self.name = name
+        self.call = call  # the op_api call that recorded this graph, if any
         self.inputs: list[Value] = []
         self.nodes: list[Node] = []
         self.outputs: list[Value] = []
@@ -185,13 +117,12 @@ class Graph:
 
     def add_node(self, op: str, inputs: Sequence[Value], attrs: "BaseModel | None" = None,
                  *, out_names: "Sequence[str] | None" = None, index: "int | None" = None,
-                 **attr_kwargs: Any) -> Node:
+                 source: Optional[str] = None, **attr_kwargs: Any) -> Node:
         """Append (or insert at ``index``) a call of ``op``; output types are inferred."""
-        from l0ops.registry import get_op
         opdef = get_op(op)
         if attrs is None:
             attrs = opdef.make_attrs(**attr_kwargs)
-        node = Node(op, inputs, attrs)
+        node = Node(op, inputs, attrs, source)
         out_types = opdef.infer_types([v.type for v in inputs], attrs)
         names = list(out_names) if out_names else [self.fresh_name() for _ in out_types]
         node.outputs = [Value(n, t, node) for n, t in zip(names, out_types)]
@@ -230,11 +161,11 @@ class Graph:
 
     def copy(self) -> "Graph":
         """A deep structural copy (attrs are frozen and shared)."""
-        g = Graph(self.name)
+        g = type(self)(self.name, self.call)
         g._next = self._next
         env = {id(v): g.add_input(v.name, v.type) for v in self.inputs}
         for n in self.nodes:
-            m = Node(n.op, [env[id(v)] for v in n.inputs], n.attrs)
+            m = Node(n.op, [env[id(v)] for v in n.inputs], n.attrs, n.source)
             m.outputs = [Value(v.name, v.type, m) for v in n.outputs]
             for v in m.inputs:
                 v.users.append(m)
@@ -247,7 +178,6 @@ class Graph:
     # --- checking -------------------------------------------------------------------------
     def verify(self) -> "Graph":
         """Check SSA, definition order, user lists, re-inferred types and effects; returns self."""
-        from l0ops.registry import get_op
         defined: dict[str, Value] = {}
         for v in self.inputs:
             if v.name in defined:
@@ -302,25 +232,21 @@ class Graph:
         return f"<Graph {self.name}: {len(self.inputs)} inputs, {len(self.nodes)} nodes>"
 
     def to_dict(self) -> dict:
-        from .serialize import graph_to_dict
-        return graph_to_dict(self)
+        return serialize.graph_to_dict(self)
 
     def to_json(self, indent: "int | None" = 1) -> str:
-        from .serialize import to_json
-        return to_json(self, indent)
+        return serialize.to_json(self, indent)
 
     @classmethod
     def from_json(cls, text: "str | bytes") -> "Graph":
-        from .serialize import from_json
-        return from_json(text)
+        """Rebuild a graph from :meth:`to_json` output (data only; never executes code)."""
+        return serialize.from_json(text, cls)
 
     def to_dot(self) -> str:
-        from .serialize import to_dot
-        return to_dot(self)
+        return serialize.to_dot(self)
 
     def to_networkx(self):
-        from .serialize import to_networkx
-        return to_networkx(self)
+        return serialize.to_networkx(self)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Graph) and self.to_dict() == other.to_dict()

@@ -23,7 +23,6 @@ class Platform:
     npu_arch: int
     vector_cores: int
     ub_size: int
-    supports_elemt_backward: bool = True
 
     @property
     def arch_name(self) -> str:
@@ -46,8 +45,8 @@ PRESETS: dict[str, Platform] = {
         Platform("Ascend910_93", 2, 2201, 48, 196608),
         Platform("Ascend950", 3, 3510, 64, 245760),
         Platform("Ascend910", 0, 1001, 32, 262144),
-        Platform("Ascend310P", 6, 2002, 8, 262144, supports_elemt_backward=False),
-        Platform("Ascend310B", 7, 3002, 1, 196608, supports_elemt_backward=False),
+        Platform("Ascend310P", 6, 2002, 8, 262144),
+        Platform("Ascend310B", 7, 3002, 1, 196608),
     ]
 }
 _ALIASES = {"Ascend910_95": "Ascend950"}

@@ -2,8 +2,9 @@
 a fixed point with per-rule hit counts; a pass manager runs pipelines with instruments
 (verify, print, numbered dumps, timing).
 
-    >>> from opgraph.ir import Graph, TensorType
-    >>> from opgraph.dtypes import DataType
+    >>> import l0ops
+    >>> from opgraph.core.ir import Graph, TensorType
+    >>> from opgraph.core.dtypes import DataType
     >>> g = Graph(); x = g.add_input("x", TensorType((2,), DataType.FLOAT))
     >>> g.outputs = [g.add_node("Cast", [x], to=DataType.FLOAT).outputs[0]]
     >>> drop = Rule("identity-cast", "Cast", lambda n: n.inputs[0].dtype == n.attrs.to,
@@ -20,7 +21,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Optional, Sequence, TextIO
 
-from ..ir import Graph, GraphError, Node
+from .ir import Graph, Node
+from .rules import Rule
+from .types import GraphError
 
 
 class PassError(RuntimeError):
@@ -69,17 +72,6 @@ class FunctionPass(Pass):
 
     def apply(self, graph: Graph) -> dict[str, int]:
         return self.fn(graph)
-
-
-@dataclass(frozen=True)
-class Rule:
-    """``pattern → replacement``: on nodes of op ``op`` (None: any) for which ``when(node)``
-    holds, ``then(graph, node)`` rewrites the graph (dead nodes are swept afterwards)."""
-
-    name: str
-    op: Optional[str]
-    when: Callable[[Node], bool]
-    then: Callable[[Graph, Node], None]
 
 
 def sweep_dead(graph: Graph) -> int:

@@ -15,7 +15,7 @@ import numpy as np
 
 
 class DataType(enum.IntEnum):
-    """aclDataType (reference §2.1); numbers are the vendor's."""
+    """aclDataType; names and numbers as in the CANN runtime docs (runtime: docs/zh/api_ref/25-02_Enumerations.md)."""
 
     DT_UNDEFINED = -1
     FLOAT = 0
@@ -62,10 +62,6 @@ class DataType(enum.IntEnum):
     @property
     def itemsize(self) -> int:
         return self.np.itemsize
-
-    @property
-    def is_float(self) -> bool:
-        return self in (DataType.FLOAT, DataType.FLOAT16, DataType.BF16, DataType.DOUBLE)
 
     @property
     def acl_name(self) -> str:
@@ -116,7 +112,7 @@ def dtype_of(x: "np.dtype | np.ndarray | DataType | str") -> DataType:
 
 
 class Format(enum.IntEnum):
-    """aclFormat (reference §2.2); numbers are the vendor's."""
+    """aclFormat; names and numbers as in runtime: docs/zh/api_ref/25-02_Enumerations.md."""
 
     UNDEFINED = -1
     NCHW = 0
@@ -146,7 +142,10 @@ class Format(enum.IntEnum):
 
     @property
     def acl_name(self) -> str:
-        return ("ACL_" if self.name.startswith("FRACTAL") else "ACL_FORMAT_") + self.name
+        """The C enumerator: ``ACL_FORMAT_ND``; the three oldest fractal formats have no
+        ``FORMAT_`` part (``ACL_FRACTAL_Z``, ``ACL_FRACTAL_NZ``, ``ACL_FRACTAL_Z_3D``)."""
+        old = self.name in ("FRACTAL_Z", "FRACTAL_NZ", "FRACTAL_Z_3D")
+        return ("ACL_" if old else "ACL_FORMAT_") + self.name
 
 
 PRIVATE_FORMATS = frozenset({
@@ -173,7 +172,7 @@ def format_of(x: "Format | str | int") -> Format:
         raise ValueError(f"format must be a Format, a name or an integer, got {x!r}") from None
 
 
-# Promotion (reference §8): tensor-tensor table over the real types.
+# Promotion: the tensor-tensor table of opbase data_type_utils.h (kPromoteTypesLookup).
 _F32, _F16, _BF16, _F64 = DataType.FLOAT, DataType.FLOAT16, DataType.BF16, DataType.DOUBLE
 _INT_ORDER = [DataType.BOOL, DataType.UINT8, DataType.INT8, DataType.INT16, DataType.INT32, DataType.INT64]
 _WIDE_UNSIGNED = frozenset({DataType.UINT16, DataType.UINT32, DataType.UINT64})
@@ -196,7 +195,7 @@ def _promote_complex(a: DataType, b: DataType) -> DataType:
 
 
 def promote_types(a: DataType, b: DataType) -> DataType:
-    """``op::PromoteType`` for the real dtypes of reference §8 (same type → same type).
+    """``op::PromoteType`` for the real dtypes (same type → same type).
 
     >>> promote_types(DataType.INT32, DataType.FLOAT16)
     <DataType.FLOAT16: 1>

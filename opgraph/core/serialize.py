@@ -1,7 +1,8 @@
 """Graph dumps: JSON (schema-versioned, validated, never executed), DOT and networkx.
 
-    >>> from opgraph.ir import Graph, TensorType
-    >>> from opgraph.dtypes import DataType
+    >>> import l0ops
+    >>> from opgraph.core.ir import Graph, TensorType
+    >>> from opgraph.core.dtypes import DataType
     >>> g = Graph("g"); x = g.add_input("x", TensorType((2,), DataType.FLOAT))
     >>> g.outputs = [g.add_node("Cast", [x], to=DataType.FLOAT16).outputs[0]]
     >>> Graph.from_json(g.to_json()) == g
@@ -16,8 +17,12 @@ import networkx as nx
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from .dtypes import DataType, Format, dtype_of, format_of
-from .ir import Graph, GraphError, Node, TensorType, Value
+from .opdef import get_op
 from .tensor import MAX_RANK
+from .types import GraphError, RecordedCall, TensorType, format_attr
+
+# This module works on graph objects (opgraph.core.ir.Graph) without importing ir: ir imports it.
+Graph = Node = Value = Any
 
 SCHEMA = "opgraph.graph"
 SCHEMA_VERSION = 1
@@ -80,12 +85,35 @@ class NodeModel(_Strict):
     inputs: list[str]
     attrs: dict[str, Any] = {}
     outputs: list[ValueModel]
+    source: Optional[str] = None
+
+
+class CallArgModel(_Strict):
+    name: str
+    kind: str
+    value: Any = None
+
+    @field_validator("kind")
+    @classmethod
+    def _kind(cls, v: str) -> str:
+        if v not in ("tensor", "double", "float", "int", "bool"):
+            raise ValueError(f"bad call argument kind {v!r}")
+        return v
+
+
+class CallModel(_Strict):
+    api: str
+    args: list[CallArgModel]
+
+    def to_call(self) -> RecordedCall:
+        return RecordedCall(self.api, tuple((a.name, a.kind, a.value) for a in self.args))
 
 
 class GraphModel(_Strict):
     schema_: str = SCHEMA
     version: int = SCHEMA_VERSION
     name: str
+    call: Optional[CallModel] = None
     inputs: list[ValueModel]
     nodes: list[NodeModel]
     outputs: list[str]
@@ -104,10 +132,13 @@ def graph_to_dict(g: Graph) -> dict:
         "schema": SCHEMA,
         "version": SCHEMA_VERSION,
         "name": g.name,
+        "call": None if g.call is None else {
+            "api": g.call.api, "args": [{"name": n, "kind": k, "value": v} for n, k, v in g.call.args]},
         "inputs": [ValueModel.of(v).model_dump() for v in g.inputs],
         "nodes": [{"op": n.op, "inputs": [v.name for v in n.inputs],
                    "attrs": n.attrs.model_dump(mode="json"),
-                   "outputs": [ValueModel.of(v).model_dump() for v in n.outputs]} for n in g.nodes],
+                   "outputs": [ValueModel.of(v).model_dump() for v in n.outputs],
+                   "source": n.source} for n in g.nodes],
         "outputs": [v.name for v in g.outputs],
     }
 
@@ -116,8 +147,8 @@ def to_json(g: Graph, indent: "int | None" = 1) -> str:
     return json.dumps(graph_to_dict(g), indent=indent)
 
 
-def from_json(text: "str | bytes") -> Graph:
-    """Rebuild a graph from :func:`to_json` output. Only data is read: op names must be
+def from_json(text: "str | bytes", graph_cls: type) -> Graph:
+    """Rebuild a ``graph_cls`` from :func:`to_json` output. Only data is read: op names must be
     registered l0 ops, attrs are validated by the op's model, and the result is verified."""
     try:
         raw = json.loads(text)
@@ -126,7 +157,7 @@ def from_json(text: "str | bytes") -> Graph:
     except (ValueError, TypeError) as e:  # JSONDecodeError, UnicodeDecodeError, huge integers
         raise GraphError(f"graph JSON is malformed: {e}") from None
     try:
-        return _graph_from_raw(raw)
+        return _graph_from_raw(raw, graph_cls)
     except RecursionError:
         raise GraphError("graph JSON is invalid: nested too deeply") from None
     except GraphError:
@@ -135,7 +166,7 @@ def from_json(text: "str | bytes") -> Graph:
         raise GraphError(f"graph JSON is invalid: {type(e).__name__}: {e}") from None
 
 
-def _graph_from_raw(raw: Any) -> Graph:
+def _graph_from_raw(raw: Any, graph_cls: type) -> Graph:
     """:func:`from_json` after decoding: schema, model validation, rebuild, verify."""
     if not isinstance(raw, dict):
         raise GraphError("graph JSON must be an object")
@@ -150,8 +181,7 @@ def _graph_from_raw(raw: Any) -> Graph:
         err = e.errors()[0]
         loc = ".".join(map(str, err["loc"]))
         raise GraphError(f"graph JSON is invalid at {loc}: {err['msg']}") from None
-    from l0ops.registry import get_op
-    g = Graph(model.name)
+    g = graph_cls(model.name, None if model.call is None else model.call.to_call())
     env: dict[str, Value] = {}
     for vm in model.inputs:
         env[vm.name] = g.add_input(vm.name, vm.to_type())
@@ -170,7 +200,8 @@ def _graph_from_raw(raw: Any) -> Graph:
         except ValueError as e:
             raise GraphError(f"graph JSON node {i}: {e}") from None
         try:
-            node = g.add_node(nm.op, args, attrs, out_names=[o.name for o in nm.outputs])
+            node = g.add_node(nm.op, args, attrs, out_names=[o.name for o in nm.outputs],
+                              source=nm.source)
         except ValueError as e:
             raise GraphError(f"graph JSON node {i} ({nm.op}) does not type-check: {e}") from None
         for v, vm in zip(node.outputs, nm.outputs):
@@ -200,7 +231,6 @@ def _q(s: str) -> str:
 
 
 def _node_label(n: Node) -> str:
-    from .ir import format_attr
     attrs = ", ".join(f"{k}={format_attr(v)}" for k, v in n.attr_items() if k != "body")
     return n.op + (f"\n{attrs}" if attrs else "")
 

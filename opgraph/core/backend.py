@@ -1,0 +1,207 @@
+"""The backend protocol, lowering tables and the backend registry.
+
+A backend compiles a planned graph once and returns an :class:`Executable`; phase 2 runs that
+executable on the user's tensors and the caller's workspace (the arena the memory plan lays out):
+
+    >>> class Echo(Backend):
+    ...     name = "echo"
+    ...     def compile(self, graph, memory_plan, platform):
+    ...         return Echo.Run()
+    ...     class Run(Executable):
+    ...         def run(self, bindings, workspace=None):
+    ...             print(sorted(bindings))
+    >>> register("echo", Echo)
+    >>> get("echo").compile(None, None, None).run({"x": 1})
+    ['x']
+
+Built-in and third-party backends are found the same way: entry points of the group
+``opgraph.backends`` naming a Backend class or a zero-argument factory.
+"""
+from __future__ import annotations
+
+from importlib import metadata
+from typing import Any, Callable, Mapping, Optional, Union
+
+from .ir import Graph, Node
+from .memory import MemoryPlan, plan_memory
+from .platform import Platform, get_platform
+from .tensor import Tensor
+
+GROUP = "opgraph.backends"
+# The built-in backends, by the same entry-point mechanism third-party ones use (pyproject.toml
+# declares the same entries; these keep a source checkout that is not installed working).
+BUILTIN = {
+    "numpy": "backends.numpy_backend:NumpyBackend",
+    "native": "backends.native:NativeBackend",
+    "ascend-sim": "backends.ascend_sim:AscendSimBackend",
+    "aclnn": "backends.aclnn.runtime:AclnnBackend",
+}
+
+
+class BackendUnavailable(RuntimeError):
+    """A backend is unknown or cannot run on this machine (one clear line says why)."""
+
+
+class Executable:
+    """A graph compiled by a backend. :meth:`run` binds graph input ``%name`` to
+    ``bindings[name]`` (an :class:`opgraph.Tensor`), uses ``workspace`` (a writable buffer of at
+    least the memory plan's size, or None when it is 0) as the arena for intermediates, and
+    writes the user tensors the graph writes."""
+
+    def run(self, bindings: Mapping[str, Tensor], workspace: Any = None) -> Any:
+        raise NotImplementedError
+
+
+class Backend:
+    """Base class of backends: set ``name``, implement :meth:`compile`."""
+
+    name: str = "backend"
+
+    def availability(self) -> tuple[bool, str]:
+        """``(True, "")`` or ``(False, reason)``."""
+        return True, ""
+
+    def compile(self, graph: Graph, memory_plan: MemoryPlan, platform: Platform) -> Executable:
+        raise NotImplementedError
+
+    def run(self, graph: Graph, bindings: Mapping[str, Tensor], workspace: Any = None) -> Any:
+        """Compile and run once (for ad-hoc graphs): plans memory, allocates the arena if
+        ``workspace`` is None, runs on the current platform; returns what the executable's run
+        returns (the numpy-family backends: the graph outputs by value name)."""
+        plan = plan_memory(graph)
+        if workspace is None and plan.size:
+            workspace = bytearray(plan.size)
+        return self.compile(graph, plan, get_platform()).run(bindings, workspace)
+
+    def __repr__(self) -> str:
+        return f"<backend {self.name}>"
+
+
+Lowering = Callable[..., Any]
+
+
+class LoweringTable:
+    """Per-backend lowering: l0 op name → function. Tables extend one another (native = numpy's
+    table plus FusedElementwise); ``fallback(node)`` covers ops with no entry, or None.
+
+    >>> base = LoweringTable({"Cast": "cast-fn"}, fallback=lambda node: "generic")
+    >>> derived = base.extend({"Fill": "fill-fn"})
+    >>> derived.lookup("Cast"), derived.lookup("Fill"), derived.lookup("Mul")
+    ('cast-fn', 'fill-fn', 'generic')
+    """
+
+    def __init__(self, entries: Optional[Mapping[str, Lowering]] = None, *,
+                 fallback: Optional[Callable[[str], Lowering]] = None):
+        self.entries: dict[str, Lowering] = dict(entries or {})
+        self.fallback = fallback
+
+    def register(self, op: str, fn: Optional[Lowering] = None) -> Any:
+        """``table.register("Op", fn)`` or ``@table.register("Op")``."""
+        if fn is None:
+            return lambda f: self.register(op, f)
+        self.entries[op] = fn
+        return fn
+
+    def extend(self, entries: Mapping[str, Lowering]) -> "LoweringTable":
+        return LoweringTable({**self.entries, **entries}, fallback=self.fallback)
+
+    def lookup(self, op: str) -> Optional[Lowering]:
+        """The lowering of ``op``: its entry, else the fallback's, else None."""
+        fn = self.entries.get(op)
+        if fn is None and self.fallback is not None:
+            fn = self.fallback(op)
+        return fn
+
+    def lower(self, node: Node) -> Lowering:
+        """:meth:`lookup` for a node; a missing lowering raises quoting the node's dump line."""
+        fn = self.lookup(node.op)
+        if fn is None:
+            raise NotImplementedError(f"no lowering for {node.op}: {node.header()}")
+        return fn
+
+
+# --- the registry ---------------------------------------------------------------------------
+Factory = Callable[[], Backend]
+_FACTORIES: dict[str, Factory] = {}
+_INSTANCES: dict[str, Backend] = {}
+_DISCOVERED = False
+
+
+def register(name: str, factory: Union[Factory, Backend], *, replace: bool = False) -> None:
+    """Register a backend class / zero-argument factory (called on first use) or an instance."""
+    if name in _FACTORIES and not replace:
+        raise ValueError(f"backend {name!r} is already registered (pass replace=True)")
+    if isinstance(factory, Backend):
+        inst = factory
+        factory = lambda: inst  # noqa: E731
+    elif not callable(factory):
+        raise TypeError(f"backend {name!r}: the factory must be a Backend instance, a Backend "
+                        f"class or a zero-argument callable, got {type(factory).__name__}")
+    _INSTANCES.pop(name, None)
+    _FACTORIES[name] = factory
+
+
+def _entry_point_factory(ep: metadata.EntryPoint) -> Factory:
+    return lambda: ep.load()()
+
+
+def _discover() -> None:
+    """Built-in and entry-point backends, registered once (explicit registrations win)."""
+    global _DISCOVERED
+    if _DISCOVERED:
+        return
+    _DISCOVERED = True
+    eps = {name: metadata.EntryPoint(name, value, GROUP) for name, value in BUILTIN.items()}
+    eps.update({ep.name: ep for ep in metadata.entry_points(group=GROUP)})
+    for name, ep in eps.items():
+        _FACTORIES.setdefault(name, _entry_point_factory(ep))
+
+
+def names() -> list[str]:
+    """Every registered backend name, available or not."""
+    _discover()
+    return sorted(_FACTORIES)
+
+
+def get(name: Union[str, Backend]) -> Backend:
+    """The backend named ``name`` (or ``name`` itself when it is a Backend); unknown or
+    unavailable → BackendUnavailable with one clear line."""
+    if isinstance(name, Backend):
+        backend = name
+    else:
+        if name not in _INSTANCES:
+            _discover()
+            try:
+                factory = _FACTORIES[name]
+            except KeyError:
+                raise BackendUnavailable(
+                    f"unknown backend {name!r} (registered: {', '.join(names())})") from None
+            inst = factory()
+            if not isinstance(inst, Backend):
+                raise BackendUnavailable(f"backend {name!r}: its factory returned "
+                                         f"{type(inst).__name__}, not a Backend")
+            _INSTANCES[name] = inst
+        backend = _INSTANCES[name]
+    ok, why = backend.availability()
+    if not ok:
+        raise BackendUnavailable(f"backend {backend.name!r} is unavailable: {why}")
+    return backend
+
+
+def status() -> dict[str, str]:
+    """``{name: "ok" or the reason it is unavailable}`` for every registered backend."""
+    out = {}
+    for n in names():
+        try:
+            get(n)
+            out[n] = "ok"
+        except BackendUnavailable as e:
+            out[n] = str(e)
+        except Exception as e:  # a broken third-party plugin must not break the listing
+            out[n] = f"failed to load: {type(e).__name__}: {e}"
+    return out
+
+
+def available() -> list[str]:
+    """Names of the backends that can run here."""
+    return [n for n, why in status().items() if why == "ok"]

@@ -1,0 +1,79 @@
+"""Run-time choices that phase 1/2 read: the backend and the optimisation level (context vars).
+
+    >>> with use_backend("numpy"), opt_level(1):
+    ...     get_backend_name(), get_opt_level()
+    ('numpy', 1)
+"""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from typing import Iterator, Union
+
+from .backend import Backend, get
+
+DEFAULT_BACKEND = "numpy"
+DEFAULT_OPT_LEVEL = 2
+OPT_LEVELS = (0, 1, 2)  # 0 as recorded, 1 what CANN launches, 2 fused
+
+BackendRef = Union[str, Backend]
+_backend: contextvars.ContextVar[BackendRef] = contextvars.ContextVar("opgraph_backend",
+                                                                     default=DEFAULT_BACKEND)
+_level: contextvars.ContextVar[int] = contextvars.ContextVar("opgraph_opt_level", default=DEFAULT_OPT_LEVEL)
+
+
+def _check_backend(ref: BackendRef) -> BackendRef:
+    get(ref)  # raises BackendUnavailable with one clear line
+    return ref
+
+
+def get_backend_name() -> str:
+    """The name of the backend phase 2 runs on."""
+    ref = _backend.get()
+    return ref if isinstance(ref, str) else ref.name
+
+
+def current_backend() -> Backend:
+    """The backend phase 2 runs on (BackendUnavailable if it cannot run here)."""
+    return get(_backend.get())
+
+
+def set_backend(backend: BackendRef) -> None:
+    """Run phase 2 on ``backend`` (a registered name or a Backend instance) from now on."""
+    _backend.set(_check_backend(backend))
+
+
+@contextlib.contextmanager
+def use_backend(backend: BackendRef) -> Iterator[BackendRef]:
+    """``with opgraph.use_backend("native"): ...`` runs phase 2 there inside the block; an
+    instance works too (``use_backend(MyBackend())``)."""
+    token = _backend.set(_check_backend(backend))
+    try:
+        yield backend
+    finally:
+        _backend.reset(token)
+
+
+def check_level(n: int) -> int:
+    """``n`` if it is an opt level, else ValueError naming the levels."""
+    if isinstance(n, bool) or n not in OPT_LEVELS:
+        raise ValueError(f"opt level must be one of {OPT_LEVELS}, got {n!r}")
+    return int(n)
+
+
+def get_opt_level() -> int:
+    return _level.get()
+
+
+def set_opt_level(n: int) -> None:
+    """Compile phase 1 at level ``n``: 0 as recorded, 1 what CANN launches, 2 fused."""
+    _level.set(check_level(n))
+
+
+@contextlib.contextmanager
+def opt_level(n: int) -> Iterator[int]:
+    token = _level.set(check_level(n))
+    try:
+        yield n
+    finally:
+        _level.reset(token)

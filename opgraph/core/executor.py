@@ -1,0 +1,135 @@
+"""aclOpExecutor analog. Phase 1 records a graph on an :class:`Executor`, then compiles it into
+a :class:`CompiledProgram` (optimised graph, memory plan, workspace size) that the executor
+cache shares between calls; phase 2 runs the program's executable for the current backend,
+compiled once per backend, on the executor's bound tensors.
+
+    >>> import numpy as np, l0ops
+    >>> from opgraph.core.tensor import tensor
+    >>> ex = Executor("aclnnCastDemo")
+    >>> x = ex.input("x", tensor(np.ones(4, np.float32)))
+    >>> out = ex.input("out", tensor(np.zeros(4, np.float16)))
+    >>> ex.output(l0ops.ViewCopy(ex, l0ops.Cast(ex, x, to="float16"), out))
+    >>> len(ex.graph.nodes), ex.program is None
+    (2, True)
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Optional
+
+from .backend import Backend, Executable
+from .ir import Graph, Value
+from .memory import MemoryPlan
+from .platform import Platform, get_platform
+from .tensor import Tensor
+from .types import RecordedCall, TensorType
+
+
+def tensor_type(t: Tensor) -> TensorType:
+    """The IR type of a user tensor (shape, dtype, format, strides)."""
+    return TensorType(t.shape, t.dtype, t.format, t.strides)
+
+
+@dataclass
+class CompiledProgram:
+    """What phase 1 produces and the executor cache keeps: the recorded graph, the graph phase 2
+    runs at ``opt_level``, its memory plan (``workspace_size`` bytes) and, per backend instance,
+    the executable compiled from it (built on first use, then reused)."""
+
+    graph: Graph
+    compiled: Graph
+    memory_plan: MemoryPlan
+    opt_level: int
+    platform: Platform
+    _executables: dict[int, tuple[Backend, Executable]] = field(default_factory=dict, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    @property
+    def workspace_size(self) -> int:
+        return self.memory_plan.size
+
+    def executable(self, backend: Backend) -> Executable:
+        """``backend``'s executable of the compiled graph (compiled once, thread-safe)."""
+        hit = self._executables.get(id(backend))
+        if hit is not None and hit[0] is backend:
+            return hit[1]
+        with self._lock:
+            hit = self._executables.get(id(backend))
+            if hit is None or hit[0] is not backend:
+                hit = (backend, backend.compile(self.compiled, self.memory_plan, self.platform))
+                self._executables[id(backend)] = hit
+        return hit[1]
+
+    @property
+    def kernel_count(self) -> int:
+        """Kernels phase 2 launches (free nodes excluded)."""
+        return sum(1 for n in self.compiled.nodes if not n.opdef.is_free(n))
+
+
+class Executor:
+    """What phase 1 returns: the recorded ``graph`` (level 0), the ``bindings`` of its inputs to
+    the caller's tensors, the shared ``program`` once compiled, and the single-use / repeatable
+    run state of aclOpExecutor."""
+
+    def __init__(self, name: str, platform: Optional[Platform] = None,
+                 call: Optional[RecordedCall] = None):
+        self.graph = Graph(name, call)
+        self.bindings: dict[str, Tensor] = {}
+        self.platform = platform or get_platform()
+        self.program: Optional[CompiledProgram] = None
+        self.repeatable = False
+        self.runs = 0
+        self.destroyed = False
+
+    @classmethod
+    def of_program(cls, program: CompiledProgram, bindings: dict[str, Tensor]) -> "Executor":
+        """A fresh single-use executor over a (cached) program, bound to new tensors."""
+        ex = cls.__new__(cls)
+        ex.graph, ex.bindings, ex.platform, ex.program = program.graph, bindings, program.platform, program
+        ex.repeatable, ex.runs, ex.destroyed = False, 0, False
+        return ex
+
+    @property
+    def name(self) -> str:
+        return self.graph.name
+
+    @property
+    def compiled(self) -> Optional[Graph]:
+        """The graph phase 2 runs (None before phase 1 compiled it)."""
+        return None if self.program is None else self.program.compiled
+
+    @property
+    def memory_plan(self) -> Optional[MemoryPlan]:
+        return None if self.program is None else self.program.memory_plan
+
+    @property
+    def workspace_size(self) -> int:
+        return 0 if self.program is None else self.program.workspace_size
+
+    @property
+    def opt_level(self) -> int:
+        return 0 if self.program is None else self.program.opt_level
+
+    def input(self, name: str, t: Tensor) -> Value:
+        """Register user tensor ``t`` as graph input ``%name`` and bind it."""
+        v = self.graph.add_input(name, tensor_type(t))
+        self.bindings[name] = t
+        return v
+
+    def output(self, *values: Value) -> None:
+        self.graph.outputs = list(values)
+
+    @property
+    def kernel_count(self) -> int:
+        """Kernels phase 2 launches (free nodes excluded)."""
+        if self.program is not None:
+            return self.program.kernel_count
+        return sum(1 for n in self.graph.nodes if not n.opdef.is_free(n))
+
+    def __repr__(self) -> str:
+        return (f"<Executor {self.name}: {len(self.graph.nodes)} recorded nodes, level {self.opt_level}, "
+                f"workspace {self.workspace_size} B, {self.platform.soc}>")
+
+
+__all__ = ["CompiledProgram", "Executor", "tensor_type"]
