@@ -1,4 +1,4 @@
-"""The generic l0 ops the op_api composes: Contiguous, Cast, ReduceSum, RealDiv, UnsqueezeNd,
+"""The generic l0 ops the op_api composes: Contiguous, Cast, RealDiv, UnsqueezeNd,
 BroadcastTo, Fill and ViewCopy (their ops-math l0 APIs). Each call records one node, even when CANN would
 launch nothing for it (the ``free`` predicates say when; level-1 pruning removes those).
 
@@ -52,11 +52,6 @@ Cast = define_op(
     doc="Elementwise dtype conversion; identity (no kernel) when the dtype already matches.")
 
 
-class ReduceSumAttrs(OpAttrs):
-    axes: tuple[int, ...]
-    keepdims: bool = False
-
-
 def _norm_axes(op: str, axes, rank: int) -> tuple[int, ...]:
     out = []
     for d in axes:
@@ -64,35 +59,6 @@ def _norm_axes(op: str, axes, rank: int) -> tuple[int, ...]:
         out.append(d % rank if rank else 0)
     require(len(set(out)) == len(out), op, f"repeated axes {tuple(axes)}")
     return tuple(out)
-
-
-def _reduce_infer(ts, a):
-    t = ts[0]
-    axes = _norm_axes("ReduceSum", a.axes, t.rank)
-    shape = tuple(1 if i in axes else n for i, n in enumerate(t.shape) if a.keepdims or i not in axes)
-    dtype = DataType.INT64 if t.dtype == DataType.BOOL else t.dtype
-    return [t.with_(shape=shape, dtype=dtype)]
-
-
-def _reduce_compute(xs, a):
-    x = xs[0]
-    if not a.axes:
-        return [x]
-    axes = _norm_axes("ReduceSum", a.axes, x.ndim)
-    dtype = np.int64 if x.dtype == np.bool_ else x.dtype
-    return [np.asarray(np.sum(x, axis=axes, keepdims=a.keepdims, dtype=dtype))]
-
-
-ReduceSum = define_op(
-    "ReduceSum", attrs=ReduceSumAttrs, num_inputs=1, kind="reduce",
-    infer=_reduce_infer, compute=_reduce_compute,
-    expand=lambda emit, args, a, ts: emit("sum", args, _reduce_infer(ts, a)[0].dtype),
-    expandable=lambda node: (not node.attrs.keepdims and node.inputs[0].dtype != DataType.BOOL
-                             and len(node.attrs.axes) == node.inputs[0].type.rank),
-    free=lambda node: not node.attrs.axes,
-    fidelity=(Fidelity("formula", "float sums in numpy's pairwise order (exact for the integer "
-                       "counts op_apis sum)"),),
-    doc="Sum over ``axes`` (empty axes is the identity); BOOL sums to INT64.")
 
 
 def _div_infer(ts, a):

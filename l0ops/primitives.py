@@ -2,10 +2,12 @@
 semantics, and the interpreter that runs a body over an iteration space (broadcast inputs read
 by stride, the per-channel part hoisted and computed once, the rest chunk by chunk).
 
-Instructions have exact IEEE semantics in their dtype: ``add``, ``sub``, ``mul``, ``div`` (one
-rounding to the instruction's dtype, no FMA) and ``cast`` (RNE into floats; float → int
-truncates, NaN → 0); ``view`` reshapes a hoisted register, ``sum`` reduces a register to a
-scalar, ``fill`` is a constant. Registers ``in0``…``inK`` are the inputs; ``t0``… temporaries.
+Instructions have exact IEEE semantics in their dtype: ``add``, ``sub``, ``mul``, ``div``,
+``max``, ``sqrt`` (one rounding to the instruction's dtype), ``fma(a, b, c) = a·b + c`` (one
+rounding: evaluated in float64, then rounded), ``cast`` (RNE into floats; float → int
+truncates, NaN → 0), ``eq`` (a bool register) and ``where(cond, a, b)``; ``view`` reshapes a
+hoisted register, ``sum`` reduces a register to a scalar in the order of :mod:`l0ops.ordered`,
+``fill`` is a constant. Registers ``in0``…``inK`` are the inputs; ``t0``… temporaries.
 FusedElementwise (``l0ops.fused``) runs a body as one kernel; ops defined by an expansion get
 their numpy semantics from the same interpreter (:func:`expansion_compute`).
 
@@ -26,6 +28,7 @@ import numpy as np
 from opgraph.core.dtypes import DataType, dtype_of
 from opgraph.core.opdef import DType, ExpandFn, L0Error, OpAttrs, require
 from opgraph.core.types import TensorType
+from .ordered import ordered_sum
 
 F32, F16, BF16, F64 = DataType.FLOAT, DataType.FLOAT16, DataType.BF16, DataType.DOUBLE
 
@@ -43,8 +46,9 @@ def cast_array(x: np.ndarray, to: DataType) -> np.ndarray:
     if src_is_float and dst.kind in "iu":
         return np.trunc(np.nan_to_num(x.astype(np.float64), nan=0.0)).astype(dst)
     return x.astype(dst)
-ARITH = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide}
-PRIMS = tuple(ARITH) + ("cast", "view", "sum", "fill")
+ARITH = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide,
+         "max": np.maximum}
+PRIMS = tuple(ARITH) + ("cast", "view", "sum", "fill", "sqrt", "fma", "eq", "where")
 CHUNK_ELEMS = 1 << 15  # 128 KiB float32 chunks: fewer Python steps, still cache-resident
 
 
@@ -130,7 +134,13 @@ def _check_body(a: FusedAttrs, in_types: Sequence[TensorType]) -> dict[str, tupl
             regs[f"t{k}"] = (ins.dtype, tuple(ins.shape or ()))
             continue
         src_dtype, src_shape = regs[ins.args[0]]
-        if ins.op in ("view", "sum") and src_dtype != ins.dtype:
+        if ins.op == "eq":
+            if ins.dtype != DataType.BOOL or regs[ins.args[1]][0] != src_dtype:
+                fail(k, ins, "eq compares two operands of one dtype into a bool register")
+        elif ins.op == "where":
+            if src_dtype != DataType.BOOL or any(regs[r][0] != ins.dtype for r in ins.args[1:]):
+                fail(k, ins, "where takes a bool condition and two operands of its dtype")
+        elif ins.op in ("view", "sum") and src_dtype != ins.dtype:
             fail(k, ins, f"{ins.op} keeps the dtype")
         if ins.op == "view":
             if ins.shape is None or math.prod(ins.shape) != math.prod(src_shape):
@@ -140,7 +150,7 @@ def _check_body(a: FusedAttrs, in_types: Sequence[TensorType]) -> dict[str, tupl
         if ins.op == "sum":
             regs[f"t{k}"] = (ins.dtype, ())
             continue
-        if ins.op != "cast" and any(regs[r][0] != ins.dtype for r in ins.args):
+        if ins.op not in ("cast", "eq", "where") and any(regs[r][0] != ins.dtype for r in ins.args):
             fail(k, ins, f"operand dtypes differ from {ins.dtype.short}")
         try:
             regs[f"t{k}"] = (ins.dtype, tuple(np.broadcast_shapes(*(regs[r][1] for r in ins.args))))
@@ -156,7 +166,7 @@ def _check_body(a: FusedAttrs, in_types: Sequence[TensorType]) -> dict[str, tupl
     return regs
 
 
-_ARITY = {"fill": 0, "cast": 1, "view": 1, "sum": 1}
+_ARITY = {"fill": 0, "cast": 1, "view": 1, "sum": 1, "sqrt": 1, "fma": 3, "where": 3}
 
 
 # --- numpy execution -------------------------------------------------------------------------
@@ -180,11 +190,21 @@ def compile_instr(ins: Instr, types: dict) -> Callable[..., np.ndarray]:
     if ins.op == "view":
         shape = tuple(ins.shape)
         return lambda x: x.reshape(shape)
-    if ins.op == "sum":  # the same numpy reduction as ReduceSum over all axes
+    if ins.op == "sum":  # the same ordered reduction as ReduceSum over all axes
         def total(x):
             real = x.astype(d.np) if rounding else x
-            return _load(np.asarray(np.sum(real, axis=tuple(range(real.ndim)), dtype=real.dtype)), d)
+            return _load(np.asarray(ordered_sum(real, tuple(range(real.ndim)))).astype(d.np), d)
         return total
+    if ins.op == "eq":
+        return lambda x, y: np.equal(x, y)
+    if ins.op == "where":
+        return lambda c, x, y: np.where(c, x, y)
+    if ins.op == "fma":
+        return lambda a, b, c: _load((a.astype(np.float64) * b + c).astype(d.np), d)
+    if ins.op == "sqrt":
+        if rounding:
+            return lambda x: np.sqrt(x).astype(d.np).astype(np.float32)
+        return np.sqrt
     if ins.op == "cast":
         src = types[ins.args[0]][0]
         if d in (F16, BF16, F32) and src in (F16, BF16, F32):

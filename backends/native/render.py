@@ -30,7 +30,7 @@ import functools
 from dataclasses import dataclass
 from typing import Callable
 
-from l0ops.primitives import ARITH, FusedAttrs, Hoisted, Instr
+from l0ops.primitives import FusedAttrs, Hoisted, Instr
 from opgraph.core.dtypes import DataType
 
 F32, F16, BF16 = DataType.FLOAT, DataType.FLOAT16, DataType.BF16
@@ -71,7 +71,7 @@ def plan(a: FusedAttrs, h: Hoisted) -> Plan:
         raise Unsupported(f"output dtype {a.out_dtype.short}")
     used: list[str] = []
     for dst, ins in h.live:
-        if ins.op not in ARITH and ins.op != "cast":
+        if ins.op not in C_OP and ins.op != "cast":
             raise Unsupported(f"{ins.render(dst)}: {ins.op} per element")
         if ins.dtype not in FLOATS:
             raise Unsupported(f"{ins.render(dst)}: {ins.dtype.short} register")

@@ -21,7 +21,8 @@ from typing import Optional
 
 import numpy as np
 
-from l0ops.basic import BroadcastTo, Cast, Contiguous, Fill, RealDiv, ReduceSum, UnsqueezeNd, ViewCopy
+from l0ops.basic import BroadcastTo, Cast, Contiguous, Fill, RealDiv, UnsqueezeNd, ViewCopy
+from l0ops.reduce import ReduceSum
 from l0ops.batchnorm import MODELLED_ARCHS, SyncBatchNormBackwardElemt
 from opgraph.core.dtypes import DataType
 from opgraph.core.executor import Executor

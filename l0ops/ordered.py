@@ -1,0 +1,101 @@
+"""Floating-point sums in one fixed, documented order — deterministic for any chunking or thread
+count, the same in numpy and in the native C kernels.
+
+For a reduction over ``axes``, the reduced elements of each output are taken in row-major
+order of the reduced dims (index ``r`` in ``[0, R)``), then
+
+1. **blocks**: ``r`` is cut into blocks of ``BLOCK`` = 32768 consecutive elements (the last one
+   shorter); each block is summed on its own, as below;
+2. **lanes**: inside a block, lane ``j`` (``LANES`` = 64 lanes) adds the elements ``j, j+64,
+   j+128, ...`` one after another, starting from the first of them;
+3. **tree**: the lanes that got elements (``m = min(64, block length)``) are folded in halves:
+   with ``n = ceil(m / 2)``, lane ``j`` adds lane ``j + n`` for every ``j < m - n``; then
+   ``m = n``, until one value is left;
+4. the block sums are folded with the same tree.
+
+Every addition rounds to the accumulation dtype (float32 for float data), so to first order
+``|S − exact| ≤ (min(R, 32768)/64 + 6 + ⌈log2(R/32768)⌉)·eps·Σ|x|`` — for R = 10⁵ about
+520·eps·Σ|x| against the sequential bound (R − 1)·eps·Σ|x|; the tests check it against float64.
+
+    >>> import numpy as np
+    >>> x = np.float32([1e8, 1.0, -1e8, 1.0])
+    >>> float(ordered_sum(x, (0,)))       # lanes 0..3 each hold one value: (1e8 + -1e8) + (1 + 1)
+    2.0
+    >>> float(np.float32(1e8) + np.float32(1.0) + np.float32(-1e8) + np.float32(1.0))  # sequential
+    1.0
+"""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import numpy as np
+
+LANES = 64
+BLOCK = 32768  # a multiple of LANES
+
+
+def tree_fold(a: np.ndarray) -> np.ndarray:
+    """Fold the last axis in halves (step 3 above) down to length 1; returns ``a[..., 0]``.
+
+    >>> tree_fold(np.float32([[1, 2, 3, 4, 5]])).tolist()   # ((1+4)+3) + (2+5)
+    [15.0]
+    """
+    m = a.shape[-1]
+    if m == 0:
+        return np.zeros(a.shape[:-1], a.dtype)
+    a = a.copy()
+    while m > 1:
+        n = (m + 1) // 2
+        a[..., : m - n] += a[..., n:m]
+        m = n
+    return a[..., 0]
+
+
+def _lane_sums(x: np.ndarray) -> np.ndarray:
+    """``x``: (..., B) with 0 < B ≤ BLOCK → (..., min(B, LANES)) lane accumulators (step 2)."""
+    B = x.shape[-1]
+    rows = B // LANES
+    if rows == 0:
+        return x.copy()
+    full = x[..., : rows * LANES].reshape(x.shape[:-1] + (rows, LANES))
+    acc = full[..., 0, :].copy()
+    for i in range(1, rows):
+        acc += full[..., i, :]
+    tail = B - rows * LANES
+    if tail:
+        acc[..., :tail] += x[..., rows * LANES:]
+    return acc
+
+
+def ordered_sum_last(x: np.ndarray) -> np.ndarray:
+    """The ordered sum of ``x`` over its last axis (already in the accumulation dtype)."""
+    R = x.shape[-1]
+    if R == 0:
+        return np.zeros(x.shape[:-1], x.dtype)
+    nb = -(-R // BLOCK)
+    partial = np.empty(x.shape[:-1] + (nb,), x.dtype)
+    for b in range(nb):
+        partial[..., b] = tree_fold(_lane_sums(x[..., b * BLOCK: (b + 1) * BLOCK]))
+    return tree_fold(partial)
+
+
+def ordered_sum(x: np.ndarray, axes: Sequence[int], keepdims: bool = False,
+                dtype: "np.dtype | None" = None) -> np.ndarray:
+    """Sum ``x`` over ``axes`` in the documented order, accumulating in ``dtype`` (default: float32
+    for float16/bfloat16/float32 data, else x's dtype).
+
+    >>> ordered_sum(np.ones((2, 3, 4), np.float16), (0, 2)).tolist()
+    [8.0, 8.0, 8.0]
+    """
+    x = np.asarray(x)
+    if dtype is None:  # float16, bfloat16 and float32 data accumulate in float32
+        dtype = np.float32 if x.dtype.itemsize <= 4 and x.dtype.kind in "fV" else x.dtype
+    axes = tuple(sorted(a % x.ndim for a in axes)) if x.ndim else ()
+    kept = [d for d in range(x.ndim) if d not in axes]
+    moved = np.transpose(x, kept + list(axes)).astype(dtype, copy=False)
+    R = math.prod(x.shape[d] for d in axes)
+    out = ordered_sum_last(np.ascontiguousarray(moved).reshape(tuple(x.shape[d] for d in kept) + (R,)))
+    if keepdims:
+        out = out.reshape(tuple(1 if d in axes else n for d, n in enumerate(x.shape)))
+    return out
