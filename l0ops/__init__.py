@@ -17,6 +17,9 @@ from .reduce import ReduceMean, ReduceMeanWithCount, ReduceStdWithMean, ReduceSu
 from .arith import Add, Div, Mul, OnesLike, Pow, Sub
 from .views import ReFormat, Reshape, SqueezeNd
 from .batchnorm import SyncBatchNormBackwardElemt, elemt_backward
+from .bninfer import BatchNormV3, BNInfer
+from .syncbn import (SyncBatchNormBackwardReduce, SyncBatchNormGatherStatsFused,
+                     SyncBatchNormGatherStatsWithCounts, SyncBNTrainingUpdate)
 from .fused import FusedElementwise
 
 __all__ = ["DType", "Fidelity", "L0Error", "OpAttrs", "OpDef", "all_ops", "define_op", "get_op",
@@ -24,4 +27,6 @@ __all__ = ["DType", "Fidelity", "L0Error", "OpAttrs", "OpDef", "all_ops", "defin
            "Contiguous", "Fill", "RealDiv", "ReduceSum", "UnsqueezeNd", "ViewCopy", "ReduceMean",
            "ReduceMeanWithCount", "ReduceStdWithMean", "ReduceVar", "Add", "Div", "Mul", "OnesLike",
            "Pow", "Sub", "ReFormat", "Reshape", "SqueezeNd",
-           "SyncBatchNormBackwardElemt", "elemt_backward", "FusedElementwise"]
+           "SyncBatchNormBackwardElemt", "elemt_backward", "FusedElementwise", "BatchNormV3",
+           "BNInfer", "SyncBatchNormBackwardReduce", "SyncBatchNormGatherStatsFused",
+           "SyncBatchNormGatherStatsWithCounts", "SyncBNTrainingUpdate"]

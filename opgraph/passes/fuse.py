@@ -29,7 +29,9 @@ def op_rewrites() -> RewritePass:
 
 
 def _absorbable(n: Node) -> bool:
-    return not n.opdef.written(n) and len(n.outputs) == 1 and n.opdef.can_expand(n)
+    """Expandable, no effects, and only its first output used (an expansion computes that one)."""
+    return (not n.opdef.written(n) and n.opdef.can_expand(n)
+            and all(not v.users for v in n.outputs[1:]))
 
 
 def _group(seed: Node, taken: set) -> list[Node]:
