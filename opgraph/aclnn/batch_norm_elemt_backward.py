@@ -17,7 +17,7 @@ the vendor's order, then every l0 call in emission order on the executor.
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import Any, Optional
 
 import numpy as np
 
@@ -31,6 +31,7 @@ from opgraph.core.opapi import Arrays, InputConfig, Option, Param
 from opgraph.core.platform import PRESETS, Platform
 from opgraph.core.tensor import Tensor
 from .common import F16, F32, MAX_RANK, S32, check_dtype, float_dtypes, invalid, require_kernel
+from .pythonic import as_tensor, output, require_input, result, run_op_api
 from .twophase import check_not_null, op_api, run_executor
 
 COUNTER_DTYPES = (F32, F16, S32)
@@ -176,3 +177,26 @@ def aclnnBatchNormElemtBackwardGetWorkspaceSize(
 
 aclnnBatchNormElemtBackward = run_executor
 """Phase 2: ``aclnnBatchNormElemtBackward(workspace, workspace_size, executor, stream=None)``."""
+
+
+def batch_norm_elemt_backward(grad_out: Any, input: Any, mean: Any, invstd: Any, weight: Any,
+                              sum_dy: Any, sum_dy_xmu: Any, counter: Any,
+                              out: "np.ndarray | Tensor | None" = None) -> np.ndarray:
+    """torch.batch_norm_backward_elemt on numpy arrays (or opgraph Tensors): SyncBatchNorm's
+    element-wise input gradient. ``out`` (any float dtype, may be a strided view) receives the
+    result; by default a new array of input's shape and dtype. Raises AclnnError (writing
+    nothing) on bad input.
+
+    >>> x = np.arange(8, dtype=np.float32).reshape(1, 2, 4)
+    >>> c = lambda *v: np.float32(v)
+    >>> y = batch_norm_elemt_backward(x, x, c(0, 0), c(1, 1), c(1, 1), c(0, 0), c(1, 1), c(5, 5))
+    >>> np.allclose(y, 0.9 * x)
+    True
+    """
+    names = ("grad_out", "input", "mean", "invstd", "weight", "sum_dy", "sum_dy_xmu", "counter")
+    args = [as_tensor(n, a) for n, a in zip(names, (grad_out, input, mean, invstd, weight, sum_dy,
+                                                     sum_dy_xmu, counter))]
+    x = require_input("input", args[1])
+    out, out_t = output("out", out, x.shape, x.dtype)
+    run_op_api(aclnnBatchNormElemtBackwardGetWorkspaceSize, aclnnBatchNormElemtBackward, *args, out_t)
+    return result(out, out_t)

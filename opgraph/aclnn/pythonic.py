@@ -1,0 +1,64 @@
+"""What the Pythonic API (``opgraph.ops``) shares: numpy arrays in, numpy arrays out, both phases
+run, :class:`AclnnError` raised on any failure (with the op_api's status and message). Each
+op_api module defines its torch-named function with these helpers; ``opgraph.ops`` re-exports
+them.
+
+    >>> import numpy as np
+    >>> as_tensor("x", np.zeros(2, np.float32)).shape
+    (2,)
+    >>> as_tensor("x", "abc")
+    Traceback (most recent call last):
+    ...
+    opgraph.core.status.AclnnError: ACLNN_ERR_PARAM_INVALID (161002): x: cannot be used as a tensor (str): ...
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+import numpy as np
+
+from opgraph.core.dtypes import DataType
+from opgraph.core.status import AclnnError, Status
+from opgraph.core.tensor import Tensor, tensor
+from .twophase import recent_error
+
+
+def as_tensor(name: str, x: Any) -> Optional[Tensor]:
+    """``x`` as an opgraph Tensor (None stays NULL); anything that is not array-like → 161002."""
+    if x is None or isinstance(x, Tensor):
+        return x
+    try:
+        return tensor(x)
+    except (TypeError, ValueError) as e:
+        raise AclnnError(Status.ACLNN_ERR_PARAM_INVALID,
+                         f"{name}: cannot be used as a tensor ({type(x).__name__}): {e}") from None
+
+
+def output(name: str, out: Any, shape: tuple[int, ...], dtype: DataType) -> tuple[Any, Tensor]:
+    """``(array to return, tensor to pass)`` for an output: ``out`` as given, or a new array."""
+    if out is None:
+        out = np.empty(shape, dtype=dtype.np)
+    t = as_tensor(name, out)
+    assert t is not None
+    return out, t
+
+
+def result(out: Any, t: Tensor) -> Any:
+    """What a Pythonic function returns for an output: the caller's array, or the tensor's values."""
+    return out if isinstance(out, np.ndarray) else t.numpy()
+
+
+def run_op_api(get_workspace_size: Callable[..., Any], run: Callable[..., Any], *args: Any) -> None:
+    """Phase 1 and phase 2 on ``args``; AclnnError (the op_api's own) on any failure."""
+    status, ws, ex = get_workspace_size(*args)
+    if status == Status.ACLNN_SUCCESS:
+        status = run(bytearray(ws) if ws else None, ws, ex)
+    if status != Status.ACLNN_SUCCESS:
+        raise recent_error() or AclnnError(status, "failed without a message")
+
+
+def require_input(name: str, t: Optional[Tensor]) -> Tensor:
+    """161001 naming ``name`` when a tensor an output's shape comes from is missing."""
+    if t is None:
+        raise AclnnError(Status.ACLNN_ERR_PARAM_NULLPTR, f"{name}: must not be NULL")
+    return t
