@@ -9,6 +9,8 @@ from opgraph.core.opapi import get_op_api, op_apis
 from .twophase import aclGetRecentErrMsg, check_not_null, op_api, record, recent_error, run_executor
 from .executor_api import (aclDestroyAclOpExecutor, aclSetAclOpExecutorRepeatable,
                            aclSetInputTensorAddr, aclSetOutputTensorAddr)
+from . import (batch_norm_elemt, batch_norm_gather_stats_with_counts,  # noqa: F401  (register)
+               batch_norm_reduce_backward, batch_norm_stats)
 from .batch_norm_elemt_backward import (aclnnBatchNormElemtBackward,
                                         aclnnBatchNormElemtBackwardGetWorkspaceSize)
 

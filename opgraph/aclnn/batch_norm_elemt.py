@@ -1,0 +1,1 @@
+"""aclnnBatchNormElemt: being written (SyncBatchNorm family, part 1)."""

@@ -1,0 +1,1 @@
+"""aclnnBatchNormGatherStatsWithCounts: being written (SyncBatchNorm family, part 1)."""

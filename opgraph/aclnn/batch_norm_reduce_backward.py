@@ -1,0 +1,1 @@
+"""aclnnBatchNormReduceBackward: being written (SyncBatchNorm family, part 1)."""

@@ -1,0 +1,1 @@
+"""aclnnBatchNormStats: being written (SyncBatchNorm family, part 1)."""
