@@ -10,7 +10,8 @@ from .twophase import aclGetRecentErrMsg, check_not_null, op_api, record, recent
 from .executor_api import (aclDestroyAclOpExecutor, aclSetAclOpExecutorRepeatable,
                            aclSetInputTensorAddr, aclSetOutputTensorAddr)
 from . import (batch_norm_elemt, batch_norm_gather_stats_with_counts,  # noqa: F401  (register)
-               batch_norm_reduce_backward, batch_norm_stats)
+               batch_norm_reduce, batch_norm_reduce_backward, batch_norm_stats,
+               sync_batch_norm_gather_stats)
 from .batch_norm_elemt_backward import (aclnnBatchNormElemtBackward,
                                         aclnnBatchNormElemtBackwardGetWorkspaceSize)
 

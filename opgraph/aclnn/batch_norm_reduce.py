@@ -1,0 +1,1 @@
+"""aclnnBatchNormReduce: being written (SyncBatchNorm family, part 2)."""

@@ -1,0 +1,1 @@
+"""aclnnSyncBatchNormGatherStats: being written (SyncBatchNorm family, part 2)."""
