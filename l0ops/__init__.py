@@ -21,6 +21,7 @@ from .bninfer import BatchNormV3, BNInfer
 from .syncbn import (SyncBatchNormBackwardReduce, SyncBatchNormGatherStatsFused,
                      SyncBatchNormGatherStatsWithCounts, SyncBNTrainingUpdate)
 from .fused import FusedElementwise
+from .fused_reduce import FusedReduce
 
 __all__ = ["DType", "Fidelity", "L0Error", "OpAttrs", "OpDef", "all_ops", "define_op", "get_op",
            "require", "FusedAttrs", "Instr", "cast_array", "run_fused", "BroadcastTo", "Cast",
@@ -29,4 +30,4 @@ __all__ = ["DType", "Fidelity", "L0Error", "OpAttrs", "OpDef", "all_ops", "defin
            "Pow", "Sub", "ReFormat", "Reshape", "SqueezeNd",
            "SyncBatchNormBackwardElemt", "elemt_backward", "FusedElementwise", "BatchNormV3",
            "BNInfer", "SyncBatchNormBackwardReduce", "SyncBatchNormGatherStatsFused",
-           "SyncBatchNormGatherStatsWithCounts", "SyncBNTrainingUpdate"]
+           "SyncBatchNormGatherStatsWithCounts", "SyncBNTrainingUpdate", "FusedReduce"]

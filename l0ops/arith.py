@@ -68,22 +68,11 @@ Div = define_op("Div", num_inputs=2, infer=_strict_infer("Div"), expand=_binary(
                 fidelity=EXACT, doc="a / b with numpy broadcasting")
 
 
-def _pow(xs, a):
-    """The 950 tensor-scalar kernel's special cases (pow_tensor_scalar_float.h): −0.5 is
-    1/sqrt(x) (Sqrt, then Div), 0.5 sqrt, 2 x·x, −1 1/x, 1 x, 0 ones; other exponents numpy's
-    power, rounded once."""
-    base, exp = np.asarray(xs[0]), np.asarray(xs[1])
-    d = base.dtype
-    x = base.astype(np.float32)
-    e = float(exp.reshape(-1)[0]) if exp.size == 1 else None
-    one = np.float32(1)
-    special = {-0.5: lambda: one / np.sqrt(x), 0.5: lambda: np.sqrt(x), 2.0: lambda: x * x,
-               -1.0: lambda: one / x, 1.0: lambda: x, 0.0: lambda: np.ones_like(x)}
-    if e in special:
-        y = special[e]()
-    else:
-        y = np.power(x.astype(np.float64), exp.astype(np.float64)).astype(np.float32)
-    return [np.asarray(y).astype(d)]
+def _pow(emit, args, a, ts) -> str:
+    """The ``pow`` primitive: the 950 kernel's special-cased exponents (−0.5 = Sqrt then Div)."""
+    d = ts[0].dtype
+    exp = args[1] if ts[1].dtype == d else emit("cast", [args[1]], d)
+    return emit("pow", [args[0], exp], d)
 
 
 def _pow_infer(ts, a):
@@ -93,7 +82,7 @@ def _pow_infer(ts, a):
 
 
 Pow = define_op(
-    "Pow", num_inputs=2, infer=_pow_infer, compute=_pow,
+    "Pow", num_inputs=2, infer=_pow_infer, expand=_pow,
     fidelity=(Fidelity("bit-faithful", "950 tensor-scalar Pow kernel source for the exponents "
                        "it special-cases (−0.5 = Sqrt then Div); others: numpy power rounded once",
                        (3510,)),

@@ -16,7 +16,6 @@ import numpy as np
 from opgraph.core.dtypes import DataType
 from opgraph.core.opdef import Fidelity, OpAttrs, require
 from .define import define_op
-from .primitives import expansion_compute
 
 F32 = DataType.FLOAT
 FLT_MAX = float(np.finfo(np.float32).max)
@@ -103,18 +102,14 @@ def _v3_infer(ts, a: V3Attrs):
     return [ts[0].with_(), ts[3].with_(), ts[4].with_()]
 
 
-_y_only = expansion_compute(_v3_y, lambda ts, a: [ts[0].with_()])
-
-
-def _v3_compute(xs, a: V3Attrs) -> list:
-    """y, and the batch mean/var outputs: in inference no op_api reads them; they are given
-    the running statistics."""
-    return [_y_only(xs, a)[0], np.array(xs[3], np.float32), np.array(xs[4], np.float32)]
+def _v3(emit, args, a: V3Attrs, ts) -> tuple[str, str, str]:
+    """y, and the batch mean/var outputs: in inference no op_api reads them; they are given the
+    running statistics."""
+    return _v3_y(emit, args, a, ts), args[3], args[4]
 
 
 BatchNormV3 = define_op(
-    "BatchNormV3", attrs=V3Attrs, num_inputs=5, kind="elementwise", infer=_v3_infer,
-    compute=_v3_compute, expand=_v3_y,
+    "BatchNormV3", attrs=V3Attrs, num_inputs=5, kind="elementwise", infer=_v3_infer, expand=_v3,
     fidelity=(Fidelity("bit-faithful", "950 kernel source (ops-nn batch_norm_v3 arch35 "
                        "batch_norm_v3_infer.h; the Newton-Raphson rstd of reduce_common_regbase.h, "
                        "Mula modelled as a fused multiply-add)", (3510,)),),

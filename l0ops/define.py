@@ -15,7 +15,7 @@ from typing import Any, Callable, Optional, Sequence
 
 from opgraph.core.opdef import (ComputeFn, ExpandFn, Fidelity, InferFn, OpAttrs, OpDef, register)
 from opgraph.core.rules import Rule
-from .primitives import expansion_compute
+from .expansion import expansion_compute
 
 
 def define_op(name: str, *, infer: InferFn, attrs: type[OpAttrs] = OpAttrs,

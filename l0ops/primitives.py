@@ -5,11 +5,12 @@ by stride, the per-channel part hoisted and computed once, the rest chunk by chu
 Instructions have exact IEEE semantics in their dtype: ``add``, ``sub``, ``mul``, ``div``,
 ``max``, ``sqrt`` (one rounding to the instruction's dtype), ``fma(a, b, c) = a·b + c`` (one
 rounding: evaluated in float64, then rounded), ``cast`` (RNE into floats; float → int
-truncates, NaN → 0), ``eq`` (a bool register) and ``where(cond, a, b)``; ``view`` reshapes a
-hoisted register, ``sum`` reduces a register to a scalar in the order of :mod:`l0ops.ordered`,
-``fill`` is a constant. Registers ``in0``…``inK`` are the inputs; ``t0``… temporaries.
+truncates, NaN → 0), ``eq`` (a bool register), ``where(cond, a, b)`` and ``pow(x, e)`` (Pow's
+special-cased exponents, :func:`pow_array`); ``view`` reshapes a hoisted register, ``sum``
+reduces a register to a scalar, or to ``shape`` (keepdims; reduced dims 1), in the order of
+:mod:`l0ops.ordered`, ``fill`` is a constant. Registers ``in0``…``inK`` are the inputs; ``t0``… temporaries.
 FusedElementwise (``l0ops.fused``) runs a body as one kernel; ops defined by an expansion get
-their numpy semantics from the same interpreter (:func:`expansion_compute`).
+their numpy semantics from the same primitives (:mod:`l0ops.expansion`).
 
     >>> from opgraph.core.dtypes import DataType as D
     >>> body = (Instr(op="sub", args=("in0", "in1"), dtype=D.FLOAT16),)
@@ -26,11 +27,32 @@ from typing import Callable, Sequence
 import numpy as np
 
 from opgraph.core.dtypes import DataType, dtype_of
-from opgraph.core.opdef import DType, ExpandFn, L0Error, OpAttrs, require
+from opgraph.core.opdef import DType, L0Error, OpAttrs, require
 from opgraph.core.types import TensorType
 from .ordered import ordered_sum
 
 F32, F16, BF16, F64 = DataType.FLOAT, DataType.FLOAT16, DataType.BF16, DataType.DOUBLE
+
+
+def pow_array(base: np.ndarray, exp: np.ndarray) -> np.ndarray:
+    """x ** e in x's dtype as the 950 tensor-scalar Pow kernel special-cases a one-element
+    exponent (pow_tensor_scalar_float.h): −0.5 is 1/sqrt(x) (Sqrt, then Div), 0.5 sqrt, 2 x·x,
+    −1 1/x, 1 x, 0 ones; other exponents: numpy's power in float64, rounded once.
+
+    >>> pow_array(np.float32([4, 16]), np.float32(-0.5)).tolist()
+    [0.5, 0.25]
+    """
+    base, exp = np.asarray(base), np.asarray(exp)
+    x = base.astype(np.float32)
+    e = float(exp.reshape(-1)[0]) if exp.size == 1 else None
+    one = np.float32(1)
+    special = {-0.5: lambda: one / np.sqrt(x), 0.5: lambda: np.sqrt(x), 2.0: lambda: x * x,
+               -1.0: lambda: one / x, 1.0: lambda: x, 0.0: lambda: np.ones_like(x)}
+    if e in special:
+        y = special[e]()
+    else:
+        y = np.power(x.astype(np.float64), exp.astype(np.float64)).astype(np.float32)
+    return np.asarray(y).astype(base.dtype)
 
 
 def cast_array(x: np.ndarray, to: DataType) -> np.ndarray:
@@ -48,7 +70,7 @@ def cast_array(x: np.ndarray, to: DataType) -> np.ndarray:
     return x.astype(dst)
 ARITH = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide,
          "max": np.maximum}
-PRIMS = tuple(ARITH) + ("cast", "view", "sum", "fill", "sqrt", "fma", "eq", "where")
+PRIMS = tuple(ARITH) + ("cast", "view", "sum", "fill", "sqrt", "fma", "eq", "where", "pow")
 CHUNK_ELEMS = 1 << 15  # 128 KiB float32 chunks: fewer Python steps, still cache-resident
 
 
@@ -98,28 +120,43 @@ class _Sig:
 _TYPES_CACHE: dict = {}
 
 
-def reg_types(a: FusedAttrs, in_types: Sequence[TensorType]) -> dict[str, tuple[DataType, tuple[int, ...]]]:
-    """dtype and (numpy-broadcast) shape of every register; raises L0Error on a malformed body.
-    Results are memoised per (attrs object, input types)."""
-    # keyed by the body tuple (shared by copies such as the store variant) and the result
-    key = (id(a.body), a.result, a.shape, tuple((t.dtype, t.shape) for t in in_types))
+RegTypes = dict[str, tuple[DataType, tuple[int, ...]]]
+
+
+def body_types(body: Sequence[Instr], in_types: Sequence[TensorType]) -> RegTypes:
+    """dtype and (numpy-broadcast) shape of every register of ``body``; L0Error on a malformed
+    body. Memoised per (body tuple, input types)."""
+    key = (id(body), tuple((t.dtype, t.shape) for t in in_types))
     hit = _TYPES_CACHE.get(key)
-    if hit is not None and hit[0] is a.body:
+    if hit is not None and hit[0] is body:
         return hit[1]
-    regs = _check_body(a, in_types)
+    regs = _check_body(body, in_types)
     if len(_TYPES_CACHE) > 4096:
         _TYPES_CACHE.clear()
-    _TYPES_CACHE[key] = (a.body, regs)
+    _TYPES_CACHE[key] = (body, regs)
     return regs
 
 
-def _check_body(a: FusedAttrs, in_types: Sequence[TensorType]) -> dict[str, tuple[DataType, tuple[int, ...]]]:
+def reg_types(a: FusedAttrs, in_types: Sequence[TensorType]) -> RegTypes:
+    """:func:`body_types` of a fused body, checking its result against the iteration space."""
+    regs = body_types(a.body, in_types)
+    require(a.result in regs, "FusedElementwise", f"result register {a.result} is undefined")
+    try:
+        ok = np.broadcast_shapes(regs[a.result][1], a.shape) == tuple(a.shape)
+    except ValueError:
+        ok = False
+    require(ok, "FusedElementwise", f"result shape {list(regs[a.result][1])} does not broadcast "
+            f"to {list(a.shape)}")
+    return regs
+
+
+def _check_body(body: Sequence[Instr], in_types: Sequence[TensorType]) -> RegTypes:
     regs = {f"in{k}": (t.dtype, t.shape) for k, t in enumerate(in_types)}
 
     def fail(k: int, ins: Instr, msg: str):
         raise L0Error(f"FusedElementwise: t{k} ({ins.render(f't{k}')}): {msg}")
 
-    for k, ins in enumerate(a.body):
+    for k, ins in enumerate(body):
         if ins.op not in PRIMS:
             fail(k, ins, f"unknown primitive {ins.op!r}")
         for r in ins.args:
@@ -148,7 +185,11 @@ def _check_body(a: FusedAttrs, in_types: Sequence[TensorType]) -> dict[str, tupl
             regs[f"t{k}"] = (ins.dtype, tuple(ins.shape))
             continue
         if ins.op == "sum":
-            regs[f"t{k}"] = (ins.dtype, ())
+            out = tuple(ins.shape) if ins.shape is not None else ()
+            if out and (len(out) != len(src_shape)
+                        or any(o not in (1, n) for o, n in zip(out, src_shape))):
+                fail(k, ins, f"sum to {list(out)} must keep {list(src_shape)}'s rank with reduced dims 1")
+            regs[f"t{k}"] = (ins.dtype, out)
             continue
         if ins.op not in ("cast", "eq", "where") and any(regs[r][0] != ins.dtype for r in ins.args):
             fail(k, ins, f"operand dtypes differ from {ins.dtype.short}")
@@ -156,17 +197,10 @@ def _check_body(a: FusedAttrs, in_types: Sequence[TensorType]) -> dict[str, tupl
             regs[f"t{k}"] = (ins.dtype, tuple(np.broadcast_shapes(*(regs[r][1] for r in ins.args))))
         except ValueError:
             fail(k, ins, "operand shapes do not broadcast")
-    require(a.result in regs, "FusedElementwise", f"result register {a.result} is undefined")
-    try:
-        ok = np.broadcast_shapes(regs[a.result][1], a.shape) == tuple(a.shape)
-    except ValueError:
-        ok = False
-    require(ok, "FusedElementwise", f"result shape {list(regs[a.result][1])} does not broadcast "
-            f"to {list(a.shape)}")
     return regs
 
 
-_ARITY = {"fill": 0, "cast": 1, "view": 1, "sum": 1, "sqrt": 1, "fma": 3, "where": 3}
+_ARITY = {"fill": 0, "cast": 1, "view": 1, "sum": 1, "sqrt": 1, "fma": 3, "where": 3, "pow": 2}
 
 
 # --- numpy execution -------------------------------------------------------------------------
@@ -190,11 +224,18 @@ def compile_instr(ins: Instr, types: dict) -> Callable[..., np.ndarray]:
     if ins.op == "view":
         shape = tuple(ins.shape)
         return lambda x: x.reshape(shape)
-    if ins.op == "sum":  # the same ordered reduction as ReduceSum over all axes
+    if ins.op == "sum":  # the ordered reduction of ReduceSum: all axes, or to ``shape`` (keepdims)
+        src = types[ins.args[0]][1]
+        axes = (tuple(range(len(src))) if ins.shape is None
+                else tuple(i for i, (n, o) in enumerate(zip(src, ins.shape)) if n != o))
+        keep = ins.shape is not None
+
         def total(x):
             real = x.astype(d.np) if rounding else x
-            return _load(np.asarray(ordered_sum(real, tuple(range(real.ndim)))).astype(d.np), d)
+            return _load(np.asarray(ordered_sum(np.broadcast_to(real, src), axes, keep)).astype(d.np), d)
         return total
+    if ins.op == "pow":
+        return lambda x, e: _load(pow_array(x.astype(d.np) if rounding else x, e), d)
     if ins.op == "eq":
         return lambda x, y: np.equal(x, y)
     if ins.op == "where":
@@ -390,53 +431,3 @@ def _finish(res: np.ndarray, rd: DataType, out_dtype: DataType) -> np.ndarray:
     if rd in (F16, BF16):
         res = res.astype(rd.np)
     return cast_array(res, out_dtype)
-
-
-
-
-# --- bodies built by expansion ---------------------------------------------------------------
-class BodyBuilder:
-    """Collects instructions from an op's ``expand(emit, args, attrs, in_types)``.
-
-    >>> b = BodyBuilder()
-    >>> r = b.emit("mul", ["in0", "in0"], DataType.FLOAT)
-    >>> r, b.body[0].render(r)
-    ('t0', 't0: f32 = mul(in0, in0)')
-    """
-
-    def __init__(self) -> None:
-        self.body: list[Instr] = []
-
-    def emit(self, op: str, args: Sequence[str], dtype: DataType, shape=None, value=None) -> str:
-        self.body.append(Instr(op=op, args=tuple(args), dtype=dtype, shape=shape, value=value))
-        return f"t{len(self.body) - 1}"
-
-
-_EXPANSIONS: dict = {}
-
-
-def expansion_attrs(expand: ExpandFn, attrs: OpAttrs, in_types: Sequence[TensorType],
-                    out: TensorType) -> FusedAttrs:
-    """The body of one op call as FusedAttrs over the output's iteration space (memoised)."""
-    key = (expand, attrs, tuple((t.dtype, t.shape) for t in in_types), out.dtype, out.shape)
-    hit = _EXPANSIONS.get(key)
-    if hit is None:
-        b = BodyBuilder()
-        result = expand(b.emit, [f"in{k}" for k in range(len(in_types))], attrs, list(in_types))
-        if not b.body or result.startswith("in"):  # an identity: copy the operand as a cast
-            result = b.emit("cast", [result], out.dtype)
-        hit = FusedAttrs(shape=out.shape, body=tuple(b.body), result=result, out_dtype=out.dtype)
-        if len(_EXPANSIONS) > 4096:
-            _EXPANSIONS.clear()
-        _EXPANSIONS[key] = hit
-    return hit
-
-
-def expansion_compute(expand: ExpandFn, infer: Callable) -> Callable[[list, OpAttrs], list]:
-    """numpy semantics of an op defined by its expansion: interpret the expanded body."""
-    def compute(xs: list, attrs: OpAttrs) -> list:
-        in_types = [TensorType(np.shape(x), dtype_of(np.asarray(x).dtype)) for x in xs]
-        out = infer(in_types, attrs)[0]
-        arrays = [np.asarray(x) for x in xs]
-        return [run_fused(expansion_attrs(expand, attrs, in_types, out), arrays)]
-    return compute

@@ -22,7 +22,7 @@ from opgraph.core.dtypes import DataType
 from opgraph.core.opdef import Fidelity, OpAttrs, require
 from .basic import _norm_axes
 from .define import define_op
-from .ordered import ordered_sum
+from .expansion import expansion_compute
 
 F32 = DataType.FLOAT
 ORDER = "float32 sums in opgraph's fixed order (l0ops.ordered): the vendor's order is not public"
@@ -40,15 +40,23 @@ def reduced_type(t, axes, keepdims: bool, op: str, dtype=None):
     return t.with_(shape=shape, dtype=t.dtype if dtype is None else dtype)
 
 
-def _sum(x: np.ndarray, a) -> np.ndarray:
-    """Sum in the data's dtype: floats through the ordered float32 sum, rounded back."""
-    axes = _norm_axes("ReduceSum", a.axes, x.ndim)
-    if x.dtype == np.bool_:
-        return np.asarray(np.sum(x, axis=axes, keepdims=a.keepdims, dtype=np.int64))
-    if x.dtype.kind in "fV":
-        s = ordered_sum(x, axes, a.keepdims)
-        return np.asarray(s).astype(x.dtype)
-    return np.asarray(np.sum(x, axis=axes, keepdims=a.keepdims, dtype=x.dtype))  # exact
+def _keep(t, axes) -> tuple[int, ...]:
+    return tuple(1 if i in axes else n for i, n in enumerate(t.shape))
+
+
+def _f32(emit, r: str, t) -> str:
+    """``r`` as float32 (exact from f16/bf16)."""
+    return r if t.dtype == F32 else emit("cast", [r], F32)
+
+
+def _finish(emit, r: str, out) -> str:
+    """Round a float32 (keepdims) register to the output's dtype and shape."""
+    r = r if out.dtype == F32 else emit("cast", [r], out.dtype)
+    return emit("view", [r], out.dtype, shape=out.shape)
+
+
+def _fill(emit, value: float) -> str:
+    return emit("fill", [], F32, value=float(np.float32(value)))
 
 
 def _sum_infer(ts, a):
@@ -57,12 +65,41 @@ def _sum_infer(ts, a):
                          DataType.INT64 if t.dtype == DataType.BOOL else None)]
 
 
+def _sum_expand(emit, args, a, ts):
+    """Floats: cast to float32, the ordered sum, round back once."""
+    t, out = ts[0], _sum_infer(ts, a)[0]
+    if not a.axes:
+        return args[0]
+    axes = _norm_axes("ReduceSum", a.axes, t.rank)
+    x = _f32(emit, args[0], t)
+    if len(axes) == t.rank and not a.keepdims:  # to a scalar: hoistable inside elementwise fusion
+        r = emit("sum", [x], F32)
+        return r if out.dtype == F32 else emit("cast", [r], out.dtype)
+    return _finish(emit, emit("sum", [x], F32, shape=_keep(t, axes)), out)
+
+
+def _float(t) -> bool:
+    return t.dtype in (F32, DataType.FLOAT16, DataType.BF16)
+
+
+_sum_float = expansion_compute(_sum_expand, _sum_infer)
+
+
+def _sum_compute(xs, a):
+    x = np.asarray(xs[0])
+    if not a.axes:
+        return [x]
+    if x.dtype.kind in "fV":
+        return _sum_float(xs, a)
+    axes = _norm_axes("ReduceSum", a.axes, x.ndim)  # integers: exact in any order
+    return [np.asarray(np.sum(x, axis=axes, keepdims=a.keepdims,
+                              dtype=np.int64 if x.dtype == np.bool_ else x.dtype))]
+
+
 ReduceSum = define_op(
     "ReduceSum", attrs=ReduceAttrs, num_inputs=1, kind="reduce", infer=_sum_infer,
-    compute=lambda xs, a: [xs[0] if not a.axes else _sum(xs[0], a)],
-    expand=lambda emit, args, a, ts: emit("sum", args, _sum_infer(ts, a)[0].dtype),
-    expandable=lambda node: (not node.attrs.keepdims and node.inputs[0].dtype != DataType.BOOL
-                             and len(node.attrs.axes) == node.inputs[0].type.rank),
+    compute=_sum_compute, expand=_sum_expand,
+    expandable=lambda node: _float(node.inputs[0].type),
     free=lambda node: not node.attrs.axes,
     fidelity=(Fidelity("formula", ORDER + "; integer sums are exact"),),
     doc="Sum over ``axes`` (empty axes is the identity); BOOL sums to INT64.")
@@ -72,17 +109,23 @@ def _count(shape, axes) -> int:
     return math.prod(shape[d] for d in _norm_axes("reduce", axes, len(shape)))
 
 
-def _mean(x: np.ndarray, a) -> np.ndarray:
+def _mean_infer(ts, a):
+    return [reduced_type(ts[0], a.axes, a.keepdims, "ReduceMean")]
+
+
+def _mean_expand(emit, args, a, ts):
     """sum, then × f32(1/N) — the order of the 950 DAG and of the newer public TBE copy."""
-    axes = _norm_axes("ReduceMean", a.axes, x.ndim)
-    s = ordered_sum(x, axes, a.keepdims)
-    return (s * np.float32(1.0 / _count(x.shape, axes))).astype(x.dtype)
+    t, out = ts[0], _mean_infer(ts, a)[0]
+    if not a.axes:
+        return args[0]
+    axes = _norm_axes("ReduceMean", a.axes, t.rank)
+    s = emit("sum", [_f32(emit, args[0], t)], F32, shape=_keep(t, axes))
+    return _finish(emit, emit("mul", [s, _fill(emit, 1.0 / _count(t.shape, axes))], F32), out)
 
 
 ReduceMean = define_op(
-    "ReduceMean", attrs=ReduceAttrs, num_inputs=1, kind="reduce",
-    infer=lambda ts, a: [reduced_type(ts[0], a.axes, a.keepdims, "ReduceMean")],
-    compute=lambda xs, a: [xs[0] if not a.axes else _mean(xs[0], a)],
+    "ReduceMean", attrs=ReduceAttrs, num_inputs=1, kind="reduce", infer=_mean_infer,
+    expand=_mean_expand,
     fidelity=(Fidelity("formula", "Σx × f32(1/N) (sum then scale, as the 950 DAG and the newer "
                        "public 910B TBE copy); " + ORDER),),
     doc="Mean over ``axes``.")
@@ -94,35 +137,30 @@ class VarAttrs(OpAttrs):
     keepdims: bool = False
 
 
-def _var(x: np.ndarray, a) -> list[np.ndarray]:
+def _var_infer(ts, a):
+    return [reduced_type(ts[0], a.axes, a.keepdims, "ReduceVar")] * 2
+
+
+def _var_expand(emit, args, a, ts):
     """The 950 two-pass order (reduce_var_twopass.h): mean = S·f32(1/R) (its 2^-k pre-scaling is
     exact), var = Σ f32(f32((x − mean)·f32(1/(R − correction)))·(x − mean))."""
-    axes = _norm_axes("ReduceVar", a.axes, x.ndim)
-    xf = x.astype(np.float32)
-    R = _count(x.shape, axes)
-    mean_k = (ordered_sum(xf, axes, True) * np.float32(1.0 / R)).astype(np.float32)
-    scale = np.float32(1.0 / (R - a.correction)) if R > a.correction else np.float32(np.inf)
-    d = xf - mean_k
-    var = ordered_sum((d * scale) * d, axes, a.keepdims)
-    mean = mean_k if a.keepdims else mean_k.reshape(var.shape)
-    return [var.astype(x.dtype), mean.astype(x.dtype)]
+    t, out = ts[0], _var_infer(ts, a)[0]
+    axes = _norm_axes("ReduceVar", a.axes, t.rank)
+    R = _count(t.shape, axes)
+    x = _f32(emit, args[0], t)
+    mean = emit("mul", [emit("sum", [x], F32, shape=_keep(t, axes)), _fill(emit, 1.0 / R)], F32)
+    scale = _fill(emit, 1.0 / (R - a.correction) if R > a.correction else np.inf)
+    d = emit("sub", [x, mean], F32)
+    var = emit("sum", [emit("mul", [emit("mul", [d, scale], F32), d], F32)], F32, shape=_keep(t, axes))
+    return _finish(emit, var, out), _finish(emit, mean, out)
 
 
 ReduceVar = define_op(
-    "ReduceVar", attrs=VarAttrs, num_inputs=1, kind="reduce",
-    infer=lambda ts, a: [reduced_type(ts[0], a.axes, a.keepdims, "ReduceVar")] * 2,
-    compute=lambda xs, a: _var(xs[0], a),
+    "ReduceVar", attrs=VarAttrs, num_inputs=1, kind="reduce", infer=_var_infer, expand=_var_expand,
     fidelity=(Fidelity("formula", "the 950 kernel's two-pass op order (ops-math reduce_var "
                        "arch35); the Welford path it takes for very large reductions is not "
                        "modelled; " + ORDER, (3510,)),),
     doc="(variance, mean) over ``axes`` with ``correction`` (0: biased).")
-
-
-def _mean_with_count(xs, a):
-    x, count, count_sum = (np.asarray(v).astype(np.float32) for v in xs)
-    axes = _norm_axes("ReduceMeanWithCount", a.axes, x.ndim)
-    terms = (x * count) / count_sum  # Mul, Div: each rounded to float32
-    return [ordered_sum(terms, axes, a.keepdims).astype(xs[0].dtype)]
 
 
 def _mean_with_count_infer(ts, a):
@@ -132,9 +170,17 @@ def _mean_with_count_infer(ts, a):
     return [reduced_type(x, a.axes, a.keepdims, "ReduceMeanWithCount")]
 
 
+def _mean_with_count_expand(emit, args, a, ts):
+    x, c, cs = (_f32(emit, r, t) for r, t in zip(args, ts))
+    t, out = ts[0], _mean_with_count_infer(ts, a)[0]
+    axes = _norm_axes("ReduceMeanWithCount", a.axes, t.rank)
+    terms = emit("div", [emit("mul", [x, c], F32), cs], F32)  # Mul, Div: each rounded
+    return _finish(emit, emit("sum", [terms], F32, shape=_keep(t, axes)), out)
+
+
 ReduceMeanWithCount = define_op(
     "ReduceMeanWithCount", attrs=ReduceAttrs, num_inputs=3, kind="reduce",
-    infer=_mean_with_count_infer, compute=_mean_with_count,
+    infer=_mean_with_count_infer, expand=_mean_with_count_expand,
     fidelity=(Fidelity("formula", "Σ f32(f32(x·count)/countSum) (the 950 DAG's Mul, Div, "
                        "ReduceSum; the public 910B TBE copy); " + ORDER),),
     doc="Σ over ``axes`` of x·count/countSum (count and countSum broadcast to x's shape).")
@@ -148,28 +194,28 @@ class StdAttrs(OpAttrs):
     eps: float = 0.001
 
 
-def _std_with_mean(xs, a):
-    """d = x − mean; var = Σ f32(f32(d·d)·f32(1/N)) (scaled per element, before the sum);
-    invert: sqrt(f32(1/(var + eps))) — the reciprocal before the square root."""
-    x, mean = (np.asarray(v).astype(np.float32) for v in xs)
-    axes = _norm_axes("ReduceStdWithMean", a.axes, x.ndim)
-    n = _count(x.shape, axes) - a.correction
-    d = x - mean
-    var = ordered_sum((d * d) * np.float32(1.0 / n), axes, a.keepdims)
-    eps = np.float32(a.eps)
-    out = np.sqrt(np.float32(1.0) / (var + eps)) if a.invert else np.sqrt(var + eps)
-    return [np.asarray(out, np.float32).astype(xs[0].dtype)]
-
-
 def _std_infer(ts, a):
     require(ts[1].shape == ts[0].shape, "ReduceStdWithMean",
             f"mean {list(ts[1].shape)} must be broadcast to x's shape {list(ts[0].shape)}")
     return [reduced_type(ts[0], a.axes, a.keepdims, "ReduceStdWithMean")]
 
 
+def _std_expand(emit, args, a, ts):
+    """d = x − mean; var = Σ f32(f32(d·d)·f32(1/N)) (scaled per element, before the sum);
+    invert: sqrt(f32(1/(var + eps))) — the reciprocal before the square root."""
+    x, mean = (_f32(emit, r, t) for r, t in zip(args, ts))
+    t, out = ts[0], _std_infer(ts, a)[0]
+    axes = _norm_axes("ReduceStdWithMean", a.axes, t.rank)
+    d = emit("sub", [x, mean], F32)
+    q = emit("mul", [emit("mul", [d, d], F32), _fill(emit, 1.0 / (_count(t.shape, axes) - a.correction))], F32)
+    v = emit("add", [emit("sum", [q], F32, shape=_keep(t, axes)), _fill(emit, a.eps)], F32)
+    y = emit("sqrt", [emit("div", [_fill(emit, 1.0), v], F32) if a.invert else v], F32)
+    return _finish(emit, y, out)
+
+
 ReduceStdWithMean = define_op(
     "ReduceStdWithMean", attrs=StdAttrs, num_inputs=2, kind="reduce", infer=_std_infer,
-    compute=_std_with_mean,
+    expand=_std_expand,
     fidelity=(Fidelity("formula", "no public 910B kernel source; the op order of a public TBE "
                        "copy (per-element 1/N, reciprocal before sqrt); " + ORDER),),
     doc="The standard deviation (or with invert=True, 1/sqrt(var + eps) as sqrt(1/(var + eps))) "

@@ -160,11 +160,14 @@ SyncBatchNormGatherStatsFused = define_op(
 
 
 # --- both ---------------------------------------------------------------------------------------
-def _backward_reduce(xs, a) -> list[np.ndarray]:
+def _backward_reduce(emit, args, a, ts) -> tuple[str, str]:
     """t = mean·sumDy; sumDyXmu = sumDyX − t; gradWeight = sumDyXmu·invstd (float32)."""
-    sum_dy, sum_dy_x, mean, invstd = _f(xs)
-    xmu = sum_dy_x - mean * sum_dy
-    return [xmu.astype(np.asarray(xs[0]).dtype), (xmu * invstd).astype(np.asarray(xs[3]).dtype)]
+    sum_dy, sum_dy_x, mean, invstd = (r if t.dtype == F32 else emit("cast", [r], F32)
+                                      for r, t in zip(args, ts))
+    xmu = emit("sub", [sum_dy_x, emit("mul", [mean, sum_dy], F32)], F32)
+    gw = emit("mul", [xmu, invstd], F32)
+    back = lambda r, t: r if t.dtype == F32 else emit("cast", [r], t.dtype)  # noqa: E731
+    return back(xmu, ts[0]), back(gw, ts[3])
 
 
 def _backward_reduce_infer(ts, a):
@@ -175,7 +178,7 @@ def _backward_reduce_infer(ts, a):
 
 SyncBatchNormBackwardReduce = define_op(
     "SyncBatchNormBackwardReduce", num_inputs=4, kind="kernel", infer=_backward_reduce_infer,
-    compute=_backward_reduce,
+    expand=_backward_reduce,
     fidelity=(Fidelity("bit-faithful", "950 DAG (sync_batch_norm_backward_reduce_dag.h) and the "
                        "910B experimental AscendC kernel: the same three float32 steps"),),
     doc="(sumDyXmu, gradWeight) = (sumDyX − mean·sumDy, that·invstd).")

@@ -8,7 +8,7 @@ pass does not, and says so in its name.
     >>> [p.name for p in pipeline(1)]
     ['prune-identities', 'constant-fold', 'cse', 'dce', 'viewcopy-redirect']
     >>> [p.name for p in pipeline(2)][:4]
-    ['prune-identities', 'op-rewrites', 'fuse-elementwise', 'fuse-store']
+    ['prune-identities', 'op-rewrites', 'fuse-elementwise', 'fuse-reductions']
 
 The pass infrastructure (Pass, RewritePass, PassManager, instruments) is in
 :mod:`opgraph.core.passmanager`; this package holds the passes and the level pipelines.
@@ -25,6 +25,7 @@ from opgraph.core.passmanager import (DumpInstrument, FunctionPass, Instrument, 
 from opgraph.core.rules import Rule
 from .prune import LEVEL1, constant_fold, cse, dce, identities, viewcopy_redirect
 from .fuse import fuse_elementwise, fuse_store, op_rewrites
+from .fuse_reduce import fuse_reductions
 from .fastmath import fast_math_pass
 from .stats import GraphStats, graph_stats
 
@@ -44,7 +45,7 @@ def pipeline(level: int, fast_math: bool = False) -> list[Pass]:
     head, tail = LEVEL1[:1], LEVEL1[1:]
     if level == 1:
         return head + tail + fm
-    return head + fm + [op_rewrites(), fuse_elementwise, fuse_store] + tail
+    return head + fm + [op_rewrites(), fuse_elementwise, fuse_reductions, fuse_store] + tail
 
 
 def optimize(graph: Graph, level: int, *, fast_math: bool = False,
@@ -65,4 +66,4 @@ __all__ = ["optimize", "pipeline", "LEVELS", "Pass", "PassStats", "PassManager",
            "Rule", "RewritePass", "FunctionPass", "Instrument", "VerifyInstrument",
            "PrintInstrument", "DumpInstrument", "TimingInstrument", "sweep_dead", "identities",
            "constant_fold", "cse", "dce", "viewcopy_redirect", "op_rewrites", "fuse_elementwise",
-           "fuse_store", "fast_math_pass", "graph_stats", "GraphStats"]
+           "fuse_store", "fuse_reductions", "fast_math_pass", "graph_stats", "GraphStats"]

@@ -28,10 +28,16 @@ def op_rewrites() -> RewritePass:
     return RewritePass("op-rewrites", [r for op in all_ops().values() for r in op.rewrites])
 
 
+def expandable(n: Node) -> bool:
+    return not n.opdef.written(n) and n.opdef.can_expand(n)
+
+
 def _absorbable(n: Node) -> bool:
-    """Expandable, no effects, and only its first output used (an expansion computes that one)."""
-    return (not n.opdef.written(n) and n.opdef.can_expand(n)
-            and all(not v.users for v in n.outputs[1:]))
+    """Into an elementwise kernel: expandable, only its first output used, and no reduction but
+    one to a scalar (hoisted: computed once, outside the per-element loop)."""
+    if not expandable(n) or any(v.users for v in n.outputs[1:]):
+        return False
+    return n.opdef.kind != "reduce" or n.outputs[0].type.rank == 0
 
 
 def _group(seed: Node, taken: set) -> list[Node]:
@@ -51,8 +57,8 @@ def _group(seed: Node, taken: set) -> list[Node]:
     return list(group.values())
 
 
-def _body(nodes: list[Node], result: Value) -> tuple[list[Value], list[Instr], str]:
-    """Externals, primitive body and result register for a group in graph order."""
+def body_of(nodes: list[Node]) -> tuple[list[Value], list[Instr], dict[str, str]]:
+    """Externals, primitive body and the register of every value for a group in graph order."""
     externals: list[Value] = []
     regs: dict[str, str] = {}
     body: list[Instr] = []
@@ -69,8 +75,10 @@ def _body(nodes: list[Node], result: Value) -> tuple[list[Value], list[Instr], s
 
     for n in nodes:
         args = [reg(v) for v in n.inputs]
-        regs[n.outputs[0].name] = n.opdef.expand(emit, args, n.attrs, [v.type for v in n.inputs])
-    return externals, body, regs[result.name]
+        res = n.opdef.expand(emit, args, n.attrs, [v.type for v in n.inputs])
+        for v, r in zip(n.outputs, res if isinstance(res, tuple) else (res,)):
+            regs[v.name] = r
+    return externals, body, regs
 
 
 def _fuse(g: Graph) -> dict[str, int]:
@@ -88,7 +96,8 @@ def _fuse(g: Graph) -> dict[str, int]:
         if len(group) < 2:
             continue
         order = [n for n in g.nodes if any(n is m for m in group)]
-        externals, body, result = _body(order, seed.outputs[0])
+        externals, body, regs = body_of(order)
+        result = regs[seed.outputs[0].name]
         out = seed.outputs[0].type
         attrs = FusedAttrs(shape=out.shape, body=tuple(body), result=result, out_dtype=out.dtype)
         node = g.add_node("FusedElementwise", externals, attrs, index=g.nodes.index(seed),

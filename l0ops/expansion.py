@@ -1,0 +1,105 @@
+"""Ops defined by their expansion: collecting the primitive body of one call, evaluating a body
+on whole arrays (reductions included), and the numpy semantics derived from it — so an op's
+steps are written once, in its ``expand``.
+
+An expansion returns one register per output (a tuple for multi-output ops). A body without a
+reduction of full-size data runs chunk by chunk (:func:`l0ops.primitives.run_fused`); one with
+such a reduction is evaluated on whole arrays, in order (:func:`evaluate_body`).
+
+    >>> import numpy as np
+    >>> from opgraph.core.dtypes import DataType
+    >>> body, res = expand_body(lambda emit, a, at, ts: emit("mul", [a[0], a[0]], ts[0].dtype), None,
+    ...                         [TensorType((2,), DataType.FLOAT)])
+    >>> [i.render(f"t{k}") for k, i in enumerate(body)], res
+    (['t0: f32 = mul(in0, in0)'], ('t0',))
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from opgraph.core.dtypes import DataType, dtype_of
+from opgraph.core.opdef import ExpandFn, OpAttrs
+from opgraph.core.types import TensorType
+from .primitives import FusedAttrs, Instr, body_types, cast_array, compile_instr, run_fused
+
+Body = tuple[Instr, ...]
+
+
+class BodyBuilder:
+    """Collects instructions from an op's ``expand(emit, args, attrs, in_types)``.
+
+    >>> b = BodyBuilder()
+    >>> r = b.emit("mul", ["in0", "in0"], DataType.FLOAT)
+    >>> r, b.body[0].render(r)
+    ('t0', 't0: f32 = mul(in0, in0)')
+    """
+
+    def __init__(self) -> None:
+        self.body: list[Instr] = []
+
+    def emit(self, op: str, args: Sequence[str], dtype: DataType, shape=None, value=None) -> str:
+        self.body.append(Instr(op=op, args=tuple(args), dtype=dtype, shape=shape, value=value))
+        return f"t{len(self.body) - 1}"
+
+
+_BODIES: dict = {}
+
+
+def expand_body(expand: ExpandFn, attrs: Any, in_types: Sequence[TensorType]) -> tuple[Body, tuple[str, ...]]:
+    """The body of one call and its result registers, one per output (memoised)."""
+    key = (expand, attrs, tuple((t.dtype, t.shape) for t in in_types))
+    hit = _BODIES.get(key)
+    if hit is None:
+        b = BodyBuilder()
+        res = expand(b.emit, [f"in{k}" for k in range(len(in_types))], attrs, list(in_types))
+        hit = (tuple(b.body), tuple(res) if isinstance(res, tuple) else (res,))
+        if len(_BODIES) > 4096:
+            _BODIES.clear()
+        _BODIES[key] = hit
+    return hit
+
+
+def reduces_live_data(body: Body, in_types: Sequence[TensorType]) -> bool:
+    """True when a ``sum`` reduces to a shape (a partial reduction: needs whole arrays)."""
+    return any(ins.op == "sum" and ins.shape is not None for ins in body)
+
+
+def evaluate_body(body: Body, results: Sequence[str], inputs: Sequence[np.ndarray],
+                  in_types: Sequence[TensorType]) -> list[np.ndarray]:
+    """Run ``body`` on whole arrays in order; returns the result registers as arrays of their
+    dtype (numpy broadcasting between registers; reductions in the documented order)."""
+    types = body_types(body, in_types)
+    regs: dict[str, np.ndarray] = {}
+    for k, x in enumerate(inputs):
+        d = in_types[k].dtype
+        regs[f"in{k}"] = np.asarray(x).astype(np.float32) if d in (DataType.FLOAT16, DataType.BF16) \
+            else np.asarray(x)
+    for k, ins in enumerate(body):
+        regs[f"t{k}"] = compile_instr(ins, types)(*[regs[r] for r in ins.args])
+    out = []
+    for r in results:
+        d, shape = types[r]
+        v = regs[r]
+        out.append(np.array(np.broadcast_to(cast_array(v.astype(d.np) if v.dtype != d.np else v, d),
+                                            shape)))
+    return out
+
+
+def expansion_compute(expand: ExpandFn, infer: Callable) -> Callable[[list, OpAttrs], list]:
+    """numpy semantics of an op defined by its expansion: interpret the expanded body."""
+    def compute(xs: list, attrs: OpAttrs) -> list:
+        arrays = [np.asarray(x) for x in xs]
+        in_types = [TensorType(a.shape, dtype_of(a.dtype)) for a in arrays]
+        outs = infer(in_types, attrs)
+        body, results = expand_body(expand, attrs, in_types)
+        if len(results) == 1 and not reduces_live_data(body, in_types):
+            res = results[0]
+            if res.startswith("in") or not body:  # an identity: copy the operand
+                return [cast_array(arrays[int(res[2:])], outs[0].dtype).copy()]
+            fa = FusedAttrs(shape=outs[0].shape, body=body, result=res, out_dtype=outs[0].dtype)
+            return [run_fused(fa, arrays)]
+        values = evaluate_body(body, results, arrays, in_types)
+        return [v.reshape(o.shape).astype(o.dtype.np, copy=False) for v, o in zip(values, outs)]
+    return compute

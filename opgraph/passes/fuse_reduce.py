@@ -1,0 +1,141 @@
+"""Level-2 reduction fusion (bit-exact): a reduction and the elementwise work around it — the
+producers that feed it, sibling reductions of the same data, the per-channel epilogue — become
+one FusedReduce kernel with a result for every value used outside it. Nothing op-specific: every
+op in the group is written as primitives by its own ``expand``.
+
+    >>> import numpy as np, opgraph
+    >>> from opgraph.core.ir import Graph, TensorType
+    >>> g = Graph(); x = g.add_input("x", TensorType((4, 3, 5), opgraph.DataType.FLOAT))
+    >>> sq = g.add_node("Mul", [x, x]).outputs[0]
+    >>> s1 = g.add_node("ReduceSum", [sq], axes=(0, 2)).outputs[0]
+    >>> s2 = g.add_node("ReduceSum", [x], axes=(0, 2)).outputs[0]
+    >>> g.outputs = [s1, s2]
+    >>> fused, stats = fuse_reductions.run(g)
+    >>> [n.op for n in fused.nodes], stats.counts["fused"]
+    (['FusedReduce'], 1)
+"""
+from __future__ import annotations
+
+from l0ops.fused_reduce import FusedReduceAttrs
+from opgraph.core.ir import Graph, Node, Value
+from opgraph.core.passmanager import FunctionPass, sweep_dead
+from .fuse import body_of, expandable
+
+
+def _depends_on(node: Node, group: set[int], memo: dict[int, bool]) -> bool:
+    """True when ``node`` (transitively) reads a value a node of ``group`` produces."""
+    hit = memo.get(id(node))
+    if hit is not None:
+        return hit
+    memo[id(node)] = False
+    out = False
+    for v in node.inputs:
+        p = v.producer
+        if p is not None and (id(p) in group or _depends_on(p, group, memo)):
+            out = True
+            break
+    memo[id(node)] = out
+    return out
+
+
+def _grow(seed: Node, taken: set[int]) -> list[Node]:
+    """The seed plus expandable producers, consumers and siblings (other readers of the data it
+    reads), to a fixed point; a consumer or sibling joins only when none of its inputs from
+    outside depends on the group (no cycle through an outside node)."""
+    group = {id(seed): seed}
+    changed = True
+    while changed:
+        changed = False
+        for n in list(group.values()):
+            for v in n.inputs:
+                p = v.producer
+                if p is not None and id(p) not in group and id(p) not in taken and expandable(p):
+                    group[id(p)] = p
+                    changed = True
+            for v in n.outputs + n.inputs:
+                for c in v.users:
+                    if id(c) in group or id(c) in taken or not expandable(c):
+                        continue
+                    memo: dict[int, bool] = {}
+                    ids = set(group)
+                    outside = [w.producer for w in c.inputs
+                               if w.producer is not None and id(w.producer) not in ids]
+                    if not any(_depends_on(p, ids, memo) for p in outside):
+                        group[id(c)] = c
+                        changed = True
+    return list(group.values())
+
+
+def _result_slots(g: Graph, order: list[Node], ids: set[int]) -> list[tuple[Value, "Node | None"]]:
+    """The kernel's results: every value used outside the group; a value several copies
+    (ViewCopy) read gets one result per copy, so each can be produced into its destination."""
+    slots: list[tuple[Value, "Node | None"]] = []
+    for n in order:
+        for v in n.outputs:
+            outside = [u for u in v.users if id(u) not in ids]
+            if v in g.outputs or not outside:
+                if v in g.outputs:
+                    slots.append((v, None))
+                continue
+            if len(outside) > 1 and all(u.opdef.written(u) for u in outside):
+                slots.extend((v, u) for u in outside)
+            else:
+                slots.append((v, None))
+    return slots
+
+
+def _order(g: Graph) -> None:
+    """Re-sort the nodes topologically, keeping the original order wherever it is valid."""
+    position = {id(n): i for i, n in enumerate(g.nodes)}
+    ready, done, out = [], set(), []
+    waiting = {id(n): sum(1 for v in n.inputs if v.producer is not None) for n in g.nodes}
+    for n in g.nodes:
+        if waiting[id(n)] == 0:
+            ready.append(n)
+    while ready:
+        ready.sort(key=lambda n: position[id(n)])
+        n = ready.pop(0)
+        out.append(n)
+        done.add(id(n))
+        for v in n.outputs:
+            for u in v.users:
+                waiting[id(u)] -= 1
+                if waiting[id(u)] == 0:
+                    ready.append(u)
+    g.nodes[:] = out
+
+
+def _fuse_reductions(g: Graph) -> dict[str, int]:
+    taken: set[int] = set()
+    fused = absorbed = 0
+    for seed in list(g.nodes):
+        if id(seed) in taken or seed.opdef.kind != "reduce" or not expandable(seed) \
+                or seed.opdef.is_free(seed):
+            continue
+        group = _grow(seed, taken)
+        ids = {id(n) for n in group}
+        order = [n for n in g.nodes if id(n) in ids]
+        slots = _result_slots(g, order, ids)
+        externals, body, regs = body_of(order)
+        attrs = FusedReduceAttrs(body=tuple(body), results=tuple(regs[v.name] for v, _ in slots),
+                                 out_shapes=tuple(v.shape for v, _ in slots))
+        node = g.add_node("FusedReduce", externals, attrs, index=g.nodes.index(order[-1]) + 1,
+                          source=seed.source)
+        for (old, user), new in zip(slots, node.outputs):
+            if user is None:
+                g.replace_all_uses_with(old, new)
+            else:  # this copy gets an output of its own (so that it can be redirected)
+                user.inputs = [new if v is old else v for v in user.inputs]
+                old.users = [u for u in old.users if u is not user]
+                new.users.append(user)
+        taken.update(ids)
+        taken.add(id(node))
+        fused += 1
+        absorbed += len(group)
+    dead = sweep_dead(g)
+    if fused:
+        _order(g)
+    return {"fused": fused, "absorbed": absorbed, "dead": dead}
+
+
+fuse_reductions = FunctionPass("fuse-reductions", _fuse_reductions)
