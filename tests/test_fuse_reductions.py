@@ -121,3 +121,76 @@ def test_fused_reduce_round_trips_through_json_and_prints_its_body():
     assert opgraph.Graph.from_json(g2.to_json()) == g2
     text = str(g2)
     assert "FusedReduce(" in text and "sum(" in text and "return " in text
+
+
+native = pytest.mark.skipif("native" not in __import__("backends").available(),
+                            reason="the native backend needs a C compiler (install gcc)")
+
+
+@native
+@pytest.mark.parametrize("dt", [np.float32, np.float16, ml_dtypes.bfloat16])
+@pytest.mark.parametrize("shape", [(4, 3, 5, 6), (70, 3, 1000), (3, 2, 40000)])
+def test_native_fused_reduce_bits_equal_numpy(dt, shape):
+    import backends
+    rng = np.random.default_rng(5)
+    C = shape[1]
+    arrays = {"gradOut": rng.standard_normal(shape).astype(dt), "input": rng.standard_normal(shape).astype(dt),
+              "mean": rng.standard_normal(C).astype(np.float32), "invstd": rng.uniform(0.5, 2, C).astype(np.float32)}
+    arrays.update({n: np.zeros(C, np.float32) for n in ("sumDy", "sumDyXmu", "gradWeight", "gradBias")})
+    g2 = passes.optimize(backward_reduce_graph(shape, opgraph.dtype_of(np.dtype(dt))), 2)
+    outs = []
+    for name in ("numpy", "native"):
+        fresh = {k: v.copy() for k, v in arrays.items()}
+        backends.get(name).run(g2, {k: opgraph.tensor(v) for k, v in fresh.items()})
+        outs.append(fresh)
+    nat = backends.get("native")
+    assert not nat.fallbacks, nat.fallbacks
+    for k in ("sumDy", "sumDyXmu", "gradWeight", "gradBias"):
+        assert np.array_equal(bits(outs[0][k]), bits(outs[1][k])), k
+
+
+@native
+@pytest.mark.parametrize("regbase", [True, False])
+def test_native_stats_two_passes_bits_equal_numpy(regbase):
+    import backends
+    shape = (8, 5, 33, 31)
+    x = (np.random.default_rng(6).standard_normal(shape) * 3 + 2).astype(np.float32)
+    g2 = passes.optimize(stats_graph(shape, regbase), 2)
+    outs = []
+    for name in ("numpy", "native"):
+        fresh = {"input": x, "mean": np.zeros(5, np.float32), "invstd": np.zeros(5, np.float32)}
+        backends.get(name).run(g2, {k: opgraph.tensor(v) for k, v in fresh.items()})
+        outs.append(fresh)
+    assert not backends.get("native").fallbacks
+    for k in ("mean", "invstd"):
+        assert np.array_equal(bits(outs[0][k]), bits(outs[1][k])), k
+
+
+THREADS_SCRIPT = """
+import sys, numpy as np, opgraph, backends
+sys.path.insert(0, {tests!r})
+from test_fuse_reductions import backward_reduce_graph
+from opgraph import passes
+shape = (16, 4, 9000)
+rng = np.random.default_rng(7)
+a = {{"gradOut": rng.standard_normal(shape).astype(np.float32), "input": rng.standard_normal(shape).astype(np.float32),
+     "mean": rng.standard_normal(4).astype(np.float32), "invstd": np.ones(4, np.float32)}}
+a.update({{n: np.zeros(4, np.float32) for n in ("sumDy", "sumDyXmu", "gradWeight", "gradBias")}})
+g = passes.optimize(backward_reduce_graph(shape, opgraph.DataType.FLOAT), 2)
+backends.get("native").run(g, {{k: opgraph.tensor(v) for k, v in a.items()}})
+sys.stdout.write(b"".join(a[k].tobytes() for k in ("sumDy", "sumDyXmu", "gradWeight")).hex())
+"""
+
+
+@native
+def test_native_reductions_are_the_same_for_any_thread_count():
+    import os
+    import subprocess
+    import sys
+    tests = os.path.dirname(__file__)
+    outs = []
+    for n in ("1", "2", "3"):
+        env = {**os.environ, "OMP_NUM_THREADS": n}
+        outs.append(subprocess.run([sys.executable, "-c", THREADS_SCRIPT.format(tests=tests)], env=env,
+                                   capture_output=True, text=True, timeout=300, check=True).stdout)
+    assert outs[0] and outs[0] == outs[1] == outs[2]

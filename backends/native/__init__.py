@@ -31,6 +31,7 @@ from opgraph.core.backend import LoweringTable
 from ..numpy_backend import NUMPY_LOWERINGS, NumpyBackend
 from . import build, render
 from .build import NativeBuildError, availability
+from .reduce import run_fused_reduce_native
 from .render import Unsupported
 
 _ARGTYPES = [ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
@@ -124,7 +125,21 @@ def _lower_fused(exe: Any, node: Any, args: list) -> list:
         return node.opdef.compute(args, a)
 
 
-NATIVE_LOWERINGS: LoweringTable = NUMPY_LOWERINGS.extend({"FusedElementwise": _lower_fused})
+def _lower_reduce(exe: Any, node: Any, args: list) -> list:
+    """FusedReduce with its reductions in C; bodies the C pass does not cover run on numpy."""
+    backend: NativeBackend = exe.backend
+    if sum(np.asarray(x).size for x in args) < backend.min_elements:
+        backend.small += 1
+        return node.opdef.compute(args, node.attrs)
+    try:
+        return run_fused_reduce_native(node.attrs, args)
+    except Unsupported as e:
+        backend.fallbacks[str(e)] += 1
+        return node.opdef.compute(args, node.attrs)
+
+
+NATIVE_LOWERINGS: LoweringTable = NUMPY_LOWERINGS.extend({"FusedElementwise": _lower_fused,
+                                                          "FusedReduce": _lower_reduce})
 
 
 class NativeBackend(NumpyBackend):
