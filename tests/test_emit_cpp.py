@@ -21,6 +21,7 @@ from backends.aclnn.emit_cpp import HEADERS, PRELUDE, emit_cpp, literal
 from backends.aclnn.plan import CallPlan, TensorDesc, UserBuffer
 from opgraph.cli import main
 from opgraph.core.dtypes import DataType, dtype_of
+from opgraph.core.opapi import op_api_specs
 
 FIXTURES = Path(__file__).parent / "fixtures"
 INCLUDE = FIXTURES / "include"
@@ -282,10 +283,33 @@ DOCUMENTED: dict[str, tuple[str | None, str]] = {
         "const aclTensor *invstd, const aclTensor *weight, const aclTensor *sumDy, "
         f"const aclTensor *sumDyXmu, aclTensor *counter, aclTensor *gradInput, {TAIL}"),
     "aclnnBatchNormElemtBackward": ("aclnnStatus", PHASE2_CONST),
+    # the family (syncbn-family.md §2.1, §3.1, §5.1, §6.1; aclnn-api.md §6.4; BatchNormReduceBackward
+    # from its op_api header as the family notes give it)
+    "aclnnBatchNormStatsGetWorkspaceSize": ("aclnnStatus", "const aclTensor *input, double eps, aclTensor *mean, aclTensor *invstd, "
+        f"{TAIL}"),
+    "aclnnBatchNormStats": ("aclnnStatus", PHASE2_CONST),
+    "aclnnBatchNormElemtGetWorkspaceSize": ("aclnnStatus", "const aclTensor *input, const aclTensor *weight, const aclTensor *bias, aclTensor *mean, aclTensor *invstd, double eps, aclTensor *output, "
+        f"{TAIL}"),
+    "aclnnBatchNormElemt": ("aclnnStatus", PHASE2_CONST),
+    "aclnnBatchNormGatherStatsWithCountsGetWorkspaceSize": ("aclnnStatus", "const aclTensor *input, const aclTensor *mean, const aclTensor *invstd, aclTensor *runningMean, aclTensor *runningVar, double momentum, double eps, const aclTensor *counts, aclTensor *meanAll, aclTensor *invstdAll, "
+        f"{TAIL}"),
+    "aclnnBatchNormGatherStatsWithCounts": ("aclnnStatus", PHASE2_CONST),
+    "aclnnBatchNormReduceBackwardGetWorkspaceSize": ("aclnnStatus", "const aclTensor *gradOut, const aclTensor *input, const aclTensor *mean, const aclTensor *invstd, const aclTensor *weight, const bool inputG, const bool weightG, const bool biasG, aclTensor *sumDy, aclTensor *sumDyXmu, aclTensor *gradWeight, aclTensor *gradBias, "
+        f"{TAIL}"),
+    "aclnnBatchNormReduceBackward": ("aclnnStatus", PHASE2_CONST),
+    "aclnnBatchNormReduceGetWorkspaceSize": ("aclnnStatus", "const aclTensor *x, aclTensor *sum, aclTensor *squareSum, "
+        f"{TAIL}"),
+    "aclnnBatchNormReduce": ("aclnnStatus", PHASE2),
+    "aclnnSyncBatchNormGatherStatsGetWorkspaceSize": ("aclnnStatus", "const aclTensor *totalSum, const aclTensor *totalSquareSum, const aclTensor *sampleCount, aclTensor *mean, aclTensor *variance, float momentum, float eps, aclTensor *batchMean, aclTensor *batchInvstd, "
+        f"{TAIL}"),
+    "aclnnSyncBatchNormGatherStats": ("aclnnStatus", PHASE2),
 }
 NAMED_ONLY = {"aclGetRecentErrMsg"}
 # aclnnop header → the APIs it must declare (reference §3.1: op headers are aclnnop/aclnn_<op>.h)
 OP_HEADERS = {f"aclnnop/{h}": {api, api + "GetWorkspaceSize"} for api, h in HEADERS.items()}
+OP_HEADERS.update({f"aclnnop/{s.aclnn_header}": {s.aclnn_api, s.aclnn_api + "GetWorkspaceSize"}
+                   for s in op_api_specs().values() if s.aclnn_api and s.name.startswith("aclnnBatch")
+                   or s.name == "aclnnSyncBatchNormGatherStats"})
 
 
 def c_type(text: str) -> str:

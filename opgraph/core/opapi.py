@@ -14,6 +14,7 @@ built-in ones); modules named by the entry-point group ``opgraph.op_apis`` are i
 from __future__ import annotations
 
 import importlib
+import re
 from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any, Callable, Literal, Mapping, Optional
@@ -93,7 +94,8 @@ class OpApiSpec:
     options. ``input_bytes(cfg)``: what ``make_inputs`` allocates (default: an upper bound), so
     the CLI can refuse a shape before allocating. ``rank``: (min, max) rank of the data tensor. ``aclnn_api``: the public aclnn API
     that runs the whole op with these arguments (how the aclnn backend lowers its fused form;
-    None if there is none)."""
+    None if there is none); ``aclnn_header``: its header under ``aclnnop/`` (default: the API's
+    name in snake case)."""
 
     name: str
     params: tuple[Param, ...]
@@ -108,11 +110,15 @@ class OpApiSpec:
     rank: tuple[int, int] = (1, 8)
     default_shape: tuple[int, ...] = (2, 3, 1, 4)
     aclnn_api: Optional[str] = ""
+    aclnn_header: str = ""
     summary: str = ""
 
     def __post_init__(self) -> None:
         if self.aclnn_api == "":
             object.__setattr__(self, "aclnn_api", self.name)
+        if not self.aclnn_header and self.aclnn_api:  # aclnnBatchNormStats -> aclnn_batch_norm_stats.h
+            snake = re.sub(r"(?<!^)(?=[A-Z])", "_", self.aclnn_api.removeprefix("aclnn")).lower()
+            object.__setattr__(self, "aclnn_header", f"aclnn_{snake}.h")
 
     def param(self, name: str) -> Param:
         return next(p for p in self.params if p.name == name)
