@@ -18,6 +18,7 @@ from .arith import Add, Div, Mul, OnesLike, Pow, Sub
 from .views import ReFormat, Reshape, SqueezeNd
 from .batchnorm import SyncBatchNormBackwardElemt, elemt_backward
 from .bninfer import BatchNormV3, BNInfer
+from .bn_training_reduce import BNTrainingReduce  # noqa: F401
 from .syncbn import (SyncBatchNormBackwardReduce, SyncBatchNormGatherStatsFused,
                      SyncBatchNormGatherStatsWithCounts, SyncBNTrainingUpdate)
 from .fused import FusedElementwise

@@ -25,6 +25,8 @@ import numpy as np
 
 from .dtypes import DataType, Format, dtype_of, format_of
 
+BF16_NP = DataType.BF16.np
+
 MAX_RANK = 64  # numpy's limit on array dimensions
 
 
@@ -181,19 +183,73 @@ def _wrappable(a: np.ndarray) -> bool:
     return all(s >= 0 and s % a.itemsize == 0 for s in a.strides)
 
 
+DLPACK_CPU = 1  # DLDeviceType kDLCPU
+
+
+class _RawMemory:
+    """A torch-like tensor's memory as unsigned words of its item size, through numpy's array
+    interface (for dtypes DLPack-to-numpy cannot carry, i.e. bfloat16); holds the tensor alive."""
+
+    __slots__ = ("owner", "__array_interface__")
+
+    def __init__(self, t: Any) -> None:
+        item = int(t.element_size())
+        self.owner = t
+        self.__array_interface__ = {
+            "version": 3, "shape": tuple(int(n) for n in t.shape), "typestr": f"<u{item}",
+            "data": (int(t.data_ptr()), False),
+            "strides": tuple(int(s) * item for s in t.stride())}
+
+
+def _device_name(obj: Any, dl_device: Any) -> str:
+    return str(getattr(obj, "device", None) or f"DLPack device {dl_device}")
+
+
+def foreign_array(obj: Any) -> np.ndarray:
+    """A numpy view of a DLPack-exporting array on the CPU (a torch tensor, ...), sharing memory.
+
+    Duck-typed, so the core never imports torch: a tensor that requires grad is viewed through
+    ``obj.detach()`` (same memory); bfloat16 through its raw 16-bit storage, viewed as
+    ``ml_dtypes.bfloat16``. Memory on another device is a ValueError naming the device.
+    """
+    try:
+        dl_device = obj.__dlpack_device__()
+        on_cpu = int(dl_device[0]) == DLPACK_CPU
+    except (ValueError, TypeError, RuntimeError, BufferError, IndexError) as e:
+        dl_device, on_cpu = e, False
+    if not on_cpu:
+        raise ValueError(f"{type(obj).__name__} on device {_device_name(obj, dl_device)!r}: opgraph "
+                         "views CPU memory only (move it with .cpu() first)")
+    if getattr(obj, "requires_grad", False):
+        obj = obj.detach()
+    if str(getattr(obj, "dtype", "")).endswith("bfloat16"):
+        if math.prod(obj.shape) == 0:
+            return np.empty(tuple(obj.shape), BF16_NP)
+        return np.asarray(_RawMemory(obj)).view(BF16_NP)
+    try:
+        return np.from_dlpack(obj)
+    except (BufferError, RuntimeError, TypeError, ValueError) as e:
+        raise ValueError(f"cannot view {type(obj).__name__} of dtype "
+                         f"{getattr(obj, 'dtype', '?')} as an array: {e}") from None
+
+
 def tensor(array: "np.ndarray | Sequence", format: "Format | str" = "ND", dtype: Any = None) -> Tensor:
     """An aclTensor over a numpy array, sharing its memory when possible.
 
     A non-contiguous array with non-negative strides (e.g. ``a.T`` or ``a[:, ::2]``) becomes a
     strided view over the same memory. Other arrays (negative strides, strides that are not a
     multiple of the item size, a dtype conversion) are copied and the tensor is marked
-    ``copied``: fine as an input, refused as an output. A 0-d array is a rank-0 tensor.
+    ``copied``: fine as an input, refused as an output. A 0-d array is a rank-0 tensor. A CPU
+    torch tensor (any object exporting DLPack) is viewed the same way (:func:`foreign_array`),
+    so phase 2 writes into a torch output in place.
 
     >>> tensor(np.float32(2.5)).shape
     ()
     >>> tensor(np.zeros(4, np.float32)[::-1]).copied
     True
     """
+    if not isinstance(array, np.ndarray) and hasattr(array, "__dlpack__"):
+        array = foreign_array(array)
     a = np.asarray(array, dtype=None if dtype is None else dtype_of(dtype).np)
     # a new array that owns its memory is a copy the caller does not hold (a list, a scalar, a
     # dtype conversion); an array that is the caller's or views other memory is not

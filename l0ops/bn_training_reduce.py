@@ -1,0 +1,80 @@
+"""BNTrainingReduce: the per-channel Σx and Σx² kernel behind aclnnBatchNormReduce (ops-nn
+batch_norm_v3 op_api batch_norm.cpp, the l0 wrapper; norm/bn_training_reduce op_kernel arch35,
+the 950 kernel). x is 4-D, tagged NCHW or NHWC; the two float32 outputs have the 4-D shape the
+op_api passes (``shape``: [1,C,1,1] for NCHW, [1,1,1,C] for NHWC) and x's format.
+
+Numerics: x is cast to float32, squared in float32 (one rounding), and both are summed over
+every dim but the channel dim. The 950 kernel pre-scales x by 2^-k for the plain sum and
+scales the result back by 2^k; a power-of-two scaling is exact (barring subnormals and
+intermediate overflow), so it is not modelled. Its cross-core sums use atomic adds (an order
+that changes from run to run), so the sums here run in opgraph's fixed order
+(:mod:`l0ops.ordered`).
+
+    >>> import numpy as np
+    >>> x = np.float32([1, 2, 3, 4]).reshape(1, 2, 2, 1)                # NCHW: C = 2
+    >>> s, q = BNTrainingReduce.compute([x], BNTrainingReduce.make_attrs(shape=(1, 2, 1, 1)))
+    >>> s.ravel().tolist(), q.ravel().tolist()
+    ([3.0, 7.0], [5.0, 25.0])
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from opgraph.core.dtypes import DataType, Format
+from opgraph.core.opdef import Fidelity, OpAttrs, require
+from .define import define_op
+from .ordered import ordered_sum
+
+F32 = DataType.FLOAT
+FORMATS = (Format.NCHW, Format.NHWC)
+
+
+def channel_dim(fmt: Format) -> int:
+    """The channel dim of a 4-D tensor in ``fmt``: 3 for NHWC, else 1."""
+    return 3 if fmt == Format.NHWC else 1
+
+
+def out_shape(shape: tuple[int, ...], fmt: Format) -> tuple[int, ...]:
+    """[1,C,1,1] (NCHW) or [1,1,1,C] (NHWC) for a 4-D ``shape`` in ``fmt``."""
+    c = channel_dim(fmt)
+    return tuple(shape[c] if d == c else 1 for d in range(4))
+
+
+class OutShapeAttrs(OpAttrs):
+    shape: tuple[int, ...]
+
+
+def _infer(ts, a: OutShapeAttrs):
+    x = ts[0]
+    require(x.rank == 4 and x.format in FORMATS, "BNTrainingReduce",
+            f"x must be 4-D and tagged NCHW or NHWC, got {x}")
+    want = out_shape(x.shape, x.format)
+    require(tuple(a.shape) == want, "BNTrainingReduce",
+            f"output shape {list(a.shape)} must be {list(want)} for x {x}")
+    out = x.with_(shape=want, dtype=F32)
+    return [out, out]
+
+
+def _compute(xs, a: OutShapeAttrs) -> list[np.ndarray]:
+    """(Σ f32(x), Σ f32(f32(x)·f32(x))) over the dims where ``shape`` is 1 (a dim of size 1 in
+    x adds nothing to the order, so the channel dim is never ambiguous)."""
+    x = np.asarray(xs[0]).astype(np.float32)
+    axes = tuple(d for d, n in enumerate(a.shape) if n == 1)
+    return [ordered_sum(x, axes, keepdims=True).reshape(a.shape),
+            ordered_sum(x * x, axes, keepdims=True).reshape(a.shape)]
+
+
+BNTrainingReduce = define_op(
+    "BNTrainingReduce", attrs=OutShapeAttrs, num_inputs=1, kind="reduce", infer=_infer,
+    compute=_compute,
+    fidelity=(Fidelity("bit-faithful", "950 kernel source (ops-nn bn_training_reduce arch35): cast "
+                       "to float32, square in float32, sum (its 2^-k pre-scaling is exact); the "
+                       "kernel's cross-core atomic adds have no fixed order, so the float32 sums "
+                       "run in opgraph's fixed order (l0ops.ordered)", (3510,)),
+              Fidelity("formula", "no public 910B source (prebuilt): Σx and Σx² of float32(x), "
+                       "the square rounded to float32, sums in opgraph's fixed order "
+                       "(l0ops.ordered)", (2201,))),
+    doc="(sum, squareSum): float32 Σx and Σx² of a 4-D NCHW/NHWC x over every dim but the "
+        "channel dim, with the 4-D ``shape`` [1,C,1,1] or [1,1,1,C] and x's format.")
+
+__all__ = ["BNTrainingReduce", "channel_dim", "out_shape"]
