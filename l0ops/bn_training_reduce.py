@@ -23,7 +23,6 @@ import numpy as np
 from opgraph.core.dtypes import DataType, Format
 from opgraph.core.opdef import Fidelity, OpAttrs, require
 from .define import define_op
-from .ordered import ordered_sum
 
 F32 = DataType.FLOAT
 FORMATS = (Format.NCHW, Format.NHWC)
@@ -55,18 +54,17 @@ def _infer(ts, a: OutShapeAttrs):
     return [out, out]
 
 
-def _compute(xs, a: OutShapeAttrs) -> list[np.ndarray]:
+def _expand(emit, args, a: OutShapeAttrs, ts) -> tuple[str, str]:
     """(Σ f32(x), Σ f32(f32(x)·f32(x))) over the dims where ``shape`` is 1 (a dim of size 1 in
     x adds nothing to the order, so the channel dim is never ambiguous)."""
-    x = np.asarray(xs[0]).astype(np.float32)
-    axes = tuple(d for d, n in enumerate(a.shape) if n == 1)
-    return [ordered_sum(x, axes, keepdims=True).reshape(a.shape),
-            ordered_sum(x * x, axes, keepdims=True).reshape(a.shape)]
+    x = args[0] if ts[0].dtype == F32 else emit("cast", args, F32)
+    return (emit("sum", [x], F32, shape=tuple(a.shape)),
+            emit("sum", [emit("mul", [x, x], F32)], F32, shape=tuple(a.shape)))
 
 
 BNTrainingReduce = define_op(
     "BNTrainingReduce", attrs=OutShapeAttrs, num_inputs=1, kind="reduce", infer=_infer,
-    compute=_compute,
+    expand=_expand,
     fidelity=(Fidelity("bit-faithful", "950 kernel source (ops-nn bn_training_reduce arch35): cast "
                        "to float32, square in float32, sum (its 2^-k pre-scaling is exact); the "
                        "kernel's cross-core atomic adds have no fixed order, so the float32 sums "

@@ -35,7 +35,7 @@ def define_op(name: str, *, infer: InferFn, attrs: type[OpAttrs] = OpAttrs,
     if compute is None:
         if expand is None:
             raise ValueError(f"op {name}: give compute (numpy semantics) or expand (primitives)")
-        compute = expansion_compute(expand, infer)
+        compute = expansion_compute(expand)
     op = OpDef(name, attrs, infer, compute, kind=kind, num_inputs=num_inputs, writes=tuple(writes),
                writes_fn=writes_fn, free=free, redirect=redirect, expand=expand, expandable=expandable,
                format_body=format_body, rewrites=tuple(rewrites), fast_math=tuple(fast_math),

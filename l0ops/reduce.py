@@ -82,7 +82,7 @@ def _float(t) -> bool:
     return t.dtype in (F32, DataType.FLOAT16, DataType.BF16)
 
 
-_sum_float = expansion_compute(_sum_expand, _sum_infer)
+_sum_float = expansion_compute(_sum_expand)
 
 
 def _sum_compute(xs, a):

@@ -115,7 +115,7 @@ def _strided(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return view, buf
 
 
-def _run(spec: OpApiSpec, arrays: dict, layout: str) -> tuple[Optional[str], dict, dict]:
+def _run(spec: OpApiSpec, arrays: dict, layout: str, cfg: InputConfig) -> tuple[Optional[str], dict, dict]:
     """Both phases on fresh copies of ``arrays``; returns (error, written arrays, their buffers)."""
     written = {p.name for p in spec.tensor_params("output", "inout")}
     fresh, bufs = {}, {}
@@ -127,7 +127,7 @@ def _run(spec: OpApiSpec, arrays: dict, layout: str) -> tuple[Optional[str], dic
                 fresh[k] = v.copy()
         else:
             fresh[k] = v
-    status, ws, ex = spec.get_workspace_size(*spec.args_of(fresh, tensor))
+    status, ws, ex = spec.get_workspace_size(*spec.args_of(fresh, tensor, cfg))
     if status != Status.ACLNN_SUCCESS:
         return f"phase 1 failed: {aclGetRecentErrMsg()}", fresh, bufs
     status = spec.run(bytearray(ws) if ws else None, ws, ex)
@@ -181,12 +181,13 @@ def check_backend(backend: Union[str, Backend], *, op_apis: Optional[Sequence[st
                 case = Case(spec.name, soc, dt.name.lower(), level, layout, flags, tuple(shape))
                 report.cases += 1
                 rng = np.random.default_rng(seed)
-                arrays = spec.make_inputs(_config(spec, tuple(shape), dt, flags), rng)
+                cfg = _config(spec, tuple(shape), dt, flags)
+                arrays = spec.make_inputs(cfg, rng)
                 with platform(soc), opt_level(level):
-                    with use_backend("numpy"):
-                        err_ref, ref, _ = _run(spec, arrays, "contiguous")
+                    with use_backend("numpy"):  # the same layout: some op_apis refuse strided outputs
+                        err_ref, ref, _ = _run(spec, arrays, layout, cfg)
                     with use_backend(target):
-                        err, got, bufs = _run(spec, arrays, layout)
+                        err, got, bufs = _run(spec, arrays, layout, cfg)
                 if err_ref or err:
                     if err_ref != err:
                         report.failures.append(Failure(case, err or f"reference {err_ref}"))

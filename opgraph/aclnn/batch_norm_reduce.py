@@ -138,6 +138,7 @@ def reference(a: Arrays) -> dict[str, np.ndarray]:
 
 @op_api("aclnnBatchNormReduce", params=PARAMS, platforms=PLATFORMS, dtypes=x_dtypes,
         make_inputs=make_inputs, input_bytes=input_bytes, reference=reference, rank=(4, 4),
+        formats=lambda cfg: {"x": "NCHW"},
         default_shape=(2, 3, 4, 5),
         summary="per-channel Σx and Σx² of a 4-D NCHW/NHWC x into float32 [C]")
 def aclnnBatchNormReduceGetWorkspaceSize(ex: Executor, x: Optional[Tensor], sum: Optional[Tensor],

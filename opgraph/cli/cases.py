@@ -92,10 +92,12 @@ class Case:
     platform: str
     level: int
     backend: str = "numpy"
+    formats: dict[str, str] = field(default_factory=dict)
     tensors: dict[str, Optional[Tensor]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.tensors = {k: tensor(a) for k, a in self.arrays.items() if isinstance(a, np.ndarray)}
+        self.tensors = {k: tensor(a, self.formats.get(k, "ND")) for k, a in self.arrays.items()
+                        if isinstance(a, np.ndarray)}
 
     @contextlib.contextmanager
     def context(self) -> Iterator[None]:
@@ -139,7 +141,7 @@ def build_case(args: argparse.Namespace, seed: "int | None" = None) -> Case:
     level = args.level
     if level is None:  # ascend-sim simulates CANN's kernels, which exist up to level 1
         level = 1 if backend == "ascend-sim" else get_opt_level()
-    return Case(spec, arrays, args.platform, level, backend)
+    return Case(spec, arrays, args.platform, level, backend, dict(spec.formats(cfg)))
 
 
 @dataclass

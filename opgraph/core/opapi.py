@@ -91,7 +91,8 @@ class OpApiSpec:
     ``dtypes(platform)``: the data dtypes it accepts there. ``make_inputs(cfg, rng)``: random
     valid arguments by parameter name (None: the op_api cannot be run from the CLI or the kit). ``reference(arrays)``: its outputs computed in float64 on
     the same (already rounded) inputs, by parameter name. ``options``: op-specific generator
-    options. ``input_bytes(cfg)``: what ``make_inputs`` allocates (default: an upper bound), so
+    options. ``formats(cfg)``: the format tag of each generated tensor that is not ND (e.g. an
+    NCHW-tagged x). ``input_bytes(cfg)``: what ``make_inputs`` allocates (default: an upper bound), so
     the CLI can refuse a shape before allocating. ``rank``: (min, max) rank of the data tensor. ``aclnn_api``: the public aclnn API
     that runs the whole op with these arguments (how the aclnn backend lowers its fused form;
     None if there is none); ``aclnn_header``: its header under ``aclnnop/`` (default: the API's
@@ -107,6 +108,7 @@ class OpApiSpec:
     reference: Callable[[Arrays], dict[str, np.ndarray]] = _no_reference
     options: tuple[Option, ...] = ()
     input_bytes: Optional[Callable[[InputConfig], int]] = None
+    formats: Callable[[InputConfig], Mapping[str, str]] = lambda cfg: {}
     rank: tuple[int, int] = (1, 8)
     default_shape: tuple[int, ...] = (2, 3, 1, 4)
     aclnn_api: Optional[str] = ""
@@ -134,9 +136,12 @@ class OpApiSpec:
     def supports(self, platform: Platform) -> bool:
         return platform.soc in self.platforms
 
-    def args_of(self, arrays: Arrays, wrap: Callable[[Any], Any]) -> list[Any]:
-        """Phase-1 arguments in prototype order from ``arrays`` (tensors through ``wrap``)."""
-        return [wrap(arrays.get(p.name)) if p.kind == "tensor" and arrays.get(p.name) is not None
+    def args_of(self, arrays: Arrays, wrap: Callable[[Any, str], Any], cfg: InputConfig) -> list[Any]:
+        """Phase-1 arguments in prototype order from ``arrays``: tensors through
+        ``wrap(array, format)`` with the formats of ``cfg``, scalars and None as they are."""
+        fmts = self.formats(cfg)
+        return [wrap(arrays[p.name], fmts.get(p.name, "ND"))
+                if p.kind == "tensor" and arrays.get(p.name) is not None
                 else arrays.get(p.name) for p in self.params]
 
 
