@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))  # `import reference` from any rootdir
@@ -48,6 +49,48 @@ def stub_lib(tmp_path_factory):
     return str(out)
 
 
+DELEGATE = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.POINTER(ctypes.c_int),
+                            ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_double))
+
+
+def stub_tensor(lib, ptr) -> "opgraph.Tensor | None":
+    """An opgraph.Tensor over the memory of a stub aclTensor (None for NULL)."""
+    if not ptr:
+        return None
+    dims, strides = (ctypes.c_int64 * 8)(), (ctypes.c_int64 * 8)()
+    offset, nd = ctypes.c_int64(), ctypes.c_uint64()
+    dtype, fmt, data = ctypes.c_int(), ctypes.c_int(), ctypes.c_void_p()
+    lib.stub_tensor_info(ctypes.c_void_p(ptr), dims, strides, ctypes.byref(offset), ctypes.byref(nd),
+                         ctypes.byref(dtype), ctypes.byref(fmt), ctypes.byref(data))
+    shape, st = tuple(dims[:nd.value]), tuple(strides[:nd.value])
+    dt = opgraph.DataType(dtype.value).np
+    extent = offset.value + 1 + sum((n - 1) * s for n, s in zip(shape, st)) if all(shape) else 0
+    buf = (ctypes.c_char * (max(extent, 1) * dt.itemsize)).from_address(data.value)
+    storage = np.frombuffer(buf, dt, count=max(extent, 1))
+    return opgraph.Tensor(storage, shape, st, offset.value, opgraph.Format(fmt.value))
+
+
+def make_delegate(lib):
+    """The stub's phase 2 of a delegated API: opgraph's own op_api on numpy, over the stub's
+    memory (what the stub tests is the plan and the runtime, not the numerics)."""
+    def delegate(api, n, kinds, tensors, scalars):
+        spec = opgraph.aclnn.get_op_api(api.decode())
+        args = []
+        for i, p in enumerate(spec.params):
+            if kinds[i] == 0:
+                args.append(stub_tensor(lib, tensors[i]))
+            elif kinds[i] == 2:
+                args.append(bool(scalars[i]))
+            else:
+                args.append(float(scalars[i]))
+        with opgraph.use_backend("numpy"):
+            st, ws, ex = spec.get_workspace_size(*args)
+            if st == 0:
+                st = spec.run(bytearray(ws) if ws else None, ws, ex)
+        return int(st)
+    return DELEGATE(delegate)
+
+
 @pytest.fixture
 def stub_backend(stub_lib):
     """Backend ``aclnn-stub``: the aclnn backend running on the stub library."""
@@ -55,6 +98,9 @@ def stub_backend(stub_lib):
     backends.register("aclnn-stub", backend, replace=True)
     lib = ctypes.CDLL(stub_lib)
     lib.stub_calls.restype = ctypes.c_char_p
+    lib.stub_set_delegate.argtypes = [DELEGATE]
+    delegate = make_delegate(lib)
+    lib.stub_set_delegate(delegate)
     lib.stub_reset()
     yield lib
     lib.stub_reset()

@@ -134,3 +134,17 @@ def test_register_rejects_a_factory_that_is_not_callable():
     with pytest.raises(TypeError, match="factory"):
         backends.register("not-callable", 42)
     assert "not-callable" not in backends.names()
+
+
+def test_aclnn_plans_of_the_family_pass_the_kit_on_the_stub(stub_backend):
+    """Every op_api with a public aclnn API, through the aclnn backend's call plan and ctypes
+    runtime on the stub (which delegates the family's whole-op calls to opgraph's own
+    implementation): arguments, NULLs, scalars, views and write-back must be right."""
+    names = [n for n, s in opgraph.aclnn.op_api_specs().items()
+             if s.aclnn_api and s.make_inputs and n != OP]
+    assert names
+    report = check_backend("aclnn-stub", op_apis=names, levels=(2,), platforms=["Ascend910B", "Ascend950"])
+    assert report.ok, str(report)
+    log = stub_backend.stub_calls().decode()
+    for name in names[-1:]:  # the log keeps the latest calls
+        assert f"{name}GetWorkspaceSize" in log and f"\n{name}\n" in log

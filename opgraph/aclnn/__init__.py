@@ -5,7 +5,7 @@ API. One module per op_api; importing this package registers the built-in ones.
     >>> "aclnnBatchNormElemtBackward" in aclnn.op_apis()
     True
 """
-from opgraph.core.opapi import get_op_api, op_apis
+from opgraph.core.opapi import get_op_api, op_api_specs, op_apis
 from .twophase import aclGetRecentErrMsg, check_not_null, op_api, record, recent_error, run_executor
 from .executor_api import (aclDestroyAclOpExecutor, aclSetAclOpExecutorRepeatable,
                            aclSetInputTensorAddr, aclSetOutputTensorAddr)
@@ -18,4 +18,4 @@ from .batch_norm_elemt_backward import (aclnnBatchNormElemtBackward,
 __all__ = ["aclnnBatchNormElemtBackward", "aclnnBatchNormElemtBackwardGetWorkspaceSize",
            "aclDestroyAclOpExecutor", "aclGetRecentErrMsg", "aclSetAclOpExecutorRepeatable",
            "aclSetInputTensorAddr", "aclSetOutputTensorAddr", "check_not_null", "get_op_api",
-           "op_api", "op_apis", "recent_error", "record", "run_executor"]
+           "op_api", "op_api_specs", "op_apis", "recent_error", "record", "run_executor"]
