@@ -146,5 +146,5 @@ def test_aclnn_plans_of_the_family_pass_the_kit_on_the_stub(stub_backend):
     report = check_backend("aclnn-stub", op_apis=names, levels=(2,), platforms=["Ascend910B", "Ascend950"])
     assert report.ok, str(report)
     log = stub_backend.stub_calls().decode()
-    for name in names[-1:]:  # the log keeps the latest calls
+    for name in names[:1]:  # the log keeps the first 64 KiB of calls
         assert f"{name}GetWorkspaceSize" in log and f"\n{name}\n" in log
