@@ -59,9 +59,9 @@ def _lane_sums(x: np.ndarray) -> np.ndarray:
     if rows == 0:
         return x.copy()
     full = x[..., : rows * LANES].reshape(x.shape[:-1] + (rows, LANES))
-    acc = full[..., 0, :].copy()
-    for i in range(1, rows):
-        acc += full[..., i, :]
+    # numpy reduces a non-innermost axis row after row into the output (no pairwise tree there):
+    # lane j gets (((-0.0 + x[j]) + x[j+64]) + ...), and -0.0 + v == v for every v
+    acc = np.add.reduce(full, axis=-2, initial=-0.0)
     tail = B - rows * LANES
     if tail:
         acc[..., :tail] += x[..., rows * LANES:]

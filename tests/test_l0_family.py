@@ -143,3 +143,18 @@ def test_views():
     with pytest.raises(L0Error, match="cannot be viewed"):
         l0ops.Reshape(g, x, shape=(4,))
     assert all(l0ops.get_op(op).is_free(None) for op in ("Reshape", "SqueezeNd", "ReFormat"))
+
+
+@pytest.mark.parametrize("shape", [(7, 5000), (3, 64 * 9), (1, 32768 * 2 + 70)])
+def test_ordered_sum_rows_bits_match_the_loop_model(shape):
+    rng = np.random.default_rng(sum(shape))
+    x = (rng.standard_normal(shape) * 10 ** rng.uniform(-4, 4, shape)).astype(F32)
+    x[0, :3] = -0.0
+    got = ordered_sum(x, (1,))
+    for k in range(shape[0]):
+        want = loop_sum([F32(v) for v in x[k]])
+        assert got[k].view(np.uint32) == np.asarray(want, F32).view(np.uint32)
+
+
+def test_ordered_sum_of_negative_zeros_is_negative_zero():
+    assert np.signbit(ordered_sum(np.full(200, -0.0, F32), (0,)))
