@@ -80,8 +80,8 @@ class NumpyExecutable(Executable):
 
     def _place(self, slot: Slot, value: np.ndarray, arena: Optional[np.ndarray],
                bindings: Mapping[str, Tensor]) -> np.ndarray:
-        if slot.user is not None:
-            dst = bindings[slot.user].view()
+        if slot.user is not None:  # a contiguous user tensor, viewed with the value's shape
+            dst = bindings[slot.user].view().reshape(slot.shape)
         else:
             if arena is None:
                 raise ValueError("the graph needs a workspace but none was given")

@@ -266,9 +266,6 @@ def test_level1_launches_bntrainingreduce_and_no_other_computing_kernel(soc):
     assert "UnsqueezeNd" not in [n.op for n in g1.nodes]      # ResizeTo4D's view is dead
 
 
-@pytest.mark.xfail(strict=True, reason="passes.prune's viewcopy-redirect does not look through "
-                   "the SqueezeNd/ReFormat views between BNTrainingReduce and the ViewCopys, so "
-                   "both copies count as launches (3); CANN redirects them (1 kernel)")
 @pytest.mark.parametrize("soc", SOCS)
 def test_level1_launch_count_is_cann_s_one_kernel(soc):
     ex = run(rand_x((2, 3, 4, 5)), sentinel(3), sentinel(3), soc=soc)

@@ -50,6 +50,15 @@ def buffer_root(node) -> "int | None":
     return None
 
 
+def buffer_root_value(v: Any) -> Any:
+    """The value whose buffer ``v`` lives in when it is a free view (or identity) of it."""
+    p = v.producer
+    while p is not None and p.inputs and p.opdef.is_free(p) and not p.opdef.written(p):
+        v = p.inputs[0]
+        p = v.producer
+    return v
+
+
 def plan_memory(graph: Any) -> MemoryPlan:
     """Liveness over the node order, then first-fit offsets (lowest gap that fits)."""
     plan = MemoryPlan()
@@ -59,8 +68,8 @@ def plan_memory(graph: Any) -> MemoryPlan:
     sizes: dict[str, int] = {}
     # a redirecting copy (opdef.redirects): the copied value lives in the destination user
     # tensor from the start, so its producer writes there
-    redirected = {n.inputs[0].name: n.inputs[n.opdef.written(n)[0]].name for n in graph.nodes
-                  if n.opdef.redirects(n)}
+    redirected = {buffer_root_value(n.inputs[0]).name: n.inputs[n.opdef.written(n)[0]].name
+                  for n in graph.nodes if n.opdef.redirects(n)}
     plan.placed_in = dict(redirected)
     for i, node in enumerate(graph.nodes):
         for v in node.inputs:

@@ -74,13 +74,16 @@ class FunctionPass(Pass):
         return self.fn(graph)
 
 
-def sweep_dead(graph: Graph) -> int:
-    """Remove nodes whose outputs are unused and that have no effects; returns how many.
-    One backward walk suffices: dropping a node can only kill nodes before it."""
+def sweep_dead(graph: Graph, only_free: bool = False) -> int:
+    """Remove nodes whose outputs are unused and that have no effects (with ``only_free``: only
+    those that launch no kernel); returns how many. One backward walk suffices: dropping a node
+    can only kill nodes before it."""
     outputs = {id(v) for v in graph.outputs}
     dead = set()
     for node in reversed(graph.nodes):
         if node.opdef.written(node) or any(v.users or id(v) in outputs for v in node.outputs):
+            continue
+        if only_free and not node.opdef.is_free(node):
             continue
         for v in node.inputs:
             v.users = [u for u in v.users if u is not node]
@@ -91,10 +94,13 @@ def sweep_dead(graph: Graph) -> int:
 
 
 class RewritePass(Pass):
-    """Apply a table of rules until none fires (bounded by ``max_rounds``)."""
+    """Apply a table of rules until none fires (bounded by ``max_rounds``); dead nodes are swept
+    after each round (``sweep_only_free``: only those that launch nothing)."""
 
-    def __init__(self, name: str, rules: Sequence[Rule], max_rounds: int = 100):
+    def __init__(self, name: str, rules: Sequence[Rule], max_rounds: int = 100,
+                 sweep_only_free: bool = False):
         self.name, self.rules, self.max_rounds = name, list(rules), max_rounds
+        self.sweep_only_free = sweep_only_free
 
     def apply(self, graph: Graph) -> dict[str, int]:
         counts = {r.name: 0 for r in self.rules}
@@ -117,7 +123,7 @@ class RewritePass(Pass):
                         break
             if not fired:
                 return counts
-            sweep_dead(graph)
+            sweep_dead(graph, self.sweep_only_free)
         raise PassError(f"pass {self.name}: rules did not reach a fixed point in {self.max_rounds} rounds")
 
 

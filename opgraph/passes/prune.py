@@ -17,6 +17,7 @@ import numpy as np
 
 from l0ops.primitives import cast_array
 from opgraph.core.ir import Graph, Node
+from opgraph.core.memory import buffer_root_value
 from opgraph.core.passmanager import FunctionPass, RewritePass, sweep_dead
 from opgraph.core.rules import Rule
 
@@ -85,7 +86,7 @@ IDENTITY_RULES = [
 ]
 CONSTANT_RULES = [Rule("fold-constant", None, _foldable, _fold_constant)]
 
-identities = RewritePass("prune-identities", IDENTITY_RULES)
+identities = RewritePass("prune-identities", IDENTITY_RULES, sweep_only_free=True)
 constant_fold = RewritePass("constant-fold", CONSTANT_RULES)
 
 
@@ -111,19 +112,25 @@ def _dce(g: Graph) -> dict[str, int]:
     return {"removed": sweep_dead(g)}
 
 
-def _redirect_ok(n: Node) -> bool:
+def _redirect_ok(n: Node, taken: set[str]) -> bool:
+    """A contiguous destination, and a source that is a kernel's fresh output (possibly seen
+    through free views) no other copy was redirected from."""
     src, dst = n.inputs
-    p = src.producer
+    root = buffer_root_value(src)
+    p = root.producer
     return (not n.attrs.redirect and dst.type.is_contiguous and p is not None
-            and not p.opdef.is_free(p) and not p.opdef.written(p) and len(src.users) == 1)
+            and not p.opdef.is_free(p) and not p.opdef.written(p) and root.name not in taken)
 
 
 def _redirect(g: Graph) -> dict[str, int]:
-    """ViewCopy into a contiguous user tensor from a kernel's fresh output becomes a redirect:
-    no copy kernel; the memory planner places the producer's output in the user tensor."""
+    """ViewCopy into a contiguous user tensor from a kernel's fresh output (or a free view of
+    it) becomes a redirect: no copy kernel; the memory planner places the kernel's output in the
+    user tensor, where its other readers find it too. One redirect per kernel output."""
     count = 0
+    taken: set[str] = set()
     for i, n in enumerate(g.nodes):
-        if n.op == "ViewCopy" and _redirect_ok(n):
+        if n.op == "ViewCopy" and _redirect_ok(n, taken):
+            taken.add(buffer_root_value(n.inputs[0]).name)
             g.nodes[i] = Node(n.op, n.inputs, n.attrs.model_copy(update={"redirect": True}), n.source)
             g.nodes[i].outputs = n.outputs
             for v in n.outputs:
@@ -138,4 +145,7 @@ cse = FunctionPass("cse", _cse)
 dce = FunctionPass("dce", _dce)
 viewcopy_redirect = FunctionPass("viewcopy-redirect", _redirect)
 
-LEVEL1 = [identities, constant_fold, cse, dce, viewcopy_redirect]
+# Level 1 is what CANN launches: identities and views dropped, the ViewCopy redirect; every
+# kernel CANN runs stays (even an unused or duplicate one). Level 2 adds the rest.
+LEVEL1 = [identities, viewcopy_redirect]
+CLEANUP = [constant_fold, cse, dce, viewcopy_redirect]
