@@ -41,3 +41,21 @@ def test_pyproject_declares_the_torch_extra():
     extras = meta["project"]["optional-dependencies"]
     assert extras["torch"] == ["torch"]
     assert not any("torch" in d for d in meta["project"]["dependencies"])
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--ranks", "1"], "--ranks: expected 2..64"),
+    (["--ranks", "x"], "--ranks: expected an integer"),
+    (["--shape", "4"], "--shape 4: expected N,C"),
+    (["--shape", "0,3,2"], "--shape 0,3,2: expected N,C"),
+    (["--shape", "2,0"], "--shape 2,0: expected N,C"),
+    (["--dtype", "float64"], "--dtype: invalid choice"),
+    (["--backend", "no-such-backend"], "--backend"),
+    (["--timeout", "0"], "--timeout"),
+], ids=["one-rank", "not-int", "rank-1", "empty-batch", "no-channels", "dtype", "backend",
+        "timeout"])
+def test_syncbn_bad_arguments_are_one_line(argv, message, capsys):
+    """Checked before torch is needed: the same with or without it."""
+    assert main(["syncbn", *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("opgraph: error:") and message in err[0]

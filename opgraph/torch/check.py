@@ -74,7 +74,8 @@ def reference(shape: Sequence[int], dtype: str, seed: int) -> dict[str, torch.Te
 def gather(results: Sequence[dict[str, Any]]) -> dict[str, torch.Tensor]:
     """The ranks' results as one: outputs and input grads concatenated over the batch, running
     stats from rank 0, weight/bias grads summed over the ranks that have them."""
-    out = {k: torch.cat([r[k] for r in results]) for k in ("output", "grad_input")}
+    out = {k: torch.cat([r[k] for r in results if r[k] is not None])  # empty ranks: no grad
+           for k in ("output", "grad_input")}
     out.update({k: results[0][k] for k in ("running_mean", "running_var")})
     for k in ("grad_weight", "grad_bias"):
         out[k] = sum(r[k] for r in results if r[k] is not None)
