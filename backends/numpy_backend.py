@@ -16,6 +16,7 @@ value; ``run`` interprets the graph node by node, storing each intermediate in i
 """
 from __future__ import annotations
 
+import time
 from typing import Any, Callable, Mapping, Optional
 
 import numpy as np
@@ -62,8 +63,18 @@ class Slot:
         self.offset, self.dtype, self.shape, self.user = offset, dtype, shape, user
 
 
+# profile hook: fn(node, start, stop) with time.perf_counter() seconds around the node's step
+Profile = Callable[[Node, float, float], None]
+
+
 class NumpyExecutable(Executable):
-    """A graph compiled for numpy-semantics execution (also the base of native and ascend-sim)."""
+    """A graph compiled for numpy-semantics execution (also the base of native and ascend-sim).
+
+    ``profile``: None (the default, no cost), or a callable that :meth:`run` calls after every
+    node with ``(node, start, stop)`` in ``time.perf_counter()`` seconds — how ``opgraph run
+    --trace-json`` and ``opgraph view --run`` time each node."""
+
+    profile: Optional[Profile] = None
 
     def __init__(self, backend: Any, graph: Graph, plan: MemoryPlan, platform: Platform,
                  lowerings: LoweringTable):
@@ -103,11 +114,16 @@ class NumpyExecutable(Executable):
                 env[v.name] = bindings[v.name].view()
             except KeyError:
                 raise ValueError(f"graph input %{v.name} is not bound to a tensor") from None
+        profile = self.profile
         for i, (node, lower) in enumerate(self.steps):
+            if profile is not None:
+                start = time.perf_counter()
             results = lower(self, node, [env[v.name] for v in node.inputs])
             for v, r in zip(node.outputs, results):
                 slot = self.slots.get(v.name)
                 env[v.name] = r if slot is None else self._place(slot, np.asarray(r), arena, bindings)
+            if profile is not None:
+                profile(node, start, time.perf_counter())
             for name in self.frees.get(i, ()):
                 env.pop(name, None)
         return {v.name: env[v.name] for v in self.graph.outputs}

@@ -19,6 +19,7 @@ from .views import ReFormat, Reshape, SqueezeNd
 from .batchnorm import SyncBatchNormBackwardElemt, elemt_backward
 from .bninfer import BatchNormV3, BNInfer
 from .bn_training_reduce import BNTrainingReduce  # noqa: F401
+from .sync_bn_gather_stats import SyncBatchNormGatherStats  # noqa: F401
 from .syncbn import (SyncBatchNormBackwardReduce, SyncBatchNormGatherStatsFused,
                      SyncBatchNormGatherStatsWithCounts, SyncBNTrainingUpdate)
 from .fused import FusedElementwise

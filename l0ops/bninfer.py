@@ -1,12 +1,17 @@
 """Inference batch norm kernels behind aclnnBatchNormElemt: BNInfer (910B, prebuilt — the
 documented formula in a stated order) and BatchNormV3 with training = false (950, following the
-arch35 kernel source). Both are defined by their expansion, so level 2 fuses them; the
-per-channel part (rstd) is hoisted and computed once.
+arch35 kernel source), plus ConvertToTensor, the host-side constant tensor an op_api builds with
+``executor->ConvertToTensor(scalar, dtype)`` (no kernel). BNInfer and BatchNormV3 are defined by
+their expansion, so level 2 fuses them; the per-channel part (rstd) is hoisted, computed once.
 
     >>> import numpy as np
     >>> x = np.float32([[[[1.0]], [[3.0]]]])                       # [1, 2, 1, 1]
     >>> c = lambda *v: np.float32(v).reshape(1, 2, 1, 1)
     >>> BNInfer.compute([x, c(1, 1), c(0, 0), c(1, 1), c(3, 3)], BNInfer.make_attrs(eps=1.0))[0].ravel()
+    array([0., 1.], dtype=float32)
+    >>> v = lambda *v: np.float32(v)                                # BatchNormV3 takes [C] params
+    >>> y = BatchNormV3.compute([x, v(1, 1), v(0, 0), v(1, 1), v(3, 3)], BatchNormV3.make_attrs(eps=1.0))
+    >>> y[0].ravel()
     array([0., 1.], dtype=float32)
 """
 from __future__ import annotations
@@ -14,31 +19,30 @@ from __future__ import annotations
 import numpy as np
 
 from opgraph.core.dtypes import DataType
-from opgraph.core.opdef import Fidelity, OpAttrs, require
+from opgraph.core.opdef import DType, Fidelity, OpAttrs, require
+from opgraph.core.types import TensorType
 from .define import define_op
 
-F32 = DataType.FLOAT
-FLT_MAX = float(np.finfo(np.float32).max)
+F32, F16, BF16 = DataType.FLOAT, DataType.FLOAT16, DataType.BF16
+FLOATS = (F32, F16, BF16)
+POS_INF = float("inf")  # the kernel's POS_INF literal, 3.40282366920938E+38, rounds to +inf as a float
 
 
 class EpsAttrs(OpAttrs):
     eps: float
 
 
-def _check(op: str, ts) -> None:
+def _check_bninfer(ts) -> None:
     x = ts[0]
-    require(x.rank in (4, 5), op, f"x must be 4-D or 5-D, got rank {x.rank}")
+    require(x.rank in (4, 5), "BNInfer", f"x must be 4-D or 5-D, got rank {x.rank}")
     want = (1, x.shape[1]) + (1,) * (x.rank - 2)
     for name, t in zip(("weight", "bias", "mean", "var"), ts[1:5]):
-        require(t.shape == want and t.dtype == F32, op,
-                f"{name} must be f32{list(want)}, got {t}")
+        require(t.shape == want and t.dtype == F32, "BNInfer", f"{name} must be f32{list(want)}, got {t}")
 
 
-def _infer_y(op: str):
-    def infer(ts, a):
-        _check(op, ts)
-        return [ts[0].with_()]
-    return infer
+def _bninfer_infer(ts, a):
+    _check_bninfer(ts)
+    return [ts[0].with_()]
 
 
 def _upcast(emit, args, ts) -> list[str]:
@@ -55,12 +59,13 @@ def _bninfer(emit, args, a: EpsAttrs, ts) -> str:
 
 
 BNInfer = define_op(
-    "BNInfer", attrs=EpsAttrs, num_inputs=5, kind="elementwise", infer=_infer_y("BNInfer"),
+    "BNInfer", attrs=EpsAttrs, num_inputs=5, kind="elementwise", infer=_bninfer_infer,
     expand=_bninfer,
     fidelity=(Fidelity("formula", "no public 910B kernel source (prebuilt): y = ((x − mean)·rstd)·w "
                        "+ b, rstd = 1/sqrt(var + eps), each step rounded to float32, x's dtype "
                        "rounded once at the end", (2201, 1001)),),
-    doc="Inference batch norm with per-channel [1,C,1,1] float32 weight, bias, mean, var.")
+    doc="Inference batch norm with per-channel [1,C,1,1] (5-D: [1,C,1,1,1]) float32 weight, "
+        "bias, mean, var; y has x's shape, dtype and format.")
 
 
 class V3Attrs(OpAttrs):
@@ -70,9 +75,11 @@ class V3Attrs(OpAttrs):
 
 
 def rstd_newton_raphson(emit, var: str, eps: float) -> str:
-    """ComputeRstdNewtonRaphsonReg (ops-nn norm_common reduce_common_regbase.h): v = max(var + eps,
-    −99.99); r = 1/v; y = sqrt(r); one Newton step and a residual correction with Mula (modelled
-    as fused multiply-add); v == FLT_MAX → 0, v == 0 → FLT_MAX."""
+    """ComputeRstdNewtonRaphsonReg (ops-nn norm_common reduce_common_regbase.h), in float32:
+    v = max(var + eps, −99.99); r = 1/v; y = sqrt(r); t = (v·−0.5)·y; rstd = y·(t·y + 1.5);
+    s = (v·−1)·r + 1; r = (rstd·−1)·rstd + r; s = (v·r + s)·rstd; rstd = s·0.5 + rstd
+    (each Mula ``a·b + c`` modelled as a fused multiply-add); then v == +inf → 0 and
+    v == 0 → +inf."""
     c = lambda value: emit("fill", [], F32, value=value)  # noqa: E731
     v = emit("max", [emit("add", [var, c(float(np.float32(eps)))], F32), c(float(np.float32(-99.99)))], F32)
     r = emit("div", [c(1.0), v], F32)
@@ -84,33 +91,71 @@ def rstd_newton_raphson(emit, var: str, eps: float) -> str:
     r = emit("fma", [emit("mul", [rstd, c(-1.0)], F32), rstd, r], F32)
     s = emit("mul", [emit("fma", [v, r, s], F32), rstd], F32)
     rstd = emit("fma", [s, c(0.5), rstd], F32)
-    rstd = emit("where", [emit("eq", [v, c(FLT_MAX)], DataType.BOOL), c(0.0), rstd], F32)
-    return emit("where", [emit("eq", [v, c(0.0)], DataType.BOOL), c(FLT_MAX), rstd], F32)
+    rstd = emit("where", [emit("eq", [v, c(POS_INF)], DataType.BOOL), c(0.0), rstd], F32)
+    return emit("where", [emit("eq", [v, c(0.0)], DataType.BOOL), c(POS_INF), rstd], F32)
+
+
+def _check_v3(ts) -> None:
+    """x 4-D or 5-D; weight, bias, running mean and var 1-D [C] (no ResizeFrom1D on 950),
+    weight/bias of one dtype (x's or float32), mean/var likewise (the op_api's casts)."""
+    x = ts[0]
+    require(x.rank in (4, 5), "BatchNormV3", f"x must be 4-D or 5-D, got rank {x.rank}")
+    C = x.shape[1]
+    for name, t in zip(("weight", "bias", "mean", "var"), ts[1:5]):
+        require(t.shape == (C,) and t.dtype in FLOATS, "BatchNormV3",
+                f"{name} must be a float [{C}] tensor, got {t}")
+    for pair, (a, b) in (("weight/bias", ts[1:3]), ("mean/var", ts[3:5])):
+        require(a.dtype == b.dtype and a.dtype in (x.dtype, F32), "BatchNormV3",
+                f"{pair} dtypes {a.dtype.short}/{b.dtype.short} must be equal and x's or f32")
 
 
 def _v3_y(emit, args, a: V3Attrs, ts) -> str:
     """y = ((x − mean)·gamma)·rstd + beta in float32 (batch_norm_v3_infer.h), then RINT to x's dtype."""
     x, w, b, mean, var = _upcast(emit, args, ts)
+    bshape = (1, ts[0].shape[1]) + (1,) * (ts[0].rank - 2)
+    w, b, mean, var = (emit("view", [r], F32, shape=bshape) for r in (w, b, mean, var))
     rstd = rstd_newton_raphson(emit, var, a.eps)
     y = emit("add", [emit("mul", [emit("mul", [emit("sub", [x, mean], F32), w], F32), rstd], F32), b], F32)
     return y if ts[0].dtype == F32 else emit("cast", [y], ts[0].dtype)
 
 
 def _v3_infer(ts, a: V3Attrs):
-    _check("BatchNormV3", ts)
+    _check_v3(ts)
     require(not a.training, "BatchNormV3", "only inference (training = false) is modelled")
-    return [ts[0].with_(), ts[3].with_(), ts[4].with_()]
+    return [ts[0].with_(), ts[3].with_(dtype=F32), ts[4].with_(dtype=F32)]
 
 
 def _v3(emit, args, a: V3Attrs, ts) -> tuple[str, str, str]:
-    """y, and the batch mean/var outputs: in inference no op_api reads them; they are given the
-    running statistics."""
-    return _v3_y(emit, args, a, ts), args[3], args[4]
+    """y, and the batch mean/var outputs: in inference the kernel does not write them (the
+    op_api never reads them); they are given the running statistics as float32."""
+    m, v = (r if t.dtype == F32 else emit("cast", [r], F32) for r, t in zip(args[3:5], ts[3:5]))
+    return _v3_y(emit, args, a, ts), m, v
 
 
 BatchNormV3 = define_op(
-    "BatchNormV3", attrs=V3Attrs, num_inputs=5, kind="elementwise", infer=_v3_infer, expand=_v3,
+    "BatchNormV3", attrs=V3Attrs, num_inputs=5, kind="elementwise", infer=_v3_infer,
+    expand=_v3,
     fidelity=(Fidelity("bit-faithful", "950 kernel source (ops-nn batch_norm_v3 arch35 "
                        "batch_norm_v3_infer.h; the Newton-Raphson rstd of reduce_common_regbase.h, "
                        "Mula modelled as a fused multiply-add)", (3510,)),),
-    doc="BatchNormV3 with training = false: (y, batchMean, batchVar); y = (x − mean)·w·rstd + b.")
+    doc="BatchNormV3 with training = false, [C] parameters: (y, batchMean, batchVar); "
+        "y = ((x − mean)·w)·rstd + b.")
+
+
+class ConstAttrs(OpAttrs):
+    value: float  # the float32 scalar
+    dtype: DType
+
+
+def _const(xs, a: ConstAttrs) -> list:
+    return [np.asarray(np.float32(a.value)).astype(a.dtype.np)]
+
+
+ConvertToTensor = define_op(
+    "ConvertToTensor", attrs=ConstAttrs, num_inputs=0, kind="source",
+    infer=lambda ts, a: [TensorType((), a.dtype)], compute=_const,
+    expand=lambda emit, args, a, ts: emit("fill", [], a.dtype, value=a.value),
+    free=lambda node: True,
+    fidelity=(Fidelity("no arithmetic", "a float32 scalar rounded (RNE) to dtype on the host"),),
+    doc="A 0-d host tensor holding a scalar in ``dtype`` (aclOpExecutor::ConvertToTensor); it "
+        "travels with the consuming kernel's arguments, so no kernel runs for it.")

@@ -119,7 +119,9 @@ def sum_rows(t: np.ndarray, cores: int) -> np.ndarray:
 
 def _gather_fused(xs, a: FusedStatsAttrs) -> list[np.ndarray]:
     """ops-nn sync_batch_norm_gather_stats_fused op_kernel (_common.h): all steps in float32,
-    divisions correctly rounded, no guards for Σcount ≤ 1."""
+    divisions correctly rounded, no guards for Σcount ≤ 1. Σcount is exact for whole-number
+    counts below 2**24 (what the op takes); the kernel's own order for it (64-count chunks
+    spread over cores, then per-core slots) is not modelled for fractional counts."""
     dtype = np.asarray(xs[0]).dtype
     mean, invstd, counts, rm, rv = _f(xs)
     eps, m = f32(a.eps), f32(a.momentum)
@@ -154,8 +156,9 @@ SyncBatchNormGatherStatsFused = define_op(
     "SyncBatchNormGatherStatsFused", attrs=FusedStatsAttrs, num_inputs=5, kind="kernel",
     infer=_gather_fused_infer, compute=_gather_fused,
     fidelity=(Fidelity("bit-faithful", "950 kernel source (ops-nn sync_batch_norm_gather_stats_fused "
-                       "op_kernel): op order, sequential sums over ranks; sqrt assumed correctly "
-                       "rounded", (3510,)),),
+                       "op_kernel): op order, sequential sums over ranks (by blocks of "
+                       "ceil(W/cores) when W > 255 and W > C); sqrt assumed correctly rounded; "
+                       "whole-number counts", (3510,)),),
     doc="(meanAll, invstdAll, runningMean, runningVar), each [1,C], from per-rank stats.")
 
 

@@ -178,7 +178,7 @@ def first_lines_then_close(argv: list[str], n: int = 2) -> tuple[int, bytes, byt
 @pytest.mark.skipif(not hasattr(fcntl, "F_SETPIPE_SZ"), reason="needs a resizable pipe (Linux)")
 def test_closed_stdout_pipe_exits_quietly():
     # 8 KB of buffered prints, flushed through a 4 KiB pipe after the reader has gone
-    code, out, err = first_lines_then_close(["dump", OP, "--passes", "--level", "2"])
+    code, out, err = first_lines_then_close(["demo"])
     assert out.count(b"\n") >= 2  # the reader did get its lines
     assert err == b""  # no traceback, no "Exception ignored", no internal error
     assert code == 141  # 128 + SIGPIPE, like any tool whose reader went away

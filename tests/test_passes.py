@@ -290,7 +290,9 @@ def test_cli_dump_stats_passes_and_dump_dir(capsys, tmp_path):
     assert rows[2][2] == "10" and rows[3][2] == "1" and rows[3][4] == "0"  # CANN's 10; fused: 1, 0 B
     assert main(args + ["--level", "2", "--passes"]) == 0
     out = capsys.readouterr().out
-    assert out.count("// after pass") == len(passes.pipeline(2)) and "FusedElementwise" in out
+    stems = [f"{i + 1:02d}-{p.name}" for i, p in enumerate(passes.pipeline(2))]  # --dump-dir's
+    assert sum(f"// {s}:" in out or s in out.split("// unchanged: ")[-1] for s in stems) == len(stems)
+    assert "+++ 03-fuse-elementwise.txt" in out and "FusedElementwise" in out
     assert main(args + ["--level", "1", "--dump-dir", str(tmp_path)]) == 0
     files = sorted(p.name for p in tmp_path.iterdir())
     assert len(files) == 3 * (len(passes.pipeline(1)) + 1) and files[-1].startswith(f"{len(passes.pipeline(1)):02d}-viewcopy-redirect")

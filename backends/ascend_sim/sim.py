@@ -21,6 +21,7 @@ finding, never a crash. The math of each tile is :func:`l0ops.batchnorm.elemt_ba
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field, replace
 from typing import Optional, Sequence
 
@@ -70,6 +71,10 @@ class CoreTrace:
     bytes_in: int = 0
     bytes_out: int = 0
     peak_ub: int = 0
+    # host wall time of simulating this core (time.perf_counter() seconds; not NPU time): what
+    # the per-core rows of ``opgraph run --trace-json`` show
+    began: float = field(default=0.0, compare=False)
+    seconds: float = field(default=0.0, compare=False)
 
 
 @dataclass
@@ -267,7 +272,9 @@ def simulate(tiling: Tiling, data: TilingData, block_dim: int,
     out = OutputTensor(n, extent, T, inputs is None, trace.findings)
     for i in range(block_dim):
         core = CoreKernel(tiling, i, gm, out, ub_size, arch)
+        began = time.perf_counter()
         core.process()
+        core.trace.began, core.trace.seconds = began, time.perf_counter() - began
         trace.cores.append(core.trace)
     trace.findings.extend(out.coverage_findings())
     over = [c.core for c in trace.cores if c.peak_ub > ub_size]

@@ -1,5 +1,7 @@
-"""``opgraph dump OP``: record an op_api on random tensors and dump its graph as text, JSON or DOT,
-as recorded (level 0) or after ``opgraph.passes.optimize(graph, level)``.
+"""``opgraph dump OP``: record an op_api on random tensors and dump its graph as text, JSON, DOT,
+a table (one row per node) or ONNX, as recorded (level 0) or after
+``opgraph.passes.optimize(graph, level)``; ``--passes`` shows what each pass changed (a diff of
+the text dump, numbered like ``--dump-dir``'s files), ``--stats`` the cost at levels 0, 1, 2.
 
     >>> from opgraph.cli import main
     >>> main(["dump", "aclnnBatchNormElemtBackward", "--shape", "2,3", "--format", "text"])
@@ -10,33 +12,77 @@ as recorded (level 0) or after ``opgraph.passes.optimize(graph, level)``.
 from __future__ import annotations
 
 import argparse
+import copy
+import difflib
+import json
 import os
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Sequence
 
+from opgraph.core.graphdiff import NodeDiff, diff_nodes, node_key
 from opgraph.core.ir import Graph
-from opgraph.passes import (DumpInstrument, PassManager, PrintInstrument, graph_stats, optimize,
-                            pipeline)
+from opgraph.core.onnx_export import OnnxUnavailable
+from opgraph.passes import (DumpInstrument, Instrument, Pass, PassManager, PassStats, RewritePass,
+                            Rule, graph_stats, optimize, pipeline)
+from opgraph.passes.stats import node_traffic
 from .cases import add_op_subparsers, build_case, recorded_executor
 from .common import CliError, write_output
 
-FORMATS = ("text", "json", "dot")
+FORMATS = ("text", "json", "dot", "table", "onnx")
 
 
-def render(graph: Graph, fmt: str) -> str:
-    """The graph in ``fmt`` (text / json / dot), ending with a newline."""
-    text = {"text": str, "json": Graph.to_json, "dot": Graph.to_dot}[fmt](graph)
+def render(graph: Graph, fmt: str) -> "str | bytes":
+    """The graph in ``fmt`` (text / json / dot / table: a newline-ended string; onnx: bytes)."""
+    if fmt == "onnx":
+        try:
+            return graph.to_onnx().SerializeToString()
+        except OnnxUnavailable as e:
+            raise CliError(f"--format onnx: {e}") from None
+    text = {"text": str, "json": Graph.to_json, "dot": Graph.to_dot, "table": render_table}[fmt](graph)
     return text if text.endswith("\n") else text + "\n"
 
 
-def print_stats(graph: Graph, fast_math: bool = False) -> None:
-    """Levels 0/1/2 side by side: nodes, kernel launches, bytes moved, workspace bytes."""
-    rows = [("level", "nodes", "launches", "bytes moved", "workspace")]
+def render_table(graph: Graph) -> str:
+    """One row per value like torch.fx's ``print_tabular``: name, op, inputs, type, kernel or
+    free, bytes the node moves when launched (graph inputs and the output in their own rows)."""
+    rows = [("name", "op", "inputs", "type", "cost", "bytes", "writes")]
+    rows += [(f"%{v.name}", "(input)", "", str(v.type), "", "", "") for v in graph.inputs]
+    for n in graph.nodes:
+        free = n.opdef.is_free(n)
+        rows.append((", ".join(f"%{v.name}" for v in n.outputs), n.op,
+                     ", ".join(f"%{v.name}" for v in n.inputs),
+                     ", ".join(str(v.type) for v in n.outputs), "free" if free else "kernel",
+                     "0" if free else str(node_traffic(n)),
+                     ", ".join(f"%{n.inputs[k].name}" for k in n.opdef.written(n))))
+    rows += [("", "(output)", ", ".join(f"%{v.name}" for v in graph.outputs), "", "", "", "")]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    right = {5}
+    lines = ["  ".join(c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in
+                       enumerate(zip(r, widths))).rstrip() for r in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    st = graph_stats(graph)
+    lines.append(f"{st.nodes} nodes, {st.launches} kernel launches, {st.bytes_moved} bytes moved, "
+                 f"workspace {st.workspace} B")
+    return "\n".join(lines) + "\n"
+
+
+def stats_rows(graph: Graph, fast_math: bool = False) -> list[dict]:
+    """Nodes, kernel launches, bytes moved and workspace bytes at levels 0, 1, 2."""
+    rows = []
     for level in (0, 1, 2):
         st = graph_stats(optimize(graph, level, fast_math=fast_math and level == 2))
-        rows.append((str(level), str(st.nodes), str(st.launches), str(st.bytes_moved), str(st.workspace)))
-    widths = [max(len(r[i]) for r in rows) for i in range(5)]
-    for r in rows:
-        print("  ".join(c.rjust(w) for c, w in zip(r, widths)))
+        rows.append({"level": level, "nodes": st.nodes, "launches": st.launches,
+                     "bytes_moved": st.bytes_moved, "workspace": st.workspace})
+    return rows
+
+
+def stats_text(rows: list[dict]) -> str:
+    """The --stats table: levels side by side."""
+    table = [("level", "nodes", "launches", "bytes moved", "workspace")]
+    table += [tuple(str(r[k]) for k in ("level", "nodes", "launches", "bytes_moved", "workspace"))
+              for r in rows]
+    widths = [max(len(r[i]) for r in table) for i in range(5)]
+    return "\n".join("  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in table) + "\n"
 
 
 def fusion_note(graph: Graph) -> "str | None":
@@ -53,6 +99,119 @@ def fusion_note(graph: Graph) -> "str | None":
             "primitives (see README 'Define an l0 op')")
 
 
+# --- what each pass did --------------------------------------------------------------------------
+@dataclass
+class PassStep:
+    """One pass of a pipeline run: ``index`` counts from 1 as ``--dump-dir`` numbers its files
+    (``00-input`` is the graph before the first pass); ``hits``: rule → keys of the nodes it
+    fired on (rewrite passes); ``diff``: what changed, node by node."""
+
+    index: int
+    name: str
+    stats: PassStats
+    before: Graph
+    after: Graph
+    hits: dict[str, list[str]]
+    diff: NodeDiff
+
+    @property
+    def stem(self) -> str:
+        return f"{self.index:02d}-{self.name}"
+
+    @property
+    def changed(self) -> bool:
+        return self.stats.changed or self.diff.changed
+
+    def text_diff(self, before_stem: str) -> list[str]:
+        """A unified diff of the text dumps, named like the --dump-dir files."""
+        return list(difflib.unified_diff(str(self.before).splitlines(), str(self.after).splitlines(),
+                                         f"{before_stem}.txt", f"{self.stem}.txt", lineterm=""))
+
+    def summary(self) -> list[str]:
+        """The rules that fired with the nodes they hit, then the nodes added/removed/changed."""
+        lines = [f"{rule} on " + " ".join(f"%{k}" for k in keys) for rule, keys in self.hits.items()]
+        d = self.diff
+        for what, keys in (("removed", d.removed), ("added", d.added),
+                           ("rewritten", d.rewritten), ("rewired", d.rewired)):
+            if keys:
+                lines.append(f"{what} {len(keys)}: " + " ".join(f"%{k}" for k in keys))
+        return lines
+
+
+class _Recorder(Instrument):
+    """Snapshots before/after every pass (the pass manager edits its graph in place)."""
+
+    def __init__(self, hits: list[dict[str, list[str]]]):
+        self.hits, self.steps, self._before = hits, [], None
+
+    def before(self, index, p, graph):
+        self._before = graph.copy()
+
+    def after(self, index, p, graph, stats):
+        after = graph.copy()
+        self.steps.append(PassStep(index + 1, p.name, stats, self._before, after, self.hits[index],
+                                   diff_nodes(self._before, after)))
+
+
+def _recording(p: Pass, hits: dict[str, list[str]]) -> Pass:
+    """``p`` with every rule noting the key of the node it fires on (other passes: ``p``)."""
+    if not isinstance(p, RewritePass):
+        return p
+
+    def wrap(rule: Rule) -> Rule:
+        def then(graph: Graph, node: Any) -> None:
+            hits.setdefault(rule.name, []).append(node_key(node))
+            rule.then(graph, node)
+        return Rule(rule.name, rule.op, rule.when, then)
+
+    q = copy.copy(p)
+    q.rules = [wrap(r) for r in p.rules]
+    return q
+
+
+def trace_passes(graph: Graph, level: int, fast_math: bool = False,
+                 instruments: Sequence[Instrument] = ()) -> tuple[Graph, list[PassStep]]:
+    """Run ``level``'s pipeline on ``graph`` recording every step (``instruments`` run too)."""
+    passes = pipeline(level, fast_math)
+    hits: list[dict[str, list[str]]] = [{} for _ in passes]
+    rec = _Recorder(hits)
+    out, _ = PassManager([_recording(p, h) for p, h in zip(passes, hits)],
+                         [rec, *instruments]).run(graph)
+    return out, rec.steps
+
+
+def passes_text(steps: list[PassStep]) -> str:
+    """--passes: for each pass that changed something, its stats, the rules that fired and the
+    nodes they hit, and a unified diff of the text dump; then the passes that changed nothing."""
+    out, prev = [], "00-input"
+    for st in steps:
+        if st.changed:
+            hits = ", ".join(f"{k}={v}" for k, v in st.stats.counts.items() if v) or "no rule counts"
+            out.append(f"// {st.stem}: {hits} ({st.stats.seconds * 1e3:.2f} ms)")
+            out += [f"//   {line}" for line in st.summary()]
+            out += st.text_diff(prev)
+        prev = st.stem
+    idle = [st.stem for st in steps if not st.changed]
+    if not steps:
+        out.append("// no passes at this level")
+    if idle:
+        out.append("// unchanged: " + ", ".join(idle))
+    return "\n".join(out) + "\n"
+
+
+def passes_doc(steps: list[PassStep]) -> list[dict]:
+    """--passes --format json: every pass with its counts, hits, node diff and text diff."""
+    prev, docs = "00-input", []
+    for st in steps:
+        d = st.diff
+        docs.append({"index": st.index, "name": st.name, "stem": st.stem, "changed": st.changed,
+                     "counts": st.stats.counts, "seconds": st.stats.seconds, "hits": st.hits,
+                     "added": d.added, "removed": d.removed, "rewritten": d.rewritten,
+                     "rewired": d.rewired, "diff": st.text_diff(prev)})
+        prev = st.stem
+    return docs
+
+
 def check_dump_dir(path: str) -> None:
     """CliError naming --dump-dir unless ``path`` is a directory or could become one."""
     if not path:
@@ -61,37 +220,57 @@ def check_dump_dir(path: str) -> None:
         raise CliError(f"--dump-dir {path!r}: exists and is not a directory", code=2)
 
 
-def run_passes(graph: Graph, args: argparse.Namespace, level: int) -> None:
-    """--passes / --dump-dir: run --level's pipeline printing and/or writing every step."""
-    instruments = [PrintInstrument()] if args.passes else []
+def run_passes(graph: Graph, args: argparse.Namespace, level: int) -> tuple[list[PassStep], int]:
+    """Run --level's pipeline recording every step, writing --dump-dir's files if asked;
+    returns the steps and how many files were written."""
+    instruments = []
     try:
         if args.dump_dir is not None:
             dumps = DumpInstrument(args.dump_dir)
             instruments.append(dumps)
-        PassManager(pipeline(level, args.fast_math), instruments).run(graph)
+        _, steps = trace_passes(graph, level, args.fast_math, instruments)
     except OSError as e:
-        if args.dump_dir is None or e.filename is None:  # stdout, not the directory: main's job
+        if args.dump_dir is None or e.filename is None:
             raise
         raise CliError(f"--dump-dir {args.dump_dir!r}: cannot write {e.filename!r}: "
                        f"{e.strerror or e}") from None
+    return steps, (len(dumps.files) if args.dump_dir is not None else 0)
+
+
+def _report(graph: Graph, args: argparse.Namespace, level: int) -> str:
+    """What --stats, --passes and --dump-dir print (one JSON document with --format json)."""
+    if args.format not in ("text", "json"):
+        what = "--stats" if args.stats else "--passes" if args.passes else "--dump-dir"
+        raise CliError(f"--format {args.format}: {what} prints text or json", code=2)
+    as_json = args.format == "json"
+    note = fusion_note(graph) if args.stats or level == 2 else None
+    if args.stats:
+        rows = stats_rows(graph, args.fast_math)
+        if as_json:
+            return json.dumps({"levels": rows, "note": note}, indent=1) + "\n"
+        return stats_text(rows) + (note + "\n" if note else "")
+    steps, files = run_passes(graph, args, level)
+    if as_json:
+        doc: dict[str, Any] = {"level": level, "passes": passes_doc(steps) if args.passes else None,
+                               "note": note}
+        if args.dump_dir is not None:
+            doc["dump_dir"] = {"path": args.dump_dir, "files": files}
+        return json.dumps(doc, indent=1) + "\n"
+    text = passes_text(steps) if args.passes else ""
     if args.dump_dir is not None:
-        print(f"wrote {len(dumps.files)} files to {args.dump_dir} (NN-<pass>.txt/.json/.dot)")
+        text += f"wrote {files} files to {args.dump_dir} (NN-<pass>.txt/.json/.dot)\n"
+    return text + (note + "\n" if note else "")
 
 
 def run(args: argparse.Namespace) -> int:
     if args.dump_dir is not None:
         check_dump_dir(args.dump_dir)
+    if args.format == "onnx" and args.output in (None, "-") and not (args.stats or args.passes):
+        raise CliError("--format onnx writes a binary file: give -o FILE.onnx", code=2)
     case = build_case(args)
     graph = recorded_executor(case).graph
     if args.stats or args.passes or args.dump_dir is not None:
-        if args.stats:
-            print_stats(graph, args.fast_math)
-        else:
-            run_passes(graph, args, case.level)
-        note = fusion_note(graph) if args.stats or case.level == 2 else None
-        if note:
-            print(note)
-        return 0
+        return write_output(_report(graph, args, case.level), args.output, "report")
     if case.level > 0 or args.fast_math:
         graph = optimize(graph, case.level, fast_math=args.fast_math)
     text = render(graph, args.format)
@@ -99,10 +278,13 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--format", choices=FORMATS, default="text", help="dump format (default: text)")
+    p.add_argument("--format", choices=FORMATS, default="text",
+                   help="dump format: text, json, dot, table (one row per node), onnx (for "
+                        "Netron; needs -o and the onnx package) (default: text)")
     p.add_argument("-o", "--output", metavar="FILE", help="write to FILE instead of stdout")
     p.add_argument("--passes", action="store_true",
-                   help="print the graph after each pass of --level's pipeline, with its stats")
+                   help="for each pass of --level's pipeline that changed something: the rules "
+                        "that fired, the nodes they hit and a diff of the text dump")
     p.add_argument("--dump-dir", metavar="DIR",
                    help="write the graph before and after each pass as numbered text/JSON/DOT files")
     p.add_argument("--stats", action="store_true",
@@ -114,7 +296,7 @@ def _options(p: argparse.ArgumentParser) -> None:
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
-        "dump", help="record an op_api and dump its graph (text, json, dot)",
+        "dump", help="record an op_api and dump its graph (text, json, dot, table, onnx)",
         description="Record OP on random tensors of --shape/--dtype (phase 1 only) and print "
                     "executor.graph (--level 0) or opgraph.passes.optimize(graph, level).",
         epilog="example: opgraph dump aclnnBatchNormElemtBackward --shape 2,3,1,4 "

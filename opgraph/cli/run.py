@@ -10,14 +10,100 @@ against a float64 evaluation of the op's formula.
 from __future__ import annotations
 
 import argparse
+import json
+import time
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from opgraph.core.backend import get
+from opgraph.core.graphdiff import node_key
 from opgraph.core.platform import lookup
-from .cases import add_op_subparsers, build_case, check, execute, record
-from .common import fmt_status, fmt_type, fmt_values
+from opgraph.core.status import Status
+from .cases import Case, Recorded, add_op_subparsers, build_case, check, execute, record
+from .common import CliError, fmt_status, fmt_type, fmt_values, write_output
 from .tiling import trace_report
+
+
+@dataclass
+class Profile:
+    """Phase 2 timed: ``(node, start, stop)`` per node in ``time.perf_counter()`` seconds
+    (empty when the backend has no per-node hook), the whole run's ``start``/``stop``, and the
+    backend's kernel traces (ascend-sim's per-core work)."""
+
+    backend: str
+    status: Status
+    start: float
+    stop: float
+    nodes: list[tuple[Any, float, float]] = field(default_factory=list)
+    kernel_traces: list[Any] = field(default_factory=list)
+
+    def times(self) -> dict[str, float]:
+        """Seconds per node, keyed by the node's first output name (what the viewer shows)."""
+        return {node_key(n): b - a for n, a, b in self.nodes}
+
+
+def profiled_execute(case: Case, rec: Recorded) -> Profile:
+    """Phase 2 like :func:`execute`, timing every node when the backend's executable has a
+    ``profile`` hook (numpy, native, ascend-sim); other backends get one event for the run."""
+    assert rec.executor is not None and rec.executor.program is not None
+    events: list[tuple[Any, float, float]] = []
+    exe = None
+    if rec.executor.program.compiled.nodes:
+        try:
+            exe = rec.executor.program.executable(get(case.backend))
+        except Exception:  # execute() reports why the backend cannot run this program
+            exe = None
+    hooked = exe is not None and hasattr(exe, "profile")
+    if hooked:
+        exe.profile = lambda node, a, b: events.append((node, a, b))
+    start = time.perf_counter()
+    try:
+        status = execute(case, rec)
+    finally:
+        stop = time.perf_counter()
+        if hooked:
+            exe.profile = None
+    return Profile(case.backend, status, start, stop, events,
+                   list(getattr(get(case.backend), "traces", None) or []))
+
+
+def chrome_trace(profile: Profile, title: str) -> dict:
+    """The Chrome trace-event JSON (Perfetto, chrome://tracing) of a profiled phase 2: one
+    complete ("X") event per launched node on the "kernels" row, free nodes on their own row,
+    the whole run on a third; ascend-sim adds one row per simulated core."""
+    us = lambda t: round((t - profile.start) * 1e6, 3)  # noqa: E731
+    meta = lambda what, pid, tid, name: {"name": what, "ph": "M", "pid": pid, "tid": tid,  # noqa: E731
+                                         "args": {"name": name}}
+    ev = [meta("process_name", 1, 0, f"{title} on {profile.backend}"),
+          meta("thread_name", 1, 0, "phase 2"), meta("thread_name", 1, 1, "kernels"),
+          meta("thread_name", 1, 2, "free nodes (no launch)"),
+          {"name": "phase 2", "cat": "run", "ph": "X", "pid": 1, "tid": 0, "ts": 0.0,
+           "dur": us(profile.stop), "args": {"status": int(profile.status),
+                                             "per_node": bool(profile.nodes)}}]
+    for node, a, b in profile.nodes:
+        free = node.opdef.is_free(node)
+        ev.append({"name": node.op, "cat": "free" if free else "kernel", "ph": "X", "pid": 1,
+                   "tid": 2 if free else 1, "ts": us(a), "dur": round((b - a) * 1e6, 3),
+                   "args": {"node": node.header(), "source": node.source or ""}})
+    for k, trace in enumerate(profile.kernel_traces):
+        pid = 10 + k
+        ev.append(meta("process_name", pid, 0, f"ascend-sim kernel {k} on {trace.soc} "
+                                                 f"(host time of the simulation)"))
+        for c in trace.cores:
+            ev.append(meta("thread_name", pid, c.core + 1, f"core {c.core}"))
+            ev.append({"name": f"core {c.core}", "cat": "core", "ph": "X", "pid": pid,
+                       "tid": c.core + 1, "ts": us(c.began), "dur": round(c.seconds * 1e6, 3),
+                       "args": {"start": c.start, "elements": c.elements, "tiles": c.tiles,
+                                "bytes_in": c.bytes_in, "bytes_out": c.bytes_out,
+                                "peak_ub": c.peak_ub}})
+        for f in trace.findings:
+            ev.append({"name": f.kind, "cat": "finding", "ph": "i", "s": "p", "pid": pid,
+                       "tid": (f.core or 0) + 1, "ts": us(trace.cores[0].began) if trace.cores else 0,
+                       "args": {"finding": str(f)}})
+    return {"traceEvents": ev, "displayTimeUnit": "ms",
+            "otherData": {"tool": "opgraph run --trace-json", "op": title, "backend": profile.backend}}
 
 
 def errors(out: np.ndarray, ref: np.ndarray) -> tuple[float, float]:
@@ -34,6 +120,8 @@ def errors(out: np.ndarray, ref: np.ndarray) -> tuple[float, float]:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.trace_json is not None and args.trace_json in ("", "-"):
+        raise CliError("--trace-json: expected a file name (the summary goes to stdout)", code=2)
     case = build_case(args)
     spec, p = case.spec, lookup(case.platform)
     print(f"op:            {spec.name} ({spec.summary})")
@@ -52,9 +140,15 @@ def run(args: argparse.Namespace) -> int:
     compiled = ex.compiled or ex.graph
     print(f"graph:         {len(ex.graph.nodes)} recorded nodes, {len(compiled.nodes)} after level "
           f"{ex.opt_level}, {ex.kernel_count} kernel launches")
-    status = execute(case, rec)
+    prof = profiled_execute(case, rec) if args.trace_json else None
+    status = prof.status if prof is not None else execute(case, rec)
     print(f"phase 2:       {fmt_status(status)}")
     check(status, spec.name)
+    if prof is not None:
+        doc = json.dumps(chrome_trace(prof, spec.name), indent=None)
+        what = (f"{len(prof.nodes)} nodes timed" if prof.nodes else
+                f"backend {case.backend!r} reports no per-node times: one event for phase 2")
+        write_output(doc + "\n", args.trace_json, f"Chrome trace events, {what}", "--trace-json")
     if args.trace:
         print(trace_report(case.backend))
     for name, out in written.items():
@@ -74,6 +168,9 @@ def _options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trace", action="store_true",
                    help="print the backend's kernel trace after phase 2 (ascend-sim: tiling, "
                         "per-core work, findings)")
+    p.add_argument("--trace-json", metavar="FILE",
+                   help="write phase 2's per-node timings as Chrome trace-event JSON (open in "
+                        "Perfetto or chrome://tracing); ascend-sim adds one row per core")
     p.set_defaults(func=run)
 
 

@@ -14,7 +14,8 @@
 
 Values know their users (cheap ``replace_all_uses_with``); ``verify()`` re-infers every type.
 Nodes remember the source line that recorded them (``node.source``). Dumps (JSON, DOT,
-networkx) are functions in :mod:`opgraph.core.serialize` that the ``Graph.to_*`` methods call.
+networkx) are functions in :mod:`opgraph.core.serialize` that the ``Graph.to_*`` methods call;
+``to_html`` and ``to_onnx`` call :mod:`opgraph.core.html` and :mod:`opgraph.core.onnx_export`.
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from typing import Any, Iterable, Optional, Sequence
 
 from pydantic import BaseModel
 
-from . import serialize
+from . import html, onnx_export, serialize
 from .dtypes import DataType
 from .opdef import OpDef, get_op
 from .types import GraphError, RecordedCall, TensorType, format_attr
@@ -247,6 +248,16 @@ class Graph:
 
     def to_networkx(self):
         return serialize.to_networkx(self)
+
+    def to_html(self, times: "dict[str, float] | None" = None, engine: Optional[str] = None) -> str:
+        """A self-contained HTML page drawing the graph (:mod:`opgraph.core.html`); ``times``:
+        seconds per node, keyed by the node's first output name."""
+        return html.graph_html(self, times=times, engine=engine)
+
+    def to_onnx(self) -> Any:
+        """An ``onnx.ModelProto`` of the graph, for Netron (needs ``pip install onnx``;
+        :mod:`opgraph.core.onnx_export`)."""
+        return onnx_export.to_onnx(self)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Graph) and self.to_dict() == other.to_dict()

@@ -1,0 +1,85 @@
+"""``opgraph syncbn``: one SyncBatchNorm forward and backward across N CPU processes (gloo on
+127.0.0.1, opgraph.torch.SyncBatchNorm), and the errors against single-process batch norm on
+the whole batch. Needs torch (``pip install 'opgraph[torch]'``); without it, one line.
+
+    opgraph syncbn --ranks 2 --shape 8,16,14,14 --dtype float16
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import math
+from typing import Any
+
+from .common import (CliError, check_memory, non_negative_int, parse_backend, parse_shape,
+                     positive_int)
+
+DTYPES = ("float32", "float16", "bfloat16")
+MAX_RANKS = 64
+BYTES_PER_ELEMENT = 4 * 8  # float32 input, grad, output, grad_input and the reference's copies
+
+
+def _check_module() -> Any:
+    """opgraph.torch.check, imported only when the command runs: it needs torch, an optional
+    dependency the rest of the CLI must not pay for (nor fail without)."""
+    try:
+        return importlib.import_module("opgraph.torch.check")
+    except ImportError as e:
+        raise CliError(str(e)) from None
+
+
+def run(args: argparse.Namespace) -> int:
+    shape = args.shape
+    if len(shape) < 2 or shape[0] < 1 or shape[1] < 1 or math.prod(shape) == 0:
+        raise CliError(f"--shape {','.join(map(str, shape))}: expected N,C[,...] with every dim "
+                       ">= 1", code=2)
+    check_memory(shape, math.prod(shape) * BYTES_PER_ELEMENT, "the tensors of all ranks")
+    check = _check_module()
+    try:
+        r = check.compare(args.ranks, shape, args.dtype, seed=args.seed, backend=args.backend,
+                          timeout=args.timeout)
+    except check.RankError as e:
+        last = str(e).strip().splitlines()[-1]
+        raise CliError(f"the ranks failed: {last}") from None
+    sizes = "+".join(map(str, r["sizes"]))
+    print(f"SyncBatchNorm over {args.ranks} gloo ranks on 127.0.0.1, batch {sizes} of "
+          f"[{','.join(map(str, shape))}] {args.dtype}, opgraph backend "
+          f"{args.backend or 'numpy'}")
+    print("vs single-process batch norm (float32) on the whole batch:")
+    print(f"  {'quantity':<14}{'max abs error':>15}{'relative':>12}")
+    for name, (abs_err, rel_err) in r["errors"].items():
+        print(f"  {name:<14}{abs_err:>15.3g}{rel_err:>12.3g}")
+    print(f"rank 0: forward {r['forward_s'] * 1e3:.1f} ms, backward {r['backward_s'] * 1e3:.1f} ms")
+    return 0
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "syncbn", help="SyncBatchNorm across N CPU processes vs single-process batch norm",
+        description="Spawns N processes in a gloo group on 127.0.0.1, splits the batch over them "
+                    "(unevenly when N does not divide it; ranks may be empty), runs "
+                    "opgraph.torch.SyncBatchNorm forward and backward, and prints the largest "
+                    "errors of the output, running stats and gradients against single-process "
+                    "batch norm on the whole batch. Needs torch (pip install 'opgraph[torch]').",
+        epilog="example: opgraph syncbn --ranks 2 --shape 8,16,14,14 --dtype float16")
+    p.add_argument("--ranks", type=_ranks, default=2, metavar="N",
+                   help=f"number of processes, 2..{MAX_RANKS} (default: 2)")
+    p.add_argument("--shape", type=parse_shape, default=(8, 16, 14, 14), metavar="N,C,...",
+                   help="the whole batch's shape (default: 8,16,14,14)")
+    p.add_argument("--dtype", choices=DTYPES, default="float32",
+                   help="input and gradient dtype (default: float32)")
+    p.add_argument("--backend", type=parse_backend, default=None, metavar="NAME",
+                   help="opgraph backend of the op_apis: numpy (default) or native")
+    p.add_argument("--seed", type=non_negative_int, default=0, help="random seed (default: 0)")
+    p.add_argument("--timeout", type=positive_int, default=120, metavar="SECONDS",
+                   help="give up (and stop every process) after this long (default: 120)")
+    p.set_defaults(func=run)
+    return p
+
+
+def _ranks(text: str) -> int:
+    n = positive_int(text)
+    if not 2 <= n <= MAX_RANKS:
+        raise argparse.ArgumentTypeError(
+            f"expected 2..{MAX_RANKS} (one rank is ordinary batch norm), got {text!r}")
+    return n

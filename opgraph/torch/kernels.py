@@ -1,0 +1,191 @@
+"""The five aten primitives SyncBatchNorm is built from, on CPU torch tensors, each one op_api
+call (the torch_npu mapping, reference syncbn-family.md §9), plus their registration as the CPU
+kernels of ``aten::batch_norm_stats`` & co. Inputs are viewed, not copied (``opgraph.tensor``);
+outputs are new torch tensors (or ``out``) that phase 2 writes in place. ``backend`` picks the
+opgraph backend phase 2 runs on, ``platform`` the SoC whose op_apis run (default: the current
+ones; bfloat16 statistics need ``platform="Ascend950"``).
+
+    >>> import torch
+    >>> x = torch.arange(8.).reshape(2, 2, 2)          # channel 0: 0 1 4 5, channel 1: 2 3 6 7
+    >>> mean, invstd = batch_norm_stats(x, 1e-5)
+    >>> mean.tolist(), mean.dtype
+    ([2.5, 4.5], torch.float32)
+    >>> y = batch_norm_elemt(x, None, None, mean, invstd, 1e-5)
+    >>> round(y[0, 0, 0].item(), 4)
+    -1.1094
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Iterator, Optional, Union
+
+import numpy as np
+import torch
+
+from opgraph.core.config import BackendRef, use_backend
+from opgraph.core.dtypes import DataType
+from opgraph.core.platform import Platform, platform as use_platform
+from opgraph.aclnn import (batch_norm_elemt as _elemt, batch_norm_elemt_backward as _elemt_bwd,
+                           batch_norm_gather_stats_with_counts as _gather,
+                           batch_norm_reduce_backward as _reduce_bwd, batch_norm_stats as _stats)
+
+Tensor = torch.Tensor
+PlatformRef = Union[str, Platform, None]
+_BF16 = DataType.BF16.np
+PRIMITIVES = ("batch_norm_stats", "batch_norm_gather_stats_with_counts", "batch_norm_elemt",
+              "batch_norm_elemt.out", "batch_norm_backward_reduce", "batch_norm_backward_elemt")
+
+
+@contextlib.contextmanager
+def on(backend: Optional[BackendRef] = None, platform: PlatformRef = None) -> Iterator[None]:
+    """Inside: phase 2 on ``backend`` and the op_apis on ``platform`` (a SoC name, e.g.
+    ``"Ascend950"``, where bfloat16 batch_norm_stats exists); None keeps the current one."""
+    with contextlib.ExitStack() as stack:
+        if backend is not None:
+            stack.enter_context(use_backend(backend))
+        if platform is not None:
+            stack.enter_context(use_platform(platform))
+        yield
+
+
+def to_torch(a: Optional[np.ndarray]) -> Optional[Tensor]:
+    """A numpy result as a torch tensor sharing its memory (bfloat16 through 16-bit words)."""
+    if a is None or isinstance(a, Tensor):
+        return a
+    if a.dtype == _BF16:
+        return torch.from_numpy(np.ascontiguousarray(a).view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(np.ascontiguousarray(a))
+
+
+def batch_norm_stats(input: Tensor, eps: float, *, backend: Optional[BackendRef] = None,
+                     platform: PlatformRef = None) -> tuple[Tensor, Tensor]:
+    """Per-channel mean and 1/sqrt(biased var + eps) of ``input`` [N, C, ...], float32
+    (aclnnBatchNormStats)."""
+    with on(backend, platform):
+        mean, invstd = _stats.batch_norm_stats(input, eps)
+    return to_torch(mean), to_torch(invstd)
+
+
+def batch_norm_gather_stats_with_counts(
+        input: Tensor, mean: Tensor, invstd: Tensor, running_mean: Optional[Tensor],
+        running_var: Optional[Tensor], momentum: float, eps: float, counts: Tensor, *,
+        backend: Optional[BackendRef] = None,
+        platform: PlatformRef = None) -> tuple[Tensor, Tensor]:
+    """Global mean and invstd from per-rank ``mean``/``invstd`` [W, C] and ``counts`` [W]; the
+    running stats (when given) are updated in place (aclnnBatchNormGatherStatsWithCounts)."""
+    with on(backend, platform):
+        m, s = _gather.batch_norm_gather_stats_with_counts(
+            input, mean, invstd, running_mean, running_var, momentum, eps, counts)
+    return to_torch(m), to_torch(s)
+
+
+def batch_norm_elemt(input: Tensor, weight: Optional[Tensor], bias: Optional[Tensor],
+                     mean: Tensor, invstd: Tensor, eps: float, *, out: Optional[Tensor] = None,
+                     backend: Optional[BackendRef] = None, platform: PlatformRef = None) -> Tensor:
+    """``(input - mean) * invstd * weight + bias`` per channel into ``out`` (default: a new tensor
+    like ``input``, channels_last kept) (aclnnBatchNormElemt)."""
+    out = torch.empty_like(input) if out is None else out
+    with on(backend, platform):
+        _elemt.batch_norm_elemt(input, weight, bias, mean, invstd, eps, out=out)
+    return out
+
+
+def batch_norm_backward_reduce(
+        grad_out: Tensor, input: Tensor, mean: Tensor, invstd: Tensor, weight: Optional[Tensor],
+        input_g: bool, weight_g: bool, bias_g: bool, *,
+        backend: Optional[BackendRef] = None,
+        platform: PlatformRef = None) -> tuple[Optional[Tensor], ...]:
+    """``(sum_dy, sum_dy_xmu, grad_weight, grad_bias)`` per channel; an output whose flag is
+    False is None (aclnnBatchNormReduceBackward)."""
+    with on(backend, platform):
+        outs = _reduce_bwd.batch_norm_backward_reduce(grad_out, input, mean, invstd, weight,
+                                                      input_g, weight_g, bias_g)
+    return tuple(to_torch(o) for o in outs)
+
+
+def batch_norm_backward_elemt(
+        grad_out: Tensor, input: Tensor, mean: Tensor, invstd: Tensor, weight: Optional[Tensor],
+        sum_dy: Tensor, sum_dy_xmu: Tensor, count: Tensor, *, out: Optional[Tensor] = None,
+        backend: Optional[BackendRef] = None, platform: PlatformRef = None) -> Tensor:
+    """SyncBatchNorm's input gradient from the all-reduced sums and the per-rank ``count``
+    (aclnnBatchNormElemtBackward), into ``out`` (default: a new tensor like ``input``)."""
+    out = torch.empty_like(input) if out is None else out
+    with on(backend, platform):
+        _elemt_bwd.batch_norm_elemt_backward(grad_out, input, mean, invstd, weight, sum_dy,
+                                             sum_dy_xmu, count, out=out)
+    return out
+
+
+# --- torch.library registration --------------------------------------------------------------
+_registered: dict[str, Any] = {"library": None, "backend": None, "platform": None}
+
+
+def _where() -> dict[str, Any]:
+    return {"backend": _registered["backend"], "platform": _registered["platform"]}
+
+
+def _aten_stats(input: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    return batch_norm_stats(input, eps, **_where())
+
+
+def _aten_gather(input: Tensor, mean: Tensor, invstd: Tensor, running_mean: Optional[Tensor],
+                 running_var: Optional[Tensor], momentum: float, eps: float,
+                 counts: Tensor) -> tuple[Tensor, Tensor]:
+    return batch_norm_gather_stats_with_counts(input, mean, invstd, running_mean, running_var,
+                                               momentum, eps, counts, **_where())
+
+
+def _aten_elemt(input: Tensor, weight: Optional[Tensor], bias: Optional[Tensor], mean: Tensor,
+                invstd: Tensor, eps: float) -> Tensor:
+    return batch_norm_elemt(input, weight, bias, mean, invstd, eps, **_where())
+
+
+def _aten_elemt_out(input: Tensor, weight: Optional[Tensor], bias: Optional[Tensor],
+                    mean: Tensor, invstd: Tensor, eps: float, *, out: Tensor) -> Tensor:
+    return batch_norm_elemt(input, weight, bias, mean, invstd, eps, out=out, **_where())
+
+
+def _aten_reduce(grad_out: Tensor, input: Tensor, mean: Tensor, invstd: Tensor,
+                 weight: Optional[Tensor], input_g: bool, weight_g: bool,
+                 bias_g: bool) -> tuple[Tensor, ...]:
+    outs = batch_norm_backward_reduce(grad_out, input, mean, invstd, weight, input_g, weight_g,
+                                      bias_g, **_where())
+    # the schema returns four Tensors: an output not asked for is an empty one
+    return tuple(torch.empty(0, dtype=mean.dtype) if o is None else o for o in outs)
+
+
+def _aten_backward_elemt(grad_out: Tensor, input: Tensor, mean: Tensor, invstd: Tensor,
+                         weight: Optional[Tensor], sum_dy: Tensor, sum_dy_xmu: Tensor,
+                         count: Tensor) -> Tensor:
+    return batch_norm_backward_elemt(grad_out, input, mean, invstd, weight, sum_dy, sum_dy_xmu,
+                                     count, **_where())
+
+
+_IMPLS = dict(zip(PRIMITIVES, (_aten_stats, _aten_gather, _aten_elemt, _aten_elemt_out,
+                               _aten_reduce, _aten_backward_elemt)))
+
+
+def register_cpu_kernels(backend: Optional[BackendRef] = None,
+                         platform: PlatformRef = None) -> None:
+    """Make ``aten::batch_norm_stats``, ``batch_norm_gather_stats_with_counts``,
+    ``batch_norm_elemt`` (and ``.out``), ``batch_norm_backward_reduce`` and
+    ``batch_norm_backward_elemt`` run on CPU tensors, through their op_apis on ``backend``
+    (an opgraph backend name or instance) and ``platform`` (a SoC name); None: the ones
+    current at each call.
+
+    Idempotent: the kernels are registered once per process; a later call only changes the
+    backend and platform. Afterwards ``torch.batch_norm_stats(cpu_tensor, 1e-5)`` works.
+    """
+    with on(backend, platform):  # an unknown backend or platform fails here, not at a call
+        pass
+    _registered.update(backend=backend, platform=platform)
+    if _registered["library"] is None:
+        lib = torch.library.Library("aten", "IMPL")
+        for name, fn in _IMPLS.items():
+            lib.impl(name, fn, "CPU")
+        _registered["library"] = lib
+
+
+__all__ = ["PRIMITIVES", "batch_norm_backward_elemt", "batch_norm_backward_reduce",
+           "batch_norm_elemt", "batch_norm_gather_stats_with_counts", "batch_norm_stats",
+           "on", "register_cpu_kernels", "to_torch"]

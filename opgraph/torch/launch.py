@@ -1,0 +1,144 @@
+"""Run a function on N local processes joined in a gloo process group on 127.0.0.1 — what the
+tests, ``opgraph syncbn``, the example and the benchmark use. Every process is joined or
+killed before :func:`run_ranks` returns; a rank that fails, dies or overruns the deadline
+raises :class:`RankError` with its traceback, and the collectives time out instead of hanging.
+
+    >>> free_port() > 0
+    True
+"""
+from __future__ import annotations
+
+import datetime
+import multiprocessing
+import os
+import pickle
+import socket
+import time
+import traceback
+from multiprocessing.connection import wait
+from typing import Any, Callable, Optional, Sequence
+
+import torch
+import torch.distributed as dist
+
+RankFn = Callable[..., Any]
+# what the fork server imports once for all ranks: torch's autograd imports sympy (through
+# symbolic_shapes) at the first backward, ~3 s per process otherwise
+PRELOAD = ["torch", "torch.distributed", "torch.nn.parallel",
+           "torch.fx.experimental.symbolic_shapes", "opgraph.torch"]
+
+
+class RankError(RuntimeError):
+    """A rank of :func:`run_ranks` failed, died or did not finish in time."""
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def init_gloo(rank: int, world_size: int, port: int, timeout: float = 30.0) -> None:
+    """Join the default process group: gloo, rendezvous at tcp://127.0.0.1:``port``, every
+    collective bounded by ``timeout`` seconds."""
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world_size,
+                            timeout=datetime.timedelta(seconds=timeout))
+
+
+def _rank_main(fn: RankFn, rank: int, world_size: int, port: int, args: Sequence[Any],
+               conn: Any, pg_timeout: float, threads: int) -> None:
+    """The body of one spawned rank: join the group, run ``fn``, send back its result."""
+    try:
+        torch.set_num_threads(threads)
+        init_gloo(rank, world_size, port, pg_timeout)
+        try:
+            message = ("ok", fn(rank, world_size, *args))
+        finally:
+            dist.destroy_process_group()
+    except BaseException:  # noqa: BLE001 — everything goes back to the parent as text
+        message = ("error", traceback.format_exc())
+    # plain pickle: torch's multiprocessing reducers would pass tensors as shared-memory
+    # handles that die with this process
+    conn.send_bytes(pickle.dumps(message))
+    conn.close()
+
+
+def run_ranks(fn: RankFn, world_size: int, args: Sequence[Any] = (), *, timeout: float = 120.0,
+              pg_timeout: float = 30.0, threads: Optional[int] = None) -> list[Any]:
+    """``[fn(rank, world_size, *args) for each rank]``, each rank a fresh process in
+    a gloo group of ``world_size``. ``fn`` must be importable (a module-level function) and its
+    result picklable. ``timeout`` bounds the whole run, ``pg_timeout`` each collective;
+    ``threads`` is torch's intra-op thread count per rank (default: the cores shared out).
+    """
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size}")
+    threads = threads or max(1, (os.cpu_count() or 1) // world_size)
+    ctx = _context()
+    port = free_port()
+    procs, conns, ok = [], {}, False
+    try:
+        for rank in range(world_size):
+            recv, send = ctx.Pipe(duplex=False)
+            p = ctx.Process(target=_rank_main, name=f"opgraph-rank{rank}", daemon=True,
+                            args=(fn, rank, world_size, port, tuple(args), send, pg_timeout,
+                                  threads))
+            p.start()
+            send.close()
+            procs.append(p)
+            conns[recv] = rank
+        results = _collect(procs, conns, time.monotonic() + timeout, timeout)
+        ok = True
+        return results
+    finally:  # after a failure the peers may be blocked in a collective: no grace then
+        _stop(procs, grace=5.0 if ok else 0.0)
+        for c in conns:
+            c.close()
+
+
+def _context() -> Any:
+    """A fork server that has imported torch and opgraph.torch once (each rank then starts in
+    milliseconds, not seconds), or plain spawn where there is no fork server."""
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return multiprocessing.get_context("spawn")
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(PRELOAD)
+    return ctx
+
+
+def _collect(procs: list[Any], conns: dict[Any, int], deadline: float,
+             timeout: float) -> list[Any]:
+    results: dict[int, Any] = {}
+    pending = dict(conns)
+    while pending:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise RankError(f"ranks {sorted(pending.values())} did not finish within "
+                            f"{timeout:g} s")
+        for c in wait(list(pending), timeout=left):
+            rank = pending.pop(c)
+            try:
+                status, value = pickle.loads(c.recv_bytes())
+            except EOFError:
+                procs[rank].join(5)
+                raise RankError(f"rank {rank} died (exit code {procs[rank].exitcode}) "
+                                "without a result") from None
+            if status != "ok":
+                raise RankError(f"rank {rank} failed:\n{value}")
+            results[rank] = value
+    return [results[r] for r in range(len(procs))]
+
+
+def _stop(procs: list[Any], grace: float) -> None:
+    """Join every process; kill the ones still running after ``grace`` seconds."""
+    end = time.monotonic() + grace
+    for p in procs:
+        p.join(max(0.0, end - time.monotonic()))
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+            p.join()
+
+
+__all__ = ["RankError", "free_port", "init_gloo", "run_ranks"]

@@ -1,0 +1,229 @@
+"""SyncBatchNorm on CPU tensors across torch.distributed processes: torch's algorithm (reference
+syncbn-family.md §8) with each primitive one op_api call (:mod:`opgraph.torch.kernels`).
+
+Forward per rank: batch_norm_stats → all_gather of [mean, invstd, count] → drop ranks with
+count < 1 → batch_norm_gather_stats_with_counts (running stats updated in place) →
+batch_norm_elemt. Backward: batch_norm_backward_reduce → all_reduce of [sum_dy, sum_dy_xmu] →
+batch_norm_backward_elemt. Without an initialised process group, with one rank, or in eval mode
+it is ordinary batch norm (``F.batch_norm``), as in torch.
+
+    >>> import torch
+    >>> bn = SyncBatchNorm(3)
+    >>> sorted(bn.state_dict())
+    ['bias', 'num_batches_tracked', 'running_mean', 'running_var', 'weight']
+    >>> y = bn(torch.randn(4, 3, 2, 2))           # no process group: plain batch norm
+    >>> int(bn.num_batches_tracked)
+    1
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.nn.modules.batchnorm import _BatchNorm
+
+from opgraph.core.config import BackendRef
+from . import kernels as K
+from .kernels import PlatformRef
+
+Tensor = torch.Tensor
+_LOW_PRECISION = (torch.float16, torch.bfloat16)
+
+
+def stats_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype of batch_norm_stats' mean/invstd (and so of the exchanged rows) for an input
+    dtype: float32 for half precision (torch_npu allocates them float32), else the input's."""
+    return torch.float32 if dtype in _LOW_PRECISION else dtype
+
+
+def _keep_layout(t: Tensor) -> Tensor:
+    """``t`` if it is channels_last(-3d) contiguous, else ``t.contiguous()`` (PTF:39-45)."""
+    if t.is_contiguous(memory_format=torch.channels_last) or \
+            t.is_contiguous(memory_format=torch.channels_last_3d):
+        return t
+    return t.contiguous()
+
+
+class SyncBatchNormFunction(torch.autograd.Function):
+    """The autograd function of :class:`SyncBatchNorm` (one call per rank and step).
+
+    ``apply(input, weight, bias, running_mean, running_var, eps, momentum, process_group,
+    world_size, where)``; ``where`` = ``{"backend": ..., "platform": ...}`` for the op_apis
+    (see :func:`opgraph.torch.kernels.on`; ``{}``: the current ones).
+    """
+
+    @staticmethod
+    def forward(ctx: Any, input: Tensor, weight: Optional[Tensor], bias: Optional[Tensor],
+                running_mean: Optional[Tensor], running_var: Optional[Tensor], eps: float,
+                momentum: float, process_group: Any, world_size: int,
+                where: Optional[dict[str, Any]] = None) -> Tensor:
+        where = where or {}
+        input = _keep_layout(input)
+        weight = weight.contiguous() if weight is not None else None
+        C = input.shape[1]
+        per_channel = input.numel() // C
+        if per_channel == 1 and world_size < 2:
+            raise ValueError("Expected more than 1 value per channel when training, got input "
+                             f"size {per_channel}")
+        if input.numel() > 0:
+            mean, invstd = K.batch_norm_stats(input, eps, **where)
+            count = torch.full((1,), per_channel, dtype=mean.dtype)
+            row = torch.cat([mean, invstd, count])
+        else:  # an empty rank still takes part in the gather, with count 0 (dropped below)
+            row = torch.zeros(2 * C + 1, dtype=stats_dtype(input.dtype))
+        rows = [torch.empty_like(row) for _ in range(world_size)]
+        dist.all_gather(rows, row, process_group)
+        table = torch.stack(rows)
+        table = table[table[:, 2 * C] >= 1]                  # ranks with data only
+        mean_all, invstd_all, count_all = table[:, :C], table[:, C:2 * C], table[:, 2 * C:]
+        counts = count_all.reshape(-1)
+        if running_mean is not None and counts.dtype != running_mean.dtype:
+            counts = counts.to(running_mean.dtype)
+        if len(table):
+            mean, invstd = K.batch_norm_gather_stats_with_counts(
+                input, mean_all, invstd_all, running_mean, running_var, momentum, eps, counts,
+                **where)
+        else:  # no rank has data: nothing to normalise, running stats untouched
+            mean = invstd = torch.zeros(C, dtype=table.dtype)
+        ctx.save_for_backward(input, weight, mean, invstd, count_all.to(torch.int32))
+        ctx.process_group, ctx.where = process_group, where
+        if input.numel() == 0:
+            return torch.empty_like(input)
+        return K.batch_norm_elemt(input, weight, bias, mean, invstd, eps, **where)
+
+    @staticmethod
+    def backward(ctx: Any, grad_output: Tensor) -> tuple[Optional[Tensor], ...]:
+        grad_output = _keep_layout(grad_output)
+        input, weight, mean, invstd, count = ctx.saved_tensors
+        need_input, need_weight, need_bias = ctx.needs_input_grad[:3]
+        grad_input = grad_weight = grad_bias = None
+        C = input.shape[1]
+        if input.numel() > 0:
+            sum_dy, sum_dy_xmu, grad_weight, grad_bias = K.batch_norm_backward_reduce(
+                grad_output, input, mean, invstd, weight, need_input, need_weight, need_bias,
+                **ctx.where)
+            if need_input:
+                sums = torch.cat([sum_dy, sum_dy_xmu])
+                dist.all_reduce(sums, dist.ReduceOp.SUM, ctx.process_group)
+                if weight is not None and weight.dtype != mean.dtype:
+                    weight = weight.to(mean.dtype)
+                grad_input = K.batch_norm_backward_elemt(
+                    grad_output, input, mean, invstd, weight, sums[:C], sums[C:], count,
+                    **ctx.where)
+            if weight is None or not need_weight:
+                grad_weight = None
+            if weight is None or not need_bias:
+                grad_bias = None
+        elif need_input:  # take part in the all_reduce so that the peers are not blocked
+            dist.all_reduce(torch.zeros(2 * C, dtype=mean.dtype), dist.ReduceOp.SUM,
+                            ctx.process_group)
+        return grad_input, grad_weight, grad_bias, None, None, None, None, None, None, None
+
+
+class SyncBatchNorm(_BatchNorm):
+    """A drop-in for ``torch.nn.SyncBatchNorm`` that runs on CPU (gloo): same arguments,
+    state-dict keys, ``momentum=None`` cumulative average and eval behaviour. Keyword only:
+    ``backend``, the opgraph backend of its op_apis, and ``platform``, their SoC (bfloat16
+    inputs need ``"Ascend950"``); None: the ones current at each call.
+
+    >>> SyncBatchNorm(8, momentum=None, backend="native", platform="Ascend950")
+    SyncBatchNorm(8, eps=1e-05, momentum=None, ..., backend=native, platform=Ascend950)
+    """
+
+    def __init__(self, num_features: int, eps: float = 1e-5, momentum: Optional[float] = 0.1,
+                 affine: bool = True, track_running_stats: bool = True,
+                 process_group: Any = None, device: Any = None, dtype: Any = None, *,
+                 bias: bool = True, backend: Optional[BackendRef] = None,
+                 platform: PlatformRef = None) -> None:
+        super().__init__(num_features, eps, momentum, affine, track_running_stats,
+                         device=device, dtype=dtype, bias=bias)
+        self.process_group = process_group
+        self.backend, self.platform = backend, platform
+
+    def extra_repr(self) -> str:
+        where = (("backend", self.backend), ("platform", self.platform))
+        extra = [f"{k}={getattr(v, 'name', getattr(v, 'soc', v))}"
+                 for k, v in where if v is not None]
+        return ", ".join([super().extra_repr(), *extra])
+
+    def _check_input_dim(self, input: Tensor) -> None:
+        if input.dim() < 2:
+            raise ValueError(f"expected at least 2D input (got {input.dim()}D input)")
+        if input.size(1) == 0:
+            raise ValueError("SyncBatchNorm number of input channels should be non-zero")
+
+    def forward(self, input: Tensor) -> Tensor:
+        self._check_input_dim(input)
+        factor = 0.0 if self.momentum is None else self.momentum
+        if self.training and self.track_running_stats:
+            self.num_batches_tracked.add_(1)
+            if self.momentum is None:  # cumulative moving average
+                factor = 1.0 / float(self.num_batches_tracked)
+        bn_training = self.training or (self.running_mean is None and self.running_var is None)
+        track = not self.training or self.track_running_stats
+        running_mean = self.running_mean if track else None
+        running_var = self.running_var if track else None
+        world_size = self._world_size() if bn_training and self.training else 1
+        if world_size < 2:
+            return F.batch_norm(input, running_mean, running_var, self.weight, self.bias,
+                                bn_training, factor, self.eps)
+        if input.device.type != "cpu":
+            raise ValueError(f"opgraph.torch.SyncBatchNorm runs on CPU tensors, got one on "
+                             f"{input.device} (use torch.nn.SyncBatchNorm there)")
+        return SyncBatchNormFunction.apply(input, self.weight, self.bias, running_mean,
+                                           running_var, self.eps, factor, self._group(),
+                                           world_size,
+                                           {"backend": self.backend, "platform": self.platform})
+
+    def _group(self) -> Any:
+        return self.process_group or dist.group.WORLD
+
+    def _world_size(self) -> int:
+        """The ranks to synchronise with: 1 without an initialised process group."""
+        if not (dist.is_available() and dist.is_initialized()):
+            return 1
+        return dist.get_world_size(self._group())
+
+    @classmethod
+    def convert_sync_batchnorm(cls, module: torch.nn.Module, process_group: Any = None, *,
+                               backend: Optional[BackendRef] = None,
+                               platform: PlatformRef = None) -> torch.nn.Module:
+        """See :func:`convert_sync_batchnorm`."""
+        return convert_sync_batchnorm(module, process_group, backend=backend, platform=platform)
+
+
+def convert_sync_batchnorm(module: torch.nn.Module, process_group: Any = None, *,
+                           backend: Optional[BackendRef] = None,
+                           platform: PlatformRef = None) -> torch.nn.Module:
+    """``module`` with every ``BatchNorm*d`` (any ``_BatchNorm``, torch's SyncBatchNorm
+    included) replaced by an opgraph :class:`SyncBatchNorm` sharing its parameters, running
+    stats and ``num_batches_tracked``, with the same training flag (and qconfig).
+
+    >>> net = torch.nn.Sequential(torch.nn.Conv2d(1, 4, 3), torch.nn.BatchNorm2d(4))
+    >>> type(convert_sync_batchnorm(net)[1]).__name__
+    'SyncBatchNorm'
+    """
+    out = module
+    if isinstance(module, _BatchNorm):
+        out = SyncBatchNorm(module.num_features, module.eps, module.momentum, module.affine,
+                            module.track_running_stats, process_group,
+                            bias=module.bias is not None, backend=backend, platform=platform)
+        if module.affine:
+            with torch.no_grad():
+                out.weight = module.weight
+                out.bias = module.bias
+        out.running_mean = module.running_mean
+        out.running_var = module.running_var
+        out.num_batches_tracked = module.num_batches_tracked
+        out.training = module.training
+        if hasattr(module, "qconfig"):
+            out.qconfig = module.qconfig
+    for name, child in module.named_children():
+        out.add_module(name, convert_sync_batchnorm(child, process_group, backend=backend,
+                                                    platform=platform))
+    return out
+
+
+__all__ = ["SyncBatchNorm", "SyncBatchNormFunction", "convert_sync_batchnorm", "stats_dtype"]

@@ -1,0 +1,90 @@
+"""run_ranks: gloo ranks on 127.0.0.1 whose results come back in rank order, and whose failures,
+deaths, hangs and dead peers end in a RankError within a bounded time, every process stopped."""
+from __future__ import annotations
+
+import multiprocessing
+import os
+import time
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is not installed (pip install 'opgraph[torch]')")
+
+import torch.distributed as dist  # noqa: E402
+
+from opgraph.torch import RankError, run_ranks  # noqa: E402
+
+
+def who(rank, world, tag):
+    t = torch.tensor([float(rank + 1)])
+    dist.all_reduce(t)
+    return rank, world, dist.get_rank(), dist.get_world_size(), tag, float(t), os.getpid()
+
+
+def fail_on_1(rank, world):
+    if rank == 1:
+        raise ValueError("rank one refuses")
+    dist.barrier()  # blocked: its peer is gone
+
+
+def die_on_1(rank, world):
+    if rank == 1:
+        os._exit(3)
+    dist.barrier()
+
+
+def hang_on_1(rank, world):
+    if rank == 1:
+        time.sleep(60)
+
+
+def skip_a_collective_on_1(rank, world):
+    if rank == 0:
+        dist.all_reduce(torch.zeros(3))  # rank 1 never joins: gloo times out
+    else:
+        time.sleep(30)                   # alive, but elsewhere
+
+
+def no_children_left():
+    return not [p for p in multiprocessing.active_children() if p.name.startswith("opgraph-rank")]
+
+
+def test_results_come_back_in_rank_order():
+    out = run_ranks(who, 3, ("x",), timeout=60)
+    assert [o[:5] for o in out] == [(r, 3, r, 3, "x") for r in range(3)]
+    assert all(o[5] == 6.0 for o in out)                     # 1 + 2 + 3 over gloo
+    assert len({o[6] for o in out} | {os.getpid()}) == 4     # separate processes
+    assert no_children_left()
+
+
+@pytest.mark.parametrize("fn,message", [
+    (fail_on_1, r"rank 1 failed:(.|\n)*ValueError: rank one refuses"),
+    (die_on_1, r"rank 1 died \(exit code 3\)"),
+], ids=["raises", "dies"])
+def test_a_failing_rank_is_reported_and_its_peers_stopped(fn, message):
+    start = time.monotonic()
+    with pytest.raises(RankError, match=message):
+        run_ranks(fn, 2, timeout=60, pg_timeout=30)
+    assert time.monotonic() - start < 20          # the blocked peer is killed, not waited for
+    assert no_children_left()
+
+
+def test_a_hanging_rank_is_killed_at_the_deadline():
+    start = time.monotonic()
+    with pytest.raises(RankError, match=r"ranks \[1\] did not finish within 3 s"):
+        run_ranks(hang_on_1, 2, timeout=3)
+    assert time.monotonic() - start < 15
+    assert no_children_left()
+
+
+def test_a_collective_without_its_peer_times_out():
+    start = time.monotonic()
+    with pytest.raises(RankError, match="rank 0 failed(.|\n)*[Tt]imed out"):
+        run_ranks(skip_a_collective_on_1, 2, timeout=60, pg_timeout=2)
+    assert 2 <= time.monotonic() - start < 20     # pg_timeout, not the 30 s nap nor the 60 s
+    assert no_children_left()
+
+
+def test_bad_world_size():
+    with pytest.raises(ValueError, match="world_size must be >= 1"):
+        run_ranks(who, 0)

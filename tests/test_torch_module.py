@@ -1,0 +1,127 @@
+"""opgraph.torch.SyncBatchNorm as a drop-in for torch.nn.SyncBatchNorm in one process: state-dict
+keys, momentum=None cumulative average, eval behaviour, num_batches_tracked, the fallback to
+ordinary batch norm without a process group, and convert_sync_batchnorm."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is not installed (pip install 'opgraph[torch]')")
+
+from torch import nn  # noqa: E402
+
+import opgraph.torch as ot  # noqa: E402
+
+C = 3
+
+
+def batch(seed: int, shape=(4, C, 5, 2)):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=g) * 2 + 1
+
+
+def test_state_dict_is_torchs():
+    ours, theirs = ot.SyncBatchNorm(C), nn.SyncBatchNorm(C)
+    a, b = ours.state_dict(), theirs.state_dict()
+    assert list(a) == list(b) == ["weight", "bias", "running_mean", "running_var",
+                                  "num_batches_tracked"]
+    assert all(a[k].shape == b[k].shape and a[k].dtype == b[k].dtype for k in a)
+    with torch.no_grad():
+        theirs.running_mean.fill_(0.25)
+        theirs.weight.fill_(2.0)
+    theirs.num_batches_tracked.fill_(7)
+    ours.load_state_dict(theirs.state_dict())           # strict: same keys both ways
+    assert ours.running_mean.eq(0.25).all() and ours.weight.eq(2.0).all()
+    assert int(ours.num_batches_tracked) == 7
+    theirs.load_state_dict(ot.SyncBatchNorm(C).state_dict())
+    assert list(ot.SyncBatchNorm(C, affine=False, track_running_stats=False).state_dict()) == []
+
+
+@pytest.mark.parametrize("momentum", [0.1, None], ids=["momentum", "cumulative"])
+def test_without_a_process_group_it_is_batch_norm(momentum):
+    """Bit for bit torch.nn.BatchNorm2d, over steps, in training and in eval."""
+    ours, ref = ot.SyncBatchNorm(C, momentum=momentum), nn.BatchNorm2d(C, momentum=momentum)
+    for step in range(3):
+        xs = [batch(step).requires_grad_() for _ in range(2)]
+        ys = [m(x) for m, x in zip((ours, ref), xs)]
+        for y in ys:
+            y.backward(torch.ones_like(y) * (step + 1) + y.detach())
+        assert torch.equal(ys[0], ys[1]) and torch.equal(xs[0].grad, xs[1].grad)
+        assert torch.equal(ours.weight.grad, ref.weight.grad)
+    assert torch.equal(ours.running_mean, ref.running_mean)
+    assert torch.equal(ours.running_var, ref.running_var)
+    assert int(ours.num_batches_tracked) == int(ref.num_batches_tracked) == 3
+    ours.eval(), ref.eval()
+    assert torch.equal(ours(batch(9)), ref(batch(9)))
+
+
+def test_cumulative_average_of_the_batch_statistics():
+    """momentum=None: after k steps the running stats are the plain average of the k batches'
+    mean and unbiased variance (computed here with numpy in float64)."""
+    bn = ot.SyncBatchNorm(C, momentum=None)
+    xs = [batch(s).numpy().astype(np.float64) for s in range(3)]
+    for x in xs:
+        bn(torch.from_numpy(x).float())
+    axes = (0, 2, 3)
+    np.testing.assert_allclose(bn.running_mean.numpy(), np.mean([x.mean(axes) for x in xs], 0),
+                               rtol=1e-5)
+    np.testing.assert_allclose(bn.running_var.numpy(),
+                               np.mean([x.var(axes, ddof=1) for x in xs], 0), rtol=1e-5)
+
+
+def test_eval_normalises_with_the_running_stats():
+    bn = ot.SyncBatchNorm(C).eval()
+    with torch.no_grad():
+        bn.running_mean.copy_(torch.tensor([1.0, -2.0, 0.5]))
+        bn.running_var.copy_(torch.tensor([4.0, 0.25, 1.0]))
+        bn.weight.copy_(torch.tensor([1.0, 2.0, -1.0]))
+        bn.bias.copy_(torch.tensor([0.0, 1.0, 3.0]))
+    x = batch(1)
+    want = ((x.double() - bn.running_mean.double().view(1, C, 1, 1))
+            / torch.sqrt(bn.running_var.double().view(1, C, 1, 1) + 1e-5)
+            * bn.weight.double().view(1, C, 1, 1) + bn.bias.double().view(1, C, 1, 1))
+    torch.testing.assert_close(bn(x).double(), want, rtol=1e-6, atol=1e-6)
+    assert int(bn.num_batches_tracked) == 0                 # eval does not count
+
+
+@pytest.mark.parametrize("shape,message", [((4,), "expected at least 2D input"),
+                                           ((4, 0, 2), "number of input channels")])
+def test_bad_input_dims(shape, message):
+    with pytest.raises(ValueError, match=message):
+        ot.SyncBatchNorm(C)(torch.zeros(shape))
+
+
+def test_convert_sync_batchnorm_shares_everything():
+    inner = nn.Sequential(nn.Conv1d(2, C, 1), nn.BatchNorm1d(C, momentum=None))
+    net = nn.Sequential(nn.Conv2d(1, C, 1), nn.BatchNorm2d(C, eps=1e-3), inner,
+                        nn.BatchNorm3d(C, affine=False), nn.SyncBatchNorm(C, bias=False))
+    net[1].qconfig = "some qconfig"
+    net[3].eval()
+    old = [net[1], inner[1], net[3], net[4]]
+    out = ot.convert_sync_batchnorm(net, process_group="pg", backend="numpy")
+    assert out is net and isinstance(out[0], nn.Conv2d)
+    new = [out[1], out[2][1], out[3], out[4]]
+    assert all(type(m) is ot.SyncBatchNorm for m in new)
+    for a, b in zip(old, new):
+        assert (a.weight is b.weight) and (a.bias is b.bias)
+        assert a.running_mean is b.running_mean and a.running_var is b.running_var
+        assert a.num_batches_tracked is b.num_batches_tracked
+        assert (a.eps, a.momentum, a.affine, a.training) == (b.eps, b.momentum, b.affine, b.training)
+        assert b.process_group == "pg" and b.backend == "numpy"
+    assert out[1].qconfig == "some qconfig" and out[4].bias is None and out[4].weight is not None
+    assert not out[3].training and out[1].training
+
+
+def test_convert_a_lone_batchnorm_and_the_classmethod():
+    bn = nn.BatchNorm2d(C)
+    new = ot.SyncBatchNorm.convert_sync_batchnorm(bn, platform="Ascend950")
+    assert isinstance(new, ot.SyncBatchNorm) and new.weight is bn.weight
+    assert new.platform == "Ascend950" and "platform=Ascend950" in repr(new)
+    lin = nn.Linear(2, 2)
+    assert ot.convert_sync_batchnorm(lin) is lin
+
+
+def test_it_is_not_torchs_syncbatchnorm():
+    """DDP refuses torch.nn.SyncBatchNorm layers on CPU: ours must not be one."""
+    assert not isinstance(ot.SyncBatchNorm(C), nn.SyncBatchNorm)
+    assert isinstance(ot.SyncBatchNorm(C), nn.modules.batchnorm._BatchNorm)
