@@ -58,8 +58,9 @@ def _expand(emit, args, a: OutShapeAttrs, ts) -> tuple[str, str]:
     """(Σ f32(x), Σ f32(f32(x)·f32(x))) over the dims where ``shape`` is 1 (a dim of size 1 in
     x adds nothing to the order, so the channel dim is never ambiguous)."""
     x = args[0] if ts[0].dtype == F32 else emit("cast", args, F32)
-    return (emit("sum", [x], F32, shape=tuple(a.shape)),
-            emit("sum", [emit("mul", [x, x], F32)], F32, shape=tuple(a.shape)))
+    over = ts[0].shape
+    return (emit("sum", [x], F32, shape=tuple(a.shape), over=over),
+            emit("sum", [emit("mul", [x, x], F32)], F32, shape=tuple(a.shape), over=over))
 
 
 BNTrainingReduce = define_op(

@@ -39,8 +39,10 @@ class BodyBuilder:
     def __init__(self) -> None:
         self.body: list[Instr] = []
 
-    def emit(self, op: str, args: Sequence[str], dtype: DataType, shape=None, value=None) -> str:
-        self.body.append(Instr(op=op, args=tuple(args), dtype=dtype, shape=shape, value=value))
+    def emit(self, op: str, args: Sequence[str], dtype: DataType, shape=None, value=None,
+             over=None) -> str:
+        self.body.append(Instr(op=op, args=tuple(args), dtype=dtype, shape=shape, value=value,
+                               over=over))
         return f"t{len(self.body) - 1}"
 
 

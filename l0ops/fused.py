@@ -48,7 +48,7 @@ def _inline(emit, args, a: FusedAttrs, in_types) -> str:
     regs = {f"in{k}": r for k, r in enumerate(args)}
     for k, ins in enumerate(a.body):
         regs[f"t{k}"] = emit(ins.op, [regs[r] for r in ins.args], ins.dtype,
-                             shape=ins.shape, value=ins.value)
+                             shape=ins.shape, value=ins.value, over=ins.over)
     return regs[a.result]
 
 

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from opgraph.core.dtypes import dtype_of
 from opgraph.core.opdef import Fidelity, OpAttrs, require
 from opgraph.core.types import TensorType
@@ -41,16 +43,28 @@ def _infer(ts, a: FusedReduceAttrs):
     for r, shape in zip(a.results, a.out_shapes):
         require(r in regs, "FusedReduce", f"result register {r} is undefined")
         d, s = regs[r]
-        require(math.prod(s) == math.prod(shape), "FusedReduce",
-                f"result {r} ({list(s)}) cannot be viewed as {list(shape)}")
+        require(math.prod(s) == math.prod(shape) or _broadcasts(s, shape), "FusedReduce",
+                f"result {r} ({list(s)}) can be neither viewed nor broadcast as {list(shape)}")
         out.append(TensorType(tuple(shape), d))
     return out
+
+
+def _broadcasts(src, shape) -> bool:
+    try:
+        return np.broadcast_shapes(tuple(src), tuple(shape)) == tuple(shape)
+    except ValueError:
+        return False
+
+
+def _as_output(v: np.ndarray, shape) -> np.ndarray:
+    """A result register as its output: reshaped (a view of [1,C,1,1] as [C]) or broadcast."""
+    return v.reshape(shape) if v.size == math.prod(shape) else np.array(np.broadcast_to(v, shape))
 
 
 def _compute(xs, a: FusedReduceAttrs):
     types = [TensorType(x.shape, dtype_of(x.dtype)) for x in xs]
     values = evaluate_body(a.body, a.results, xs, types)
-    return [v.reshape(shape) for v, shape in zip(values, a.out_shapes)]
+    return [_as_output(v, shape) for v, shape in zip(values, a.out_shapes)]
 
 
 def _inline(emit, args, a: FusedReduceAttrs, ts):
@@ -59,11 +73,12 @@ def _inline(emit, args, a: FusedReduceAttrs, ts):
     types = body_types(a.body, ts)
     for k, ins in enumerate(a.body):
         regs[f"t{k}"] = emit(ins.op, [regs[r] for r in ins.args], ins.dtype,
-                             shape=ins.shape, value=ins.value)
+                             shape=ins.shape, value=ins.value, over=ins.over)
     out = []
     for r, shape in zip(a.results, a.out_shapes):
         d, s = types[r]
-        out.append(regs[r] if tuple(s) == tuple(shape) else emit("view", [regs[r]], d, shape=shape))
+        same = tuple(s) == tuple(shape) or math.prod(s) != math.prod(shape)  # broadcasts implicitly
+        out.append(regs[r] if same else emit("view", [regs[r]], d, shape=shape))
     return tuple(out)
 
 

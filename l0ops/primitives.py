@@ -78,8 +78,9 @@ class Instr(OpAttrs):
     """``<dst>: dtype = op(args)``; dst is ``t<index in body>``.
 
     ``view`` reshapes a per-channel (hoisted) register to ``shape``; ``sum`` reduces a register
-    over all its elements to a scalar; ``fill`` is the constant ``value`` of ``shape`` (default
-    a scalar), always hoisted and never materialised.
+    over all its elements to a scalar, or — with ``shape`` (keepdims) and ``over`` (the shape it
+    sums, which the register broadcasts to) — over the dims where ``shape`` is 1; ``fill`` is the
+    constant ``value`` of ``shape`` (default a scalar), always hoisted and never materialised.
     """
 
     op: str
@@ -87,11 +88,13 @@ class Instr(OpAttrs):
     dtype: DType
     shape: "tuple[int, ...] | None" = None
     value: "float | None" = None
+    over: "tuple[int, ...] | None" = None
 
     def render(self, dst: str) -> str:
         shape = "" if self.shape is None else "[" + ",".join(map(str, self.shape)) + "]"
         args = ", ".join(self.args) if self.op != "fill" else repr(self.value)
-        return f"{dst}: {self.dtype.short}{shape} = {self.op}({args})"
+        over = "" if self.over is None else " over [" + ",".join(map(str, self.over)) + "]"
+        return f"{dst}: {self.dtype.short}{shape} = {self.op}({args}){over}"
 
 
 class FusedAttrs(OpAttrs):
@@ -186,9 +189,15 @@ def _check_body(body: Sequence[Instr], in_types: Sequence[TensorType]) -> RegTyp
             continue
         if ins.op == "sum":
             out = tuple(ins.shape) if ins.shape is not None else ()
-            if out and (len(out) != len(src_shape)
-                        or any(o not in (1, n) for o, n in zip(out, src_shape))):
-                fail(k, ins, f"sum to {list(out)} must keep {list(src_shape)}'s rank with reduced dims 1")
+            over = tuple(ins.over) if ins.over is not None else src_shape
+            try:
+                ok = np.broadcast_shapes(src_shape, over) == over
+            except ValueError:
+                ok = False
+            if not ok or (out and (len(out) != len(over)
+                                   or any(o not in (1, n) for o, n in zip(out, over)))):
+                fail(k, ins, f"sum of {list(src_shape)} over {list(over)} to {list(out)}: the register "
+                             "must broadcast to the summed shape, whose rank the result keeps")
             regs[f"t{k}"] = (ins.dtype, out)
             continue
         if ins.op not in ("cast", "eq", "where") and any(regs[r][0] != ins.dtype for r in ins.args):
@@ -225,7 +234,7 @@ def compile_instr(ins: Instr, types: dict) -> Callable[..., np.ndarray]:
         shape = tuple(ins.shape)
         return lambda x: x.reshape(shape)
     if ins.op == "sum":  # the ordered reduction of ReduceSum: all axes, or to ``shape`` (keepdims)
-        src = types[ins.args[0]][1]
+        src = tuple(ins.over) if ins.over is not None else types[ins.args[0]][1]
         axes = (tuple(range(len(src))) if ins.shape is None
                 else tuple(i for i, (n, o) in enumerate(zip(src, ins.shape)) if n != o))
         keep = ins.shape is not None

@@ -73,9 +73,9 @@ def _sum_expand(emit, args, a, ts):
     axes = _norm_axes("ReduceSum", a.axes, t.rank)
     x = _f32(emit, args[0], t)
     if len(axes) == t.rank and not a.keepdims:  # to a scalar: hoistable inside elementwise fusion
-        r = emit("sum", [x], F32)
+        r = emit("sum", [x], F32, over=t.shape)
         return r if out.dtype == F32 else emit("cast", [r], out.dtype)
-    return _finish(emit, emit("sum", [x], F32, shape=_keep(t, axes)), out)
+    return _finish(emit, emit("sum", [x], F32, shape=_keep(t, axes), over=t.shape), out)
 
 
 def _float(t) -> bool:
@@ -119,7 +119,7 @@ def _mean_expand(emit, args, a, ts):
     if not a.axes:
         return args[0]
     axes = _norm_axes("ReduceMean", a.axes, t.rank)
-    s = emit("sum", [_f32(emit, args[0], t)], F32, shape=_keep(t, axes))
+    s = emit("sum", [_f32(emit, args[0], t)], F32, shape=_keep(t, axes), over=t.shape)
     return _finish(emit, emit("mul", [s, _fill(emit, 1.0 / _count(t.shape, axes))], F32), out)
 
 
@@ -148,10 +148,11 @@ def _var_expand(emit, args, a, ts):
     axes = _norm_axes("ReduceVar", a.axes, t.rank)
     R = _count(t.shape, axes)
     x = _f32(emit, args[0], t)
-    mean = emit("mul", [emit("sum", [x], F32, shape=_keep(t, axes)), _fill(emit, 1.0 / R)], F32)
+    mean = emit("mul", [emit("sum", [x], F32, shape=_keep(t, axes), over=t.shape), _fill(emit, 1.0 / R)], F32)
     scale = _fill(emit, 1.0 / (R - a.correction) if R > a.correction else np.inf)
     d = emit("sub", [x, mean], F32)
-    var = emit("sum", [emit("mul", [emit("mul", [d, scale], F32), d], F32)], F32, shape=_keep(t, axes))
+    var = emit("sum", [emit("mul", [emit("mul", [d, scale], F32), d], F32)], F32, shape=_keep(t, axes),
+               over=t.shape)
     return _finish(emit, var, out), _finish(emit, mean, out)
 
 
@@ -175,7 +176,7 @@ def _mean_with_count_expand(emit, args, a, ts):
     t, out = ts[0], _mean_with_count_infer(ts, a)[0]
     axes = _norm_axes("ReduceMeanWithCount", a.axes, t.rank)
     terms = emit("div", [emit("mul", [x, c], F32), cs], F32)  # Mul, Div: each rounded
-    return _finish(emit, emit("sum", [terms], F32, shape=_keep(t, axes)), out)
+    return _finish(emit, emit("sum", [terms], F32, shape=_keep(t, axes), over=t.shape), out)
 
 
 ReduceMeanWithCount = define_op(
@@ -208,7 +209,7 @@ def _std_expand(emit, args, a, ts):
     axes = _norm_axes("ReduceStdWithMean", a.axes, t.rank)
     d = emit("sub", [x, mean], F32)
     q = emit("mul", [emit("mul", [d, d], F32), _fill(emit, 1.0 / (_count(t.shape, axes) - a.correction))], F32)
-    v = emit("add", [emit("sum", [q], F32, shape=_keep(t, axes)), _fill(emit, a.eps)], F32)
+    v = emit("add", [emit("sum", [q], F32, shape=_keep(t, axes), over=t.shape), _fill(emit, a.eps)], F32)
     y = emit("sqrt", [emit("div", [_fill(emit, 1.0), v], F32) if a.invert else v], F32)
     return _finish(emit, y, out)
 

@@ -111,9 +111,11 @@ def run_fused_reduce_native(a: FusedReduceAttrs, inputs: Sequence[np.ndarray]) -
     sums = [(k, ins) for k, ins in enumerate(a.body) if ins.op == "sum" and ins.shape is not None]
     if not sums:
         raise Unsupported("no partial reduction")
-    full_shape = types[sums[0][1].args[0]][1]
+    def summed(ins: Instr) -> tuple[int, ...]:
+        return tuple(ins.over) if ins.over is not None else types[ins.args[0]][1]
+    full_shape = summed(sums[0][1])
     kept_shape = tuple(sums[0][1].shape)
-    if any(types[ins.args[0]][1] != full_shape or tuple(ins.shape) != kept_shape for _, ins in sums):
+    if any(summed(ins) != full_shape or tuple(ins.shape) != kept_shape for _, ins in sums):
         raise Unsupported("reductions over different shapes")
     raxes = [d for d, (n, o) in enumerate(zip(full_shape, kept_shape)) if n != o]
     full = {r for r, (_, s) in types.items()
@@ -139,9 +141,11 @@ def run_fused_reduce_native(a: FusedReduceAttrs, inputs: Sequence[np.ndarray]) -
                 done.update(batch)
             continue
         values[name] = compile_instr(ins, types)(*[values[r] for r in ins.args])
-    return [np.array(np.broadcast_to(cast_array(values[r].astype(types[r][0].np), types[r][0]),
-                                     types[r][1])).reshape(shape)
-            for r, shape in zip(a.results, a.out_shapes)]
+    out = []
+    for r, shape in zip(a.results, a.out_shapes):
+        v = np.broadcast_to(cast_array(values[r].astype(types[r][0].np), types[r][0]), types[r][1])
+        out.append(v.reshape(shape) if v.size == math.prod(shape) else np.array(np.broadcast_to(v, shape)))
+    return out
 
 
 def _reads(body: Sequence[Instr], j: int, full: set[str]) -> set[str]:

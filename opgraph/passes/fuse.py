@@ -69,8 +69,8 @@ def body_of(nodes: list[Node]) -> tuple[list[Value], list[Instr], dict[str, str]
             externals.append(v)
         return regs[v.name]
 
-    def emit(op, args, dtype, shape=None, value=None) -> str:
-        body.append(Instr(op=op, args=tuple(args), dtype=dtype, shape=shape, value=value))
+    def emit(op, args, dtype, shape=None, value=None, over=None) -> str:
+        body.append(Instr(op=op, args=tuple(args), dtype=dtype, shape=shape, value=value, over=over))
         return f"t{len(body) - 1}"
 
     for n in nodes:
