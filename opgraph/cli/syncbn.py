@@ -39,8 +39,7 @@ def run(args: argparse.Namespace) -> int:
         r = check.compare(args.ranks, shape, args.dtype, seed=args.seed, backend=args.backend,
                           timeout=args.timeout)
     except check.RankError as e:
-        last = str(e).strip().splitlines()[-1]
-        raise CliError(f"the ranks failed: {last}") from None
+        raise CliError(e.summary) from None
     sizes = "+".join(map(str, r["sizes"]))
     print(f"SyncBatchNorm over {args.ranks} gloo ranks on 127.0.0.1, batch {sizes} of "
           f"[{','.join(map(str, shape))}] {args.dtype}, opgraph backend "
