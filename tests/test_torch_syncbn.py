@@ -23,8 +23,8 @@ import opgraph.torch as ot  # noqa: E402
 from opgraph.torch import kernels as K  # noqa: E402
 
 # the stated fp32 bound: max |distributed - torch| <= FP32_BOUND * max(1, max |torch|), for the
-# output, running mean/var and the input/weight/bias gradients (measured: below 2e-6)
-FP32_BOUND = 1e-5
+# output, running mean/var and the input/weight/bias gradients (measured: at most 3.5e-7)
+FP32_BOUND = 2e-6
 SESSION_TIMEOUT = 90.0
 EPS = 1e-5
 C = 4
