@@ -25,6 +25,7 @@ import torch
 from opgraph.core.config import BackendRef, opt_level, use_backend
 from opgraph.core.dtypes import DataType
 from opgraph.core.platform import Platform, platform as use_platform
+from opgraph.core.tensor import tensor
 from opgraph.aclnn import (batch_norm_elemt as _elemt, batch_norm_elemt_backward as _elemt_bwd,
                            batch_norm_gather_stats_with_counts as _gather,
                            batch_norm_reduce_backward as _reduce_bwd, batch_norm_stats as _stats)
@@ -63,7 +64,7 @@ def _stats_level(input: Tensor) -> ContextManager[Any]:
     level 1 drops the identity Contiguous/Cast before it; the op_api's own tests xfail on it).
     Level 0 runs the same recorded graph with the same bits, as fast here (one reduction chain,
     nothing to fuse). Remove once ReFormat is fixed."""
-    if input.dtype == torch.float32 and input.is_contiguous():
+    if input.dtype == torch.float32 and tensor(input).is_contiguous:  # opgraph's rule
         return opt_level(0)
     return contextlib.nullcontext()
 
