@@ -189,3 +189,26 @@ def test_a_failed_phase_1_leaves_the_torch_output_untouched():
     with pytest.raises(opgraph.AclnnError):
         opgraph.ops.batch_norm_elemt_backward(*targs, out=out)
     assert (out == -1).all()
+
+
+# --- numpy arrays: the unchecked fast path builds what the checked constructor would ---------
+@pytest.mark.parametrize("make", [
+    lambda: np.arange(24, dtype=np.float32).reshape(2, 3, 4),
+    lambda: np.arange(24, dtype=np.float16).reshape(2, 3, 4)[:, ::2, 1:],
+    lambda: np.arange(12, dtype=np.int32).reshape(3, 4).T,
+    lambda: np.arange(6, dtype=np.float32)[:, None, None],      # size-1 dims
+    lambda: np.broadcast_to(np.arange(3, dtype=np.float32), (4, 3)),
+], ids=["contiguous", "sliced", "transposed", "unit-dims", "broadcast"])
+def test_numpy_fast_path_matches_the_checked_constructor(make):
+    a = make()
+    t = opgraph.tensor(a)
+    checked = opgraph.Tensor(t.storage, t.shape, t.strides, t.offset, t.format,
+                             storage_shape=t.storage_shape, copied=t.copied)
+    for name in ("dtype", "shape", "strides", "offset", "format", "storage_shape", "copied"):
+        assert getattr(t, name) == getattr(checked, name), name
+    assert np.shares_memory(t.storage, a) and t.writeable == a.flags.writeable
+    np.testing.assert_array_equal(t.view(), a)
+    np.testing.assert_array_equal(checked.view(), a)
+    if a.flags.writeable:
+        t.view()[(0,) * a.ndim] = 99
+        assert a[(0,) * a.ndim] == 99

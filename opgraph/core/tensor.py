@@ -122,6 +122,21 @@ class Tensor:
                             ("storage_shape", sshape), ("copied", bool(copied))):
             object.__setattr__(self, name, value)
 
+    @classmethod
+    def _unchecked(cls, storage: np.ndarray, shape: tuple[int, ...], strides: tuple[int, ...],
+                   fmt: Format, storage_shape: tuple[int, ...], copied: bool,
+                   view: np.ndarray) -> "Tensor":
+        """A tensor without the checks of ``__init__``, for :func:`tensor`, whose numpy array
+        guarantees them (flat contiguous storage, Python-int shape/strides >= 0 in bounds,
+        offset 0), with ``view`` (the array itself, as a new view object) as its live view."""
+        t = object.__new__(cls)
+        for name, value in (("storage", storage), ("dtype", dtype_of(storage.dtype)),
+                            ("shape", shape), ("strides", strides), ("offset", 0),
+                            ("format", fmt), ("storage_shape", storage_shape),
+                            ("copied", copied), ("_view", view)):
+            object.__setattr__(t, name, value)
+        return t
+
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError(f"Tensor metadata is immutable: cannot set {name!r}")
 
@@ -263,8 +278,12 @@ def tensor(array: "np.ndarray | Sequence", format: "Format | str" = "ND", dtype:
                       copied=copied)
     if a.ndim == 0:
         return Tensor(a.reshape(1), (), (), 0, format, storage_shape=(), copied=copied)
+    if a.ndim > MAX_RANK:
+        raise ValueError(f"shape {a.shape} has rank {a.ndim} > {MAX_RANK}")
+    fmt = Format.ND if format == "ND" else format_of(format)
+    if a.flags.c_contiguous:  # the hot path: a flat view, no as_strided
+        return Tensor._unchecked(a.reshape(-1), a.shape, strides, fmt, a.shape, copied, a.view())
     span = 1 + sum((n - 1) * s for n, s in zip(a.shape, strides))
     storage = np.lib.stride_tricks.as_strided(a, shape=(span,), strides=(item,),
                                               writeable=a.flags.writeable)
-    storage_shape = a.shape if a.flags.c_contiguous else None
-    return Tensor(storage, a.shape, strides, 0, format, storage_shape=storage_shape, copied=copied)
+    return Tensor._unchecked(storage, a.shape, strides, fmt, (span,), copied, a.view())

@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 RankFn = Callable[..., Any]
+AFTERMATH = 1.0  # seconds to collect the other ranks' failures after the first
 # what the fork server imports once for all ranks: torch's autograd imports sympy (through
 # symbolic_shapes) at the first backward, ~3 s per process otherwise
 PRELOAD = ["torch", "torch.distributed", "torch.nn.parallel",
@@ -29,7 +30,21 @@ PRELOAD = ["torch", "torch.distributed", "torch.nn.parallel",
 
 
 class RankError(RuntimeError):
-    """A rank of :func:`run_ranks` failed, died or did not finish in time."""
+    r"""Ranks of :func:`run_ranks` failed, died or did not finish in time: ``failures`` holds
+    one text per rank (a traceback), the likely cause first; ``summary`` is one line of it.
+
+    >>> RankError(["rank 1 failed:\nTraceback ...\nValueError: no"]).summary
+    'rank 1 failed: ValueError: no'
+    """
+
+    def __init__(self, failures: Sequence[str]) -> None:
+        super().__init__("\n".join(failures))
+        self.failures = list(failures)
+
+    @property
+    def summary(self) -> str:
+        first = self.failures[0].strip().splitlines()
+        return first[0] if len(first) == 1 else f"{first[0]} {first[-1].strip()}"
 
 
 def free_port() -> int:
@@ -49,20 +64,24 @@ def init_gloo(rank: int, world_size: int, port: int, timeout: float = 30.0) -> N
 
 def _rank_main(fn: RankFn, rank: int, world_size: int, port: int, args: Sequence[Any],
                conn: Any, pg_timeout: float, threads: int) -> None:
-    """The body of one spawned rank: join the group, run ``fn``, send back its result."""
+    """The body of one spawned rank: join the group, run ``fn``, send back its result — before
+    leaving the group, so that a failing rank reports before its peers notice it is gone."""
+    joined = False
     try:
         torch.set_num_threads(threads)
         init_gloo(rank, world_size, port, pg_timeout)
-        try:
-            message = ("ok", fn(rank, world_size, *args))
-        finally:
-            dist.destroy_process_group()
+        joined = True
+        message = ("ok", fn(rank, world_size, *args))
     except BaseException:  # noqa: BLE001 — everything goes back to the parent as text
         message = ("error", traceback.format_exc())
-    # plain pickle: torch's multiprocessing reducers would pass tensors as shared-memory
-    # handles that die with this process
-    conn.send_bytes(pickle.dumps(message))
-    conn.close()
+    try:
+        # plain pickle: torch's multiprocessing reducers would pass tensors as shared-memory
+        # handles that die with this process
+        conn.send_bytes(pickle.dumps(message))
+        conn.close()
+    finally:
+        if joined:
+            dist.destroy_process_group()
 
 
 def run_ranks(fn: RankFn, world_size: int, args: Sequence[Any] = (), *, timeout: float = 120.0,
@@ -109,24 +128,35 @@ def _context() -> Any:
 
 def _collect(procs: list[Any], conns: dict[Any, int], deadline: float,
              timeout: float) -> list[Any]:
+    """Every rank's result in rank order; RankError at the first failure (with the failures
+    that follow within AFTERMATH seconds: the first one listed is usually the cause)."""
     results: dict[int, Any] = {}
+    failures: list[str] = []
     pending = dict(conns)
     while pending:
         left = deadline - time.monotonic()
         if left <= 0:
-            raise RankError(f"ranks {sorted(pending.values())} did not finish within "
-                            f"{timeout:g} s")
+            if not failures:
+                failures.append(f"ranks {sorted(pending.values())} did not finish within "
+                                f"{timeout:g} s")
+            break
         for c in wait(list(pending), timeout=left):
             rank = pending.pop(c)
             try:
                 status, value = pickle.loads(c.recv_bytes())
             except EOFError:
                 procs[rank].join(5)
-                raise RankError(f"rank {rank} died (exit code {procs[rank].exitcode}) "
-                                "without a result") from None
-            if status != "ok":
-                raise RankError(f"rank {rank} failed:\n{value}")
-            results[rank] = value
+                status, value = "died", f"exit code {procs[rank].exitcode}"
+            if status == "ok":
+                results[rank] = value
+            elif status == "died":
+                failures.append(f"rank {rank} died ({value}) without a result")
+            else:
+                failures.append(f"rank {rank} failed:\n{value}")
+        if failures:
+            deadline = min(deadline, time.monotonic() + AFTERMATH)
+    if failures:
+        raise RankError(failures)
     return [results[r] for r in range(len(procs))]
 
 

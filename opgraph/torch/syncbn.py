@@ -5,7 +5,9 @@ Forward per rank: batch_norm_stats → all_gather of [mean, invstd, count] → d
 count < 1 → batch_norm_gather_stats_with_counts (running stats updated in place) →
 batch_norm_elemt. Backward: batch_norm_backward_reduce → all_reduce of [sum_dy, sum_dy_xmu] →
 batch_norm_backward_elemt. Without an initialised process group, with one rank, or in eval mode
-it is ordinary batch norm (``F.batch_norm``), as in torch.
+it is ordinary batch norm (``F.batch_norm``), as in torch. One difference: an empty rank sends
+float32 zeros, the dtype the other ranks' statistics have (torch sends the input's dtype, which
+gloo cannot gather together with float32 rows when the input is half precision).
 
     >>> import torch
     >>> bn = SyncBatchNorm(3)
@@ -29,13 +31,9 @@ from . import kernels as K
 from .kernels import PlatformRef
 
 Tensor = torch.Tensor
-_LOW_PRECISION = (torch.float16, torch.bfloat16)
-
-
-def stats_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The dtype of batch_norm_stats' mean/invstd (and so of the exchanged rows) for an input
-    dtype: float32 for half precision (torch_npu allocates them float32), else the input's."""
-    return torch.float32 if dtype in _LOW_PRECISION else dtype
+# batch_norm_stats' mean/invstd are float32 for every input dtype (torch_npu allocates them so),
+# and so are the rows every rank contributes to the gather, an empty rank's included
+STATS_DTYPE = torch.float32
 
 
 def _keep_layout(t: Tensor) -> Tensor:
@@ -72,7 +70,7 @@ class SyncBatchNormFunction(torch.autograd.Function):
             count = torch.full((1,), per_channel, dtype=mean.dtype)
             row = torch.cat([mean, invstd, count])
         else:  # an empty rank still takes part in the gather, with count 0 (dropped below)
-            row = torch.zeros(2 * C + 1, dtype=stats_dtype(input.dtype))
+            row = torch.zeros(2 * C + 1, dtype=STATS_DTYPE)
         rows = [torch.empty_like(row) for _ in range(world_size)]
         dist.all_gather(rows, row, process_group)
         table = torch.stack(rows)
@@ -226,4 +224,4 @@ def convert_sync_batchnorm(module: torch.nn.Module, process_group: Any = None, *
     return out
 
 
-__all__ = ["SyncBatchNorm", "SyncBatchNormFunction", "convert_sync_batchnorm", "stats_dtype"]
+__all__ = ["STATS_DTYPE", "SyncBatchNorm", "SyncBatchNormFunction", "convert_sync_batchnorm"]

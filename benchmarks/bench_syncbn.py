@@ -1,0 +1,140 @@
+"""Benchmark opgraph.torch.SyncBatchNorm on CPU: forward + backward per rank with the numpy and
+native backends, on 1 and 2 gloo ranks, the collectives alone (all_gather of [mean, invstd,
+count] + all_reduce of [sum_dy, sum_dy_xmu] at the same sizes), against torch.nn.BatchNorm2d
+forward + backward on the same per-rank batch in the same processes.
+
+One session of processes per rank count (torch's threads shared out over the ranks); inside it
+the variants run interleaved, the first call of each (compilation, caches) not counted. Rank 0's
+medians and min–max are reported, and the ratio to torch's BatchNorm2d; nothing is asserted.
+One rank runs the distributed path too (the autograd function on a one-rank group), although
+the module itself would fall back to plain batch norm there.
+
+    python benchmarks/bench_syncbn.py                   # 32x64x28x28 and 8x64x56x56, fp32
+    python benchmarks/bench_syncbn.py --quick           # one small shape, fewer repeats
+    python benchmarks/bench_syncbn.py --dtypes fp32,fp16 --reps 15
+"""
+from __future__ import annotations
+
+import argparse
+import platform as host
+import statistics
+import time
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+
+import opgraph
+from opgraph.core.backend import BackendUnavailable, get
+from opgraph.torch import SyncBatchNormFunction, run_ranks
+
+DTYPES = {"fp32": (torch.float32, None), "fp16": (torch.float16, None),
+          "bf16": (torch.bfloat16, "Ascend950")}
+SHAPES = [(32, 64, 28, 28), (8, 64, 56, 56)]
+QUICK_SHAPES = [(8, 32, 14, 14)]
+
+
+def backends_here() -> list[str]:
+    out = ["numpy"]
+    try:
+        get("native")
+        out.append("native")
+    except BackendUnavailable:
+        pass
+    return out
+
+
+def variants(shape: tuple[int, ...], dtype: str, rank: int, world: int) -> dict[str, Callable]:
+    """name -> one forward + backward (or the collectives) on this rank's part of the batch."""
+    dt, plat = DTYPES[dtype]
+    mine = torch.arange(shape[0]).tensor_split(world)[rank]
+    g = torch.Generator().manual_seed(rank)
+    x = torch.randn(len(mine), *shape[1:], generator=g).to(dt)
+    dy = torch.randn(x.shape, generator=g).to(dt)
+    C = shape[1]
+    w, b = torch.ones(C, requires_grad=True), torch.zeros(C, requires_grad=True)
+    rm, rv = torch.zeros(C), torch.ones(C)
+    group = dist.group.WORLD
+
+    def syncbn(backend: str) -> Callable[[], None]:
+        where = {"backend": backend, "platform": plat}
+
+        def step() -> None:
+            xi = x.detach().requires_grad_()
+            y = SyncBatchNormFunction.apply(xi, w, b, rm, rv, 1e-5, 0.1, group, world, where)
+            y.backward(dy)
+        return step
+
+    bn = torch.nn.BatchNorm2d(C).to(dt)
+
+    def torch_bn() -> None:
+        xi = x.detach().requires_grad_()
+        bn(xi).backward(dy)
+
+    row, sums = torch.zeros(2 * C + 1), torch.zeros(2 * C)
+
+    def collectives() -> None:
+        rows = [torch.empty_like(row) for _ in range(world)]
+        dist.all_gather(rows, row)
+        dist.all_reduce(sums)
+
+    out = {f"opgraph SyncBatchNorm, {be}": syncbn(be) for be in backends_here()}
+    out["collectives alone"] = collectives
+    out["torch BatchNorm2d"] = torch_bn
+    return out
+
+
+def measure(rank: int, world: int, cases: list[tuple[tuple[int, ...], str]],
+            reps: int) -> list[dict[str, Any]]:
+    """Every case's variants, interleaved, on this rank: [{case, name: [seconds...]}]."""
+    results = []
+    for shape, dtype in cases:
+        fns = variants(shape, dtype, rank, world)
+        times: dict[str, list[float]] = {name: [] for name in fns}
+        for i in range(reps + 1):
+            for name, fn in fns.items():
+                dist.barrier()
+                start = time.perf_counter()
+                fn()
+                if i:  # the first round compiles and fills the caches
+                    times[name].append(time.perf_counter() - start)
+        results.append({"shape": shape, "dtype": dtype, "times": times})
+    return results
+
+
+def fmt_ms(s: float) -> str:
+    return f"{s * 1e3:.3g} ms" if s >= 1e-3 else f"{s * 1e6:.0f} µs"
+
+
+def report(world: int, results: list[dict[str, Any]]) -> None:
+    for r in results:
+        shape = "x".join(map(str, r["shape"]))
+        per_rank = "+".join(str(len(c)) for c in torch.arange(r["shape"][0]).tensor_split(world))
+        print(f"\n{world} rank(s), {shape} {r['dtype']} (batch {per_rank}), rank 0:")
+        base = statistics.median(r["times"]["torch BatchNorm2d"])
+        print(f"  {'variant':<34}{'median':>11}{'min-max':>22}{'x torch':>9}")
+        for name, ts in r["times"].items():
+            med = statistics.median(ts)
+            spread = f"{fmt_ms(min(ts))}-{fmt_ms(max(ts))}"
+            print(f"  {name:<34}{fmt_ms(med):>11}{spread:>22}{med / base:>9.2f}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="one small shape, 5 repeats")
+    ap.add_argument("--reps", type=int, default=None, help="timed repeats (default 9; quick 5)")
+    ap.add_argument("--dtypes", default="fp32", help="comma-separated: fp32, fp16, bf16")
+    ap.add_argument("--ranks", default="1,2", help="comma-separated rank counts (default 1,2)")
+    args = ap.parse_args()
+    reps = args.reps or (5 if args.quick else 9)
+    shapes = QUICK_SHAPES if args.quick else SHAPES
+    cases = [(s, d) for s in shapes for d in args.dtypes.split(",")]
+    print(f"opgraph {opgraph.__version__}, torch {torch.__version__}, {host.machine()}, "
+          f"{host.python_version()}; backends: {', '.join(backends_here())}; {reps} repeats")
+    for world in (int(n) for n in args.ranks.split(",")):
+        results = run_ranks(measure, world, (cases, reps), timeout=1800, pg_timeout=300)
+        report(world, results[0])
+
+
+if __name__ == "__main__":
+    main()
