@@ -100,7 +100,9 @@ def _reformat_infer(ts, a):
     want = FORMAT_RANK.get(a.format)
     require(want is None or want == t.rank, "ReFormat",
             f"format {a.format.name} needs rank {want}, the tensor has rank {t.rank}")
-    return [t.with_(format=a.format, strides=t.strides)]
+    # A view keeps a strided input's layout; a contiguous one is plain (as a recorded Contiguous
+    # output is), so dropping an identity Contiguous in front of it leaves the type unchanged.
+    return [t.with_(format=a.format, strides=None if t.is_contiguous else t.strides)]
 
 
 ReFormat = define_op(

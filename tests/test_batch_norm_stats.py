@@ -18,7 +18,6 @@ from opgraph import aclnn
 from opgraph.aclnn.batch_norm_stats import (aclnnBatchNormStats, aclnnBatchNormStatsGetWorkspaceSize,
                                             batch_norm_stats)
 from opgraph.cli import main
-from opgraph.core.passmanager import PassError
 from opgraph.passes import graph_stats, optimize
 from opgraph.testing import check_backend
 
@@ -28,24 +27,6 @@ SUPPORTED = ("Ascend910B", "Ascend910_93", "Ascend950", "Ascend910")
 MEMBASE = ("Ascend910B", "Ascend910_93", "Ascend910")  # IsRegBase() false: ReduceStdWithMean path
 U = 2.0 ** -24  # float32 unit roundoff
 SENTINEL = 0x5A
-
-
-def _reformat_bug() -> bool:
-    """l0ops/views.py ReFormat keeps its input's strides; once level 1 forwards the identity
-    Contiguous/Cast of a contiguous FLOAT input, %input's explicit strides reach it and the
-    final verify raises PassError. Tests that need levels 1/2 on such input xfail until fixed."""
-    x = opgraph.tensor(np.ones((2, 3), np.float32))
-    out = [opgraph.tensor(np.zeros(3, np.float32)) for _ in range(2)]
-    try:
-        with opgraph.opt_level(1):
-            aclnnBatchNormStatsGetWorkspaceSize(x, 0.0, *out)
-    except PassError as e:
-        return "ReFormat" in str(e)
-    return False
-
-
-REFORMAT_BUG = pytest.mark.xfail(_reformat_bug(), strict=True, reason="l0ops/views.py: ReFormat "
-                                 "keeps %input's strides after level-1 pruning (see _reformat_bug)")
 
 
 # --- harness ---------------------------------------------------------------------------------
@@ -426,7 +407,7 @@ def test_non_contiguous_input_and_outputs(soc):
 
 # --- 4. levels, launches, the backend kit, the Pythonic API, the CLI -----------------------------
 @pytest.mark.parametrize("soc", ["Ascend910B", "Ascend950"])
-@pytest.mark.parametrize("dtype", [pytest.param(F32, marks=REFORMAT_BUG), F16])
+@pytest.mark.parametrize("dtype", [F32, F16])
 def test_levels_0_1_2_identical_bits(soc, dtype):
     x = random_case((4, 5, 6, 7), dtype, 5)
     runs = [stats(x, 1e-5, soc, level) for level in (0, 1, 2)]
@@ -440,23 +421,21 @@ def launched(x, soc) -> list[str]:
     return [n.op for n in g.nodes if not n.opdef.is_free(n)]
 
 
-@REFORMAT_BUG
 def test_level1_launches_fp32():
     """CANN launches ReduceMean, BroadcastTo, ReduceStdWithMean (910B) and ReduceVar, Add, Pow
-    (950); the 0-d eps/exponent host tensors launch nothing. opgraph adds the ViewCopy into mean
-    on 910B: its redirect needs a single user, and the mean also feeds UnsqueezeNd."""
+    (950); the 0-d eps/exponent host tensors launch nothing. The 910B mean is redirected into
+    ``mean`` though UnsqueezeNd reads it too, as CANN does."""
     x = np.zeros((2, 3, 4, 4), np.float32)
-    assert launched(x, "Ascend910B") == ["ReduceMean", "ViewCopy", "BroadcastTo", "ReduceStdWithMean"]
+    assert launched(x, "Ascend910B") == ["ReduceMean", "BroadcastTo", "ReduceStdWithMean"]
     assert launched(x, "Ascend950") == ["ReduceVar", "Add", "Pow"]
 
 
 def test_level1_launches_fp16_add_the_cast():
     x = np.zeros((2, 3, 4, 4), np.float16)
-    assert launched(x, "Ascend910B") == ["Cast", "ReduceMean", "ViewCopy", "BroadcastTo", "ReduceStdWithMean"]
+    assert launched(x, "Ascend910B") == ["Cast", "ReduceMean", "BroadcastTo", "ReduceStdWithMean"]
     assert launched(x, "Ascend950") == ["Cast", "ReduceVar", "Add", "Pow"]
 
 
-@REFORMAT_BUG
 def test_backend_kit_numpy():
     report = check_backend("numpy", op_apis=["aclnnBatchNormStats"])
     assert report.cases >= 4 * 2 * 3 * 2 and not report.failures, report
@@ -488,7 +467,7 @@ def run_cli(capsys, *argv):
     return code, out, err
 
 
-CLI = [pytest.param(cmd, dtype, soc, marks=REFORMAT_BUG if dtype == "float32" and cmd in ("run", "plan") else ())
+CLI = [(cmd, dtype, soc)
        for cmd in ("run", "dump", "plan", "emit-c", "emit-cpp") for dtype in ("float32", "float16")
        for soc in ("Ascend910B", "Ascend950")]
 

@@ -177,6 +177,7 @@ def reference(a: Arrays) -> dict[str, np.ndarray]:
 
 
 @op_api("aclnnBatchNormReduceBackward", params=PARAMS, platforms=PLATFORMS, dtypes=supported_dtypes,
+        aclnn_header="aclnn_batch_norm_backward_reduce.h",
         make_inputs=make_inputs, input_bytes=input_bytes, reference=reference, rank=(2, MAX_RANK),
         default_shape=(2, 3, 4, 4),
         options=(Option("no_weight", "flag", help="pass weight as NULL (filled with ones; unused)"),

@@ -4,6 +4,7 @@ the fidelity of their numerics per arch.
     >>> from opgraph.cli import main
     >>> main(["ops"])  # doctest: +ELLIPSIS
     op_apis:
+    ...
       aclnnBatchNormElemtBackward  SyncBatchNorm element-wise input gradient, channel = dim 1
     ...
     l0 ops:

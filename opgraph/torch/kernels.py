@@ -17,12 +17,12 @@ ones; bfloat16 statistics need ``platform="Ascend950"``).
 from __future__ import annotations
 
 import contextlib
-from typing import Any, ContextManager, Iterator, Optional, Union
+from typing import Any, Iterator, Optional, Union
 
 import numpy as np
 import torch
 
-from opgraph.core.config import BackendRef, opt_level, use_backend
+from opgraph.core.config import BackendRef, use_backend
 from opgraph.core.dtypes import DataType
 from opgraph.core.platform import Platform, platform as use_platform
 from opgraph.core.tensor import tensor
@@ -58,22 +58,11 @@ def to_torch(a: Optional[np.ndarray]) -> Optional[Tensor]:
     return torch.from_numpy(np.ascontiguousarray(a))
 
 
-def _stats_level(input: Tensor) -> ContextManager[Any]:
-    """Level 0 for a contiguous float32 input: at levels 1-2 its aclnnBatchNormStats graph does
-    not compile yet (l0ops/views.py: ReFormat's type takes the strides of the graph input once
-    level 1 drops the identity Contiguous/Cast before it; the op_api's own tests xfail on it).
-    Level 0 runs the same recorded graph with the same bits, as fast here (one reduction chain,
-    nothing to fuse). Remove once ReFormat is fixed."""
-    if input.dtype == torch.float32 and tensor(input).is_contiguous:  # opgraph's rule
-        return opt_level(0)
-    return contextlib.nullcontext()
-
-
 def batch_norm_stats(input: Tensor, eps: float, *, backend: Optional[BackendRef] = None,
                      platform: PlatformRef = None) -> tuple[Tensor, Tensor]:
     """Per-channel mean and 1/sqrt(biased var + eps) of ``input`` [N, C, ...], float32
     (aclnnBatchNormStats)."""
-    with on(backend, platform), _stats_level(input):
+    with on(backend, platform):
         mean, invstd = _stats.batch_norm_stats(input, eps)
     return to_torch(mean), to_torch(invstd)
 
