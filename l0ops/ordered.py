@@ -26,8 +26,9 @@ Every addition rounds to the accumulation dtype (float32 for float data), so to 
 """
 from __future__ import annotations
 
+import functools
 import math
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -80,6 +81,47 @@ def ordered_sum_last(x: np.ndarray) -> np.ndarray:
     return tree_fold(partial)
 
 
+def _fold_steps(m: int) -> tuple[tuple[int, int], ...]:
+    """The (m, n) pairs of step 3 for ``m`` lanes: lane j adds lane j + n for j < m − n."""
+    steps = []
+    while m > 1:
+        n = (m + 1) // 2
+        steps.append((m, n))
+        m = n
+    return tuple(steps)
+
+
+@functools.lru_cache(maxsize=512)
+def sum_plan(shape: tuple[int, ...], axes: tuple[int, ...], keepdims: bool,
+             dtype: np.dtype) -> Callable[[np.ndarray], np.ndarray]:
+    """:func:`ordered_sum` for one ``shape``/``axes``/``dtype``, with the layout work decided
+    once (cached): phase 2 of a cached call only runs the additions.
+
+    >>> sum_plan((2, 3), (0,), False, np.dtype(np.float32))(np.ones((2, 3), np.float32)).tolist()
+    [2.0, 2.0, 2.0]
+    """
+    ndim = len(shape)
+    axes = tuple(sorted(a % ndim for a in axes)) if ndim else ()
+    kept = [d for d in range(ndim) if d not in axes]
+    perm = tuple(kept + list(axes))
+    R = math.prod(shape[d] for d in axes)
+    rows = tuple(shape[d] for d in kept) + (R,)
+    final = tuple(1 if d in axes else n for d, n in enumerate(shape)) if keepdims else rows[:-1]
+    if R == 0 or R > LANES:  # the general path: lanes and blocks
+        def general(x: np.ndarray) -> np.ndarray:
+            moved = np.ascontiguousarray(np.transpose(x, perm), dtype=dtype).reshape(rows)
+            return ordered_sum_last(moved).reshape(final)
+        return general
+    steps = _fold_steps(R)  # one lane per element: only the tree, on a fresh copy
+
+    def small(x: np.ndarray) -> np.ndarray:
+        a = np.array(np.transpose(x, perm), dtype=dtype, order="C").reshape(rows)
+        for m, n in steps:
+            a[..., : m - n] += a[..., n:m]
+        return a[..., 0].reshape(final)
+    return small
+
+
 def ordered_sum(x: np.ndarray, axes: Sequence[int], keepdims: bool = False,
                 dtype: "np.dtype | None" = None) -> np.ndarray:
     """Sum ``x`` over ``axes`` in the documented order, accumulating in ``dtype`` (default: float32
@@ -91,11 +133,4 @@ def ordered_sum(x: np.ndarray, axes: Sequence[int], keepdims: bool = False,
     x = np.asarray(x)
     if dtype is None:  # float16, bfloat16 and float32 data accumulate in float32
         dtype = np.float32 if x.dtype.itemsize <= 4 and x.dtype.kind in "fV" else x.dtype
-    axes = tuple(sorted(a % x.ndim for a in axes)) if x.ndim else ()
-    kept = [d for d in range(x.ndim) if d not in axes]
-    moved = np.transpose(x, kept + list(axes)).astype(dtype, copy=False)
-    R = math.prod(x.shape[d] for d in axes)
-    out = ordered_sum_last(np.ascontiguousarray(moved).reshape(tuple(x.shape[d] for d in kept) + (R,)))
-    if keepdims:
-        out = out.reshape(tuple(1 if d in axes else n for d, n in enumerate(x.shape)))
-    return out
+    return sum_plan(x.shape, tuple(axes), keepdims, np.dtype(dtype))(x)

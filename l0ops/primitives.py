@@ -29,7 +29,7 @@ import numpy as np
 from opgraph.core.dtypes import DataType, dtype_of
 from opgraph.core.opdef import DType, L0Error, OpAttrs, require
 from opgraph.core.types import TensorType
-from .ordered import ordered_sum
+from .ordered import sum_plan
 
 F32, F16, BF16, F64 = DataType.FLOAT, DataType.FLOAT16, DataType.BF16, DataType.DOUBLE
 
@@ -72,6 +72,7 @@ ARITH = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide
          "max": np.maximum}
 PRIMS = tuple(ARITH) + ("cast", "view", "sum", "fill", "sqrt", "fma", "eq", "where", "pow")
 CHUNK_ELEMS = 1 << 15  # 128 KiB float32 chunks: fewer Python steps, still cache-resident
+FLAT_ELEMS = 4096  # at most this many elements: the body runs straight through (run_flat)
 
 
 class Instr(OpAttrs):
@@ -237,11 +238,12 @@ def compile_instr(ins: Instr, types: dict) -> Callable[..., np.ndarray]:
         src = tuple(ins.over) if ins.over is not None else types[ins.args[0]][1]
         axes = (tuple(range(len(src))) if ins.shape is None
                 else tuple(i for i, (n, o) in enumerate(zip(src, ins.shape)) if n != o))
-        keep = ins.shape is not None
+        plan = sum_plan(src, axes, ins.shape is not None, np.dtype(np.float32 if rounding else d.np))
+        if not rounding:  # registers of d hold d
+            return lambda x: plan(x if x.shape == src else np.broadcast_to(x, src))
 
         def total(x):
-            real = x.astype(d.np) if rounding else x
-            return _load(np.asarray(ordered_sum(np.broadcast_to(real, src), axes, keep)).astype(d.np), d)
+            return _load(plan(np.broadcast_to(x.astype(d.np), src)).astype(d.np), d)
         return total
     if ins.op == "pow":
         return lambda x, e: _load(pow_array(x.astype(d.np) if rounding else x, e), d)
@@ -318,10 +320,29 @@ class Program:
         # hoisted registers the live steps read (everything else they read is live or big)
         self.live_reads = sorted({r for _, ins in self.live for r in ins.args}
                                  - {name for name, _ in self.live} - {f"in{k}" for k in self.big})
+        self._plan_flat(a, sigs)
         rank = len(full)
         hoisted_names = [f"in{k}" for k, _ in self.small] + [name for name, _, _ in self.hoisted]
         self.align = [(n, (1,) * (rank - len(self.types[n][1])) + self.types[n][1])
                       for n in hoisted_names if 0 < len(self.types[n][1]) < rank]
+
+    def _plan_flat(self, a: FusedAttrs, sigs: Sequence["_Sig"]) -> None:
+        """The whole body as one straight line over a register list (inputs first, then t0,
+        t1, ...): what :meth:`run_flat` runs when the iteration space is one chunk."""
+        index = {f"in{k}": k for k in range(len(sigs))}
+        index.update({f"t{k}": len(sigs) + k for k in range(len(a.body))})
+        self.narrow_inputs = tuple(sg.dtype in _NARROW for sg in sigs)
+        self.flat = tuple((compile_instr(ins, self.types), tuple(index[r] for r in ins.args))
+                          for ins in a.body)
+        self.flat_result = index[a.result]
+
+    def run_flat(self, inputs: Sequence[np.ndarray]) -> np.ndarray:
+        """The result of the whole body, instruction by instruction on whole arrays (numpy
+        broadcasting right-aligns the per-channel terms): the fast path for small tensors."""
+        regs = [x.astype(np.float32) if narrow else x for x, narrow in zip(inputs, self.narrow_inputs)]
+        for fn, args in self.flat:
+            regs.append(fn(*[regs[i] for i in args]))
+        return _finish(regs[self.flat_result], self.result_dtype, self.out_dtype)
 
     def _plan_in_place(self, a: FusedAttrs) -> None:
         """Per live step, an operand temporary that dies there (its buffer takes the result),
@@ -413,8 +434,14 @@ def run_fused(a: FusedAttrs, inputs: Sequence[np.ndarray], out: "np.ndarray | No
     """Evaluate the body chunk by chunk. Instructions on smaller-than-full shapes (per-channel
     terms) are hoisted and computed once; the rest never allocates a full-size temporary."""
     prog = program(a, inputs)
-    values = prog.hoist(inputs)
     full = prog.full
+    if math.prod(full) <= FLAT_ELEMS:  # small: no hoisting, no chunks
+        res = prog.run_flat(inputs)
+        if out is None:
+            return np.ascontiguousarray(np.broadcast_to(res, full))
+        out[...] = res
+        return out
+    values = prog.hoist(inputs)
     if out is None:
         out = np.empty(full, dtype=a.out_dtype.np)
     if a.result in values:

@@ -8,7 +8,7 @@ default; the least recently used entry is evicted) and thread-safe.
     >>> import numpy as np, opgraph
     >>> t = opgraph.tensor(np.zeros((2, 3), np.float32))
     >>> cache_key("op", (t, None), opgraph.get_platform(), 2)[1]
-    (('T', (2, 3), (3, 1), 0, 2, True), None)
+    (('T', ((2, 3), (3, 1), 0, 2), True), None)
 """
 from __future__ import annotations
 
@@ -21,26 +21,25 @@ from opgraph.core.executor import CompiledProgram, Executor
 from opgraph.core.tensor import Tensor
 
 
-def _meta(a: Any) -> Optional[Hashable]:
-    if a is None:
-        return None
-    if isinstance(a, Tensor):
-        # writability is part of it: phase 1 rejects an output it could not write
-        return ("T", a.shape, a.strides, int(a.dtype), int(a.format), a.writeable)
-    if isinstance(a, (int, float, bool)):
-        return ("V", type(a).__name__, a)
-    raise TypeError  # uncacheable argument
-
-
 def cache_key(name: str, args: tuple, platform: Any, level: int) -> Optional[tuple]:
     """The cache key, or None when an argument cannot be keyed (then nothing is cached)."""
-    try:
-        metas = tuple(_meta(a) for a in args)
-    except TypeError:
-        return None
+    metas: list[Optional[Hashable]] = []
     first: dict[int, int] = {}
-    alias = tuple(first.setdefault(id(a), i) if a is not None else i for i, a in enumerate(args))
-    return (name, metas, alias, platform, level)
+    alias = []
+    for i, a in enumerate(args):
+        if a is None:
+            metas.append(None)
+            alias.append(i)
+            continue
+        if isinstance(a, Tensor):
+            # writability is part of it: phase 1 rejects an output it could not write
+            metas.append(("T", a.signature, a.storage.flags.writeable and not a.copied))
+        elif isinstance(a, (int, float, bool)):
+            metas.append(("V", type(a).__name__, a))
+        else:
+            return None  # uncacheable argument
+        alias.append(first.setdefault(id(a), i))
+    return (name, tuple(metas), tuple(alias), platform, level)
 
 
 @dataclass(frozen=True)

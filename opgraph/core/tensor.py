@@ -85,7 +85,7 @@ class Tensor:
     """
 
     __slots__ = ("storage", "shape", "strides", "offset", "format", "storage_shape", "dtype",
-                 "copied", "_view")
+                 "copied", "_view", "_signature")
 
     def __init__(self, storage: np.ndarray, shape: Sequence[int], strides: Sequence[int],
                  offset: int = 0, format: "Format | str" = "ND",
@@ -166,6 +166,17 @@ class Tensor:
     def writeable(self) -> bool:
         """True when phase 2 can write this tensor and the caller sees the result."""
         return bool(self.storage.flags.writeable) and not self.copied
+
+    @property
+    def signature(self) -> tuple:
+        """``(shape, strides, dtype, format)`` as one hashable tuple, built once (the metadata
+        is immutable): what phase 1's executor cache keys a tensor argument by."""
+        try:
+            return self._signature
+        except AttributeError:
+            object.__setattr__(self, "_signature",
+                               (self.shape, self.strides, int(self.dtype), int(self.format)))
+            return self._signature
 
     # --- data -----------------------------------------------------------------------------
     def view(self) -> np.ndarray:
