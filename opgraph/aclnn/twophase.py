@@ -42,6 +42,7 @@ from opgraph.core.tensor import Tensor
 from opgraph.core.types import RecordedCall
 from opgraph.passes import optimize
 from .cache import EXECUTOR_CACHE, CachedOp, cache_key
+from .structure import STRUCTURE_CACHE, UNTEMPLATED, Template, build_template, structure_key
 
 P = ParamSpec("P")
 Phase1 = tuple[Status, int, Optional[Executor]]
@@ -163,7 +164,8 @@ def op_api(name: str, *, params: Sequence[Param], **spec: Any
     match compose's. ``spec`` holds the other :class:`OpApiSpec` fields (platforms, dtypes,
     make_inputs, reference, options, rank, aclnn_api, summary). Successful compilations are
     cached by argument metadata (:mod:`.cache`): a later call with the same shapes, dtypes,
-    strides, formats, NULL pattern, scalars, platform and level only rebinds the tensors."""
+    strides, formats, NULL pattern, scalars, platform and level only rebinds the tensors; a
+    call with new sizes of a known structure (:mod:`.structure`) skips recording and passes."""
     params = tuple(params)
 
     def deco(compose: Callable[..., None]) -> Callable[..., Phase1]:
@@ -178,15 +180,29 @@ def op_api(name: str, *, params: Sequence[Param], **spec: Any
                 _check_kinds(params, args)
             except AclnnError as e:
                 return fail(e.status, e.message), 0, None
-            key = cache_key(name, args, get_platform(), get_opt_level())
+            platform, level = get_platform(), get_opt_level()
+            key = cache_key(name, args, platform, level)
             hit = EXECUTOR_CACHE.get(key) if key is not None else None
             if hit is not None:
                 return succeed(), hit.program.workspace_size, hit.instantiate(args)
-            status, size, ex = record(name, lambda ex: compose(ex, *args),
-                                      recorded_call(name, params, args))
+            skey, dims = structure_key(name, args, platform, level)
+            template = STRUCTURE_CACHE.get(skey) if skey is not None else None
+            if isinstance(template, Template):  # a new shape of a known structure
+                hit = template.at(dims)
+                if key is not None:
+                    EXECUTOR_CACHE.put(key, hit)
+                return succeed(), hit.program.workspace_size, hit.instantiate(args)
+            status, size, ex = record_call(args)
             if ex is not None and key is not None:
                 EXECUTOR_CACHE.put(key, CachedOp.of(ex, args))
+            if ex is not None and skey is not None and template is None:
+                made = build_template(lambda probe: record_call(probe)[2], args, ex, dims)
+                STRUCTURE_CACHE.put(skey, made or UNTEMPLATED)
+                succeed()  # the probe's outcome is not the caller's
             return status, size, ex
+
+        def record_call(args: tuple) -> Phase1:
+            return record(name, lambda ex: compose(ex, *args), recorded_call(name, params, args))
 
         get_workspace_size.__name__ = get_workspace_size.__qualname__ = compose.__name__
         get_workspace_size.__doc__ = compose.__doc__

@@ -15,8 +15,7 @@ compiled once per backend, on the executor's bound tensors.
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, field
-from typing import Optional
+from typing import Callable, Optional
 
 from .backend import Backend, Executable
 from .ir import Graph, Value
@@ -31,19 +30,31 @@ def tensor_type(t: Tensor) -> TensorType:
     return TensorType(t.shape, t.dtype, t.format, t.strides)
 
 
-@dataclass
 class CompiledProgram:
-    """What phase 1 produces and the executor cache keeps: the recorded graph, the graph phase 2
-    runs at ``opt_level``, its memory plan (``workspace_size`` bytes) and, per backend instance,
-    the executable compiled from it (built on first use, then reused)."""
+    """What phase 1 produces and the executor cache keeps: the recorded ``graph``, the graph
+    phase 2 runs at ``opt_level`` (``compiled``), its memory plan (``workspace_size`` bytes)
+    and, per backend instance, the executable compiled from it (built on first use, then
+    reused). ``graph`` may be given as a function that builds it: it is then built on first
+    access (a program made for new sizes of a known structure records nothing until asked)."""
 
-    graph: Graph
-    compiled: Graph
-    memory_plan: MemoryPlan
-    opt_level: int
-    platform: Platform
-    _executables: dict[int, tuple[Backend, Executable]] = field(default_factory=dict, repr=False)
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    def __init__(self, graph: "Graph | Callable[[], Graph]", compiled: Graph,
+                 memory_plan: MemoryPlan, opt_level: int, platform: Platform):
+        self._graph = graph if isinstance(graph, Graph) else None
+        self._make_graph = None if isinstance(graph, Graph) else graph
+        self.compiled, self.memory_plan = compiled, memory_plan
+        self.opt_level, self.platform = opt_level, platform
+        self._executables: dict[int, tuple[Backend, Executable]] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def graph(self) -> Graph:
+        """The graph the op_api recorded (level 0)."""
+        if self._graph is None:
+            with self._lock:
+                if self._graph is None:
+                    assert self._make_graph is not None
+                    self._graph = self._make_graph()
+        return self._graph
 
     @property
     def workspace_size(self) -> int:
@@ -74,7 +85,7 @@ class Executor:
 
     def __init__(self, name: str, platform: Optional[Platform] = None,
                  call: Optional[RecordedCall] = None):
-        self.graph = Graph(name, call)
+        self._graph: Optional[Graph] = Graph(name, call)
         self.bindings: dict[str, Tensor] = {}
         self.platform = platform or get_platform()
         self.program: Optional[CompiledProgram] = None
@@ -86,9 +97,17 @@ class Executor:
     def of_program(cls, program: CompiledProgram, bindings: dict[str, Tensor]) -> "Executor":
         """A fresh single-use executor over a (cached) program, bound to new tensors."""
         ex = cls.__new__(cls)
-        ex.graph, ex.bindings, ex.platform, ex.program = program.graph, bindings, program.platform, program
+        ex._graph, ex.bindings, ex.platform, ex.program = None, bindings, program.platform, program
         ex.repeatable, ex.runs, ex.destroyed = False, 0, False
         return ex
+
+    @property
+    def graph(self) -> Graph:
+        """The recorded graph: this executor's own while recording, else its program's."""
+        if self._graph is not None:
+            return self._graph
+        assert self.program is not None
+        return self.program.graph
 
     @property
     def name(self) -> str:

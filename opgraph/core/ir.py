@@ -118,13 +118,16 @@ class Graph:
 
     def add_node(self, op: str, inputs: Sequence[Value], attrs: "BaseModel | None" = None,
                  *, out_names: "Sequence[str] | None" = None, index: "int | None" = None,
-                 source: Optional[str] = None, **attr_kwargs: Any) -> Node:
-        """Append (or insert at ``index``) a call of ``op``; output types are inferred."""
+                 source: Optional[str] = None, out_types: "Sequence[TensorType] | None" = None,
+                 **attr_kwargs: Any) -> Node:
+        """Append (or insert at ``index``) a call of ``op``; output types are inferred unless
+        given (``out_types``: for callers that derive them from a graph already checked)."""
         opdef = get_op(op)
         if attrs is None:
             attrs = opdef.make_attrs(**attr_kwargs)
         node = Node(op, inputs, attrs, source)
-        out_types = opdef.infer_types([v.type for v in inputs], attrs)
+        if out_types is None:
+            out_types = opdef.infer_types([v.type for v in inputs], attrs)
         names = list(out_names) if out_names else [self.fresh_name() for _ in out_types]
         node.outputs = [Value(n, t, node) for n, t in zip(names, out_types)]
         for v in inputs:

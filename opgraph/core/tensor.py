@@ -204,6 +204,25 @@ class Tensor:
                 f"{', copied' if self.copied else ''})")
 
 
+def virtual_tensor(shape: Sequence[int], dtype: Any, format: "Format | str" = "ND",
+                   writeable: bool = True) -> Tensor:
+    """A contiguous tensor of ``shape`` over no memory (every element aliases one): only its
+    metadata may be used — for recording a graph at sizes that are never run.
+
+    >>> t = virtual_tensor((1000, 1000, 1000), np.float32)   # 4 GB of metadata, 4 bytes of data
+    >>> t.shape, t.strides, t.is_contiguous
+    ((1000, 1000, 1000), (1000000, 1000, 1), True)
+    """
+    shape = _ints("shape", shape)
+    n = math.prod(shape)
+    storage = np.lib.stride_tricks.as_strided(np.zeros(1, np.dtype(dtype)), shape=(n,), strides=(0,),
+                                              writeable=writeable)
+    view = np.lib.stride_tricks.as_strided(storage, shape=shape, strides=(0,) * len(shape),
+                                           writeable=writeable)
+    return Tensor._unchecked(storage, shape, row_major_strides(shape), format_of(format), (n,),
+                             False, view)
+
+
 def _wrappable(a: np.ndarray) -> bool:
     """True when ``a``'s memory can be described with element strides ≥ 0 (no copy needed)."""
     return all(s >= 0 and s % a.itemsize == 0 for s in a.strides)

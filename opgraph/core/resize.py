@@ -1,0 +1,197 @@
+"""A graph at other sizes: rebuild it with every size it mentions mapped to a new value.
+
+The structure cache (:mod:`opgraph.aclnn.structure`) records an op_api once on *probe* tensors
+whose independent dims are distinct primes; every size in the probe graphs (shapes, strides,
+shape attributes, summed extents) is then a product of those primes, so it factors into a
+monomial of the dims, and the graph for any other sizes of the same structure is the probe graph
+with each monomial evaluated at the new dims. A float that is exactly 1/n for such a size (a
+mean's scale, maybe folded to float32) maps to 1/n' the same way.
+
+    >>> monomial(11 * 11 * 13, (11, 13))
+    (2, 1)
+    >>> monomial(7, (11, 13)) is None
+    True
+    >>> map_ints({"shape": (143, 2), "axes": [0], "eps": 1e-5}, {143: 60}.get)
+    {'shape': (60, 2), 'axes': [0], 'eps': 1e-05}
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Iterator, Optional
+
+import numpy as np
+from pydantic import BaseModel
+
+from .ir import Graph, Value
+from .types import TensorType
+
+IntMap = Callable[[int], Optional[int]]  # a size's new value, or None to keep it
+
+
+def monomial(v: int, primes: tuple[int, ...]) -> Optional[tuple[int, ...]]:
+    """The exponents of ``v`` over ``primes`` when ``v`` > 1 is a product of them, else None."""
+    if v <= 1:
+        return None
+    exps = []
+    for p in primes:
+        e = 0
+        while v % p == 0:
+            v //= p
+            e += 1
+        exps.append(e)
+    return tuple(exps) if v == 1 else None
+
+
+def map_ints(obj: Any, f: IntMap) -> Any:
+    """``obj`` (nested dicts, lists, tuples) with each plain int ``v`` replaced by ``f(v)``
+    (kept when that is None); bools, enums, floats and strings are left alone."""
+    t = type(obj)
+    if t is int:
+        new = f(obj)
+        return obj if new is None else new
+    if t is dict:
+        return {k: map_ints(v, f) for k, v in obj.items()}
+    if t is list or t is tuple:
+        return t(map_ints(v, f) for v in obj)
+    return obj
+
+
+def graph_numbers(g: Graph) -> Iterator["int | float"]:
+    """Every plain int and float in the graph's types and attributes (with repeats)."""
+    def walk(obj: Any) -> Iterator["int | float"]:
+        t = type(obj)
+        if t is int or t is float:
+            yield obj
+        elif t is dict:
+            for v in obj.values():
+                yield from walk(v)
+        elif t is list or t is tuple:
+            for v in obj:
+                yield from walk(v)
+    for v in g.values():
+        yield from walk((v.type.shape, v.type.strides))
+    for n in g.nodes:
+        yield from walk(n.attrs.model_dump())
+
+
+def _type(t: TensorType, f: IntMap) -> TensorType:
+    return TensorType(map_ints(t.shape, f), t.dtype, t.format,
+                      None if t.strides is None else map_ints(t.strides, f))
+
+
+Builder = Callable[[Callable[[int], int]], Any]
+
+
+def reciprocal_of(value: float, is_size: Callable[[int], bool]) -> Optional[tuple[int, bool]]:
+    """``(n, rounded)`` when ``value`` is 1/n for a size n — in double, or rounded to float32
+    (``rounded``) — as a mean's scale is; else None.
+
+    >>> reciprocal_of(1 / 143, {143}.__contains__), reciprocal_of(0.5, {143}.__contains__)
+    ((143, False), None)
+    """
+    if not 0 < value < 1:
+        return None
+    n = round(1 / value)
+    if not is_size(n):
+        return None
+    if value == 1 / n:
+        return n, False
+    return (n, True) if value == float(np.float32(1 / n)) else None
+
+
+def _builder(obj: Any, is_size: Callable[[int], bool]) -> Optional[Builder]:
+    """A function rebuilding ``obj`` with its sizes mapped, or None when it holds no size
+    (then ``obj`` itself is reused): the walk is done once, not per call."""
+    t = type(obj)
+    if t is int:
+        return (lambda f: f(obj)) if is_size(obj) else None
+    if t is float:
+        r = reciprocal_of(obj, is_size)
+        if r is None:
+            return None
+        n, rounded = r
+        return (lambda f: float(np.float32(1 / f(n)))) if rounded else (lambda f: 1 / f(n))
+    if t is dict:
+        parts = [(k, v, _builder(v, is_size)) for k, v in obj.items()]
+        if all(b is None for _, _, b in parts):
+            return None
+        return lambda f: {k: v if b is None else b(f) for k, v, b in parts}
+    if t is list or t is tuple:
+        changed = [(i, b) for i, v in enumerate(obj) if (b := _builder(v, is_size)) is not None]
+        if not changed:
+            return None
+        if all(type(v) is int for v in obj):  # a shape: map the sizes in one pass
+            sizes = [type(v) is int and is_size(v) for v in obj]
+            return lambda f: t([f(v) if s else v for v, s in zip(obj, sizes)])
+
+        def rebuild(f: Callable[[int], int]) -> Any:
+            items = list(obj)
+            for i, b in changed:
+                items[i] = b(f)
+            return t(items)
+        return rebuild
+    if isinstance(obj, BaseModel):  # attrs: validated once when recorded; only sizes change
+        fields = [(k, b) for k in type(obj).model_fields
+                  if (b := _builder(getattr(obj, k), is_size)) is not None]
+        if not fields:
+            return None
+        return lambda f: obj.model_copy(update={k: b(f) for k, b in fields})
+    return None
+
+
+def _type_builder(t: TensorType, is_size: Callable[[int], bool]) -> Optional[Builder]:
+    b = _builder((t.shape, t.strides), is_size)
+    if b is None:
+        return None
+
+    def build(f: Callable[[int], int]) -> TensorType:
+        shape, strides = b(f)
+        return TensorType(shape, t.dtype, t.format, strides)
+    return build
+
+
+class Resizer:
+    """:func:`resized` for one graph, with the walk over its types and attributes done once.
+    ``check=False`` maps the output types too instead of inferring them again (for a graph
+    whose mapping was already checked once).
+
+    >>> import numpy as np, opgraph, l0ops
+    >>> from opgraph.core.executor import Executor
+    >>> ex = Executor("demo")
+    >>> x = ex.input("x", opgraph.tensor(np.zeros((11, 13), np.float32)))
+    >>> ex.output(l0ops.BroadcastTo(ex, x, shape=(2, 11, 13)))
+    >>> g = Resizer(ex.graph, {11, 13}.__contains__)({11: 4, 13: 5}.__getitem__)
+    >>> g.nodes[0].attrs.shape, g.outputs[0].type.shape
+    ((2, 4, 5), (2, 4, 5))
+    """
+
+    def __init__(self, g: Graph, is_size: Callable[[int], bool], check: bool = True):
+        self.graph, self.check = g, check
+        self.inputs = [(v, _type_builder(v.type, is_size)) for v in g.inputs]
+        self.attrs = [_builder(n.attrs, is_size) for n in g.nodes]
+        self.outputs = [[_type_builder(v.type, is_size) for v in n.outputs] for n in g.nodes]
+
+    def __call__(self, f: Callable[[int], int]) -> Graph:
+        g = self.graph
+        out = type(g)(g.name, g.call)
+        env: dict[str, Value] = {}
+        for v, b in self.inputs:
+            env[v.name] = out.add_input(v.name, v.type if b is None else b(f))
+        for n, b, outs in zip(g.nodes, self.attrs, self.outputs):
+            attrs = n.attrs if b is None else b(f)
+            types = None if self.check else [v.type if t is None else t(f)
+                                             for v, t in zip(n.outputs, outs)]
+            node = out.add_node(n.op, [env[v.name] for v in n.inputs], attrs, out_types=types,
+                                out_names=[v.name for v in n.outputs], source=n.source)
+            env.update((v.name, v) for v in node.outputs)
+        out.outputs = [env[v.name] for v in g.outputs]
+        out._next = g._next
+        return out
+
+
+def resized(g: Graph, f: IntMap) -> Graph:
+    """A copy of ``g`` with every size mapped by ``f`` (None keeps it); node output types are
+    inferred again, so an inconsistent mapping fails as a type error, never silently."""
+    return Resizer(g, lambda v: f(v) is not None)(lambda v: f(v))
+
+
+__all__ = ["Resizer", "graph_numbers", "map_ints", "monomial", "reciprocal_of", "resized"]

@@ -1,0 +1,150 @@
+"""The structure cache: a new shape of a known call structure skips recording and the passes,
+and gives exactly what recording would — graphs, workspace size, output bits — for every
+op_api, platform and level; anything it cannot stand for is recorded as before."""
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+import opgraph
+from opgraph.aclnn import twophase
+from opgraph.aclnn.cache import EXECUTOR_CACHE
+from opgraph.aclnn.structure import STRUCTURE_CACHE, UNTEMPLATED, Template, structure_key
+from opgraph.aclnn.twophase import op_api
+from opgraph.core.opapi import InputConfig, Param, op_api_specs
+from opgraph.core.platform import lookup
+from opgraph.core.serialize import graph_to_dict
+from opgraph.core.status import Status
+from opgraph.core.tensor import tensor
+import l0ops
+
+def _builtin_specs():
+    return [s for s in op_api_specs().values()
+            if s.make_inputs is not None and s.get_workspace_size.__module__.startswith("opgraph.aclnn.")]
+
+
+def _other_sizes(shape: tuple[int, ...]):
+    """Shapes with the same 0/1/equality pattern: each size class changed in turn, then all."""
+    classes = sorted({n for n in shape if n > 1})
+    for m in range(5, 40):
+        for c in classes:
+            yield tuple(m if n == c else n for n in shape)
+        yield tuple(n if n <= 1 else m + 2 * classes.index(n) + 40 for n in shape)
+
+
+def _args(spec, shape, dtype, seed=0):
+    cfg = InputConfig(tuple(shape), dtype, {o.name: o.default for o in spec.options})
+    arrays = spec.make_inputs(cfg, np.random.default_rng(seed))
+    return arrays, spec.args_of(arrays, tensor, cfg)
+
+
+def _same_structure(spec, shape, dtype):
+    """Other sizes whose arguments (as make_inputs builds them) have ``shape``'s structure."""
+    key = lambda s: structure_key(spec.name, tuple(_args(spec, s, dtype)[1]), "p", 0)[0]
+    want = key(shape)
+    assert want is not None
+    return next(s for s in _other_sizes(shape) if s != shape and key(s) == want)
+
+
+def _call(spec, shape, dtype, seed=0):
+    arrays, args = _args(spec, shape, dtype, seed)
+    status, ws, ex = spec.get_workspace_size(*args)
+    assert status == Status.ACLNN_SUCCESS, twophase.aclGetRecentErrMsg()
+    key, _ = structure_key(spec.name, tuple(args), opgraph.get_platform(), opgraph.get_opt_level())
+    assert spec.run(bytearray(ws) if ws else None, ws, ex) == Status.ACLNN_SUCCESS
+    written = {p.name for p in spec.tensor_params("output", "inout")}
+    outs = {k: np.asarray(v).copy() for k, v in arrays.items() if k in written and v is not None}
+    return ex, ws, outs, key
+
+
+def _bits(a: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(a).view(f"u{a.dtype.itemsize}") if a.dtype.kind in "fV" else a
+
+
+@pytest.fixture(autouse=True)
+def _fresh_caches():
+    EXECUTOR_CACHE.clear()
+    STRUCTURE_CACHE.clear()
+    yield
+    EXECUTOR_CACHE.clear()
+    STRUCTURE_CACHE.clear()
+
+
+CASES = [(spec.name, soc, level) for spec in _builtin_specs() for soc in spec.platforms
+         if soc in ("Ascend910B", "Ascend950") for level in (0, 1, 2)]
+
+
+@pytest.mark.parametrize("name, soc, level", CASES)
+def test_a_new_shape_gives_what_recording_gives(name, soc, level):
+    spec = op_api_specs()[name]
+    dtype = spec.dtypes(lookup(soc))[-1]
+    first = tuple(spec.default_shape)
+    second = _same_structure(spec, first, dtype)
+    with opgraph.platform(soc), opgraph.opt_level(level):
+        _call(spec, first, dtype)  # records, then templates the structure
+        hits = STRUCTURE_CACHE.hits
+        ex, ws, outs, key = _call(spec, second, dtype, seed=1)
+        assert isinstance(STRUCTURE_CACHE.get(key), Template), "the structure was not templated"
+        assert STRUCTURE_CACHE.hits == hits + 2  # this call and the get() above
+        assert ex.program._graph is None  # nothing recorded until someone asks
+        templated = graph_to_dict(ex.graph), graph_to_dict(ex.compiled)
+        EXECUTOR_CACHE.clear()
+        STRUCTURE_CACHE.clear()
+        ref, ref_ws, ref_outs, _ = _call(spec, second, dtype, seed=1)  # recorded from scratch
+    assert templated == (graph_to_dict(ref.graph), graph_to_dict(ref.compiled))
+    assert ws == ref_ws
+    assert outs.keys() == ref_outs.keys() and outs
+    for k in outs:
+        assert np.array_equal(_bits(outs[k]), _bits(ref_outs[k])), k
+
+
+def test_a_bad_call_of_a_known_structure_is_still_checked():
+    """A wrong-length per-channel tensor changes the equality pattern: recorded, and refused."""
+    spec = op_api_specs()["aclnnBatchNormElemtBackward"]
+    _call(spec, (2, 3, 4), opgraph.DataType.FLOAT)
+    cfg = InputConfig((4, 6, 5), opgraph.DataType.FLOAT, {o.name: o.default for o in spec.options})
+    arrays = spec.make_inputs(cfg, np.random.default_rng(0))
+    arrays["mean"] = np.zeros(7, np.float32)
+    before = arrays["gradInput"].copy()
+    status, _, ex = spec.get_workspace_size(*spec.args_of(arrays, tensor, cfg))
+    assert status == Status.ACLNN_ERR_PARAM_INVALID and ex is None
+    assert "mean" in twophase.aclGetRecentErrMsg()
+    assert np.array_equal(arrays["gradInput"], before)
+
+
+def test_non_contiguous_calls_do_not_take_part():
+    x = tensor(np.zeros((4, 6), np.float32)[:, ::2])
+    assert structure_key("op", (x,), "p", 2) == (None, ())
+    y = tensor(np.zeros((4, 3), np.float32))
+    assert structure_key("op", (y,), "p", 2)[1] == (4, 3)
+
+
+def test_zero_one_and_equal_dims_are_part_of_the_structure():
+    k = lambda *shapes: structure_key("op", tuple(tensor(np.zeros(s, np.float32)) for s in shapes), "p", 2)[0]
+    assert k((2, 3), (3,)) == k((5, 7), (7,))
+    assert k((2, 3), (3,)) != k((2, 3), (2,))      # which dims are equal
+    assert k((2, 3), (3,)) != k((3, 3), (3,))
+    assert k((2, 3), (3,)) != k((1, 3), (3,))      # 1 is its own case
+    assert k((2, 3), (3,)) != k((0, 3), (3,))      # and so is 0
+
+
+@op_api("aclnnTestSizeInValue", params=(Param("x", "tensor", "input"), Param("out", "tensor", "output")))
+def _size_in_value(ex, x, out):
+    """A graph holding a value computed from a size (x.shape[0] as a fill value)."""
+    filled = l0ops.Fill(ex, shape=list(x.shape), value=float(x.shape[0]), dtype=x.dtype)
+    ex.output(l0ops.ViewCopy(ex, l0ops.Add(ex, ex.input("x", x), filled), ex.input("out", out)))
+
+
+def test_a_size_hidden_in_a_value_leaves_the_structure_untemplated():
+    def run(n):
+        x, out = np.ones((n, 3), np.float32), np.zeros((n, 3), np.float32)
+        status, ws, ex = _size_in_value(tensor(x), tensor(out))
+        assert status == 0 and twophase.run_executor(bytearray(ws) if ws else None, ws, ex) == 0
+        return out
+    run(2)
+    key, _ = structure_key("aclnnTestSizeInValue", (tensor(np.ones((5, 3), np.float32)),
+                                                    tensor(np.ones((5, 3), np.float32))), opgraph.get_platform(), 2)
+    assert STRUCTURE_CACHE.get(key) is UNTEMPLATED
+    assert (run(5) == 6.0).all()  # recorded at its own size: 1 + 5
