@@ -183,7 +183,7 @@ sys.stdout.write(b"".join(o.tobytes() for o in outs).hex())
 def test_the_same_bits_for_any_thread_count():
     outs = []
     for n in ("1", "2", "3", "5"):
-        env = {**os.environ, "OMP_NUM_THREADS": n}
+        env = {**os.environ, "OPGRAPH_NUM_THREADS": n, "OMP_NUM_THREADS": n}
         outs.append(subprocess.run([sys.executable, "-c", THREADS.format(tests=os.path.dirname(__file__))],
                                    env=env, capture_output=True, text=True, timeout=300, check=True).stdout)
     assert outs[0] and all(o == outs[0] for o in outs)

@@ -1,5 +1,5 @@
-"""FusedReduce on the native backend: the reductions run as compiled C (OpenMP over kept index ×
-block, vectorised lanes), bit-identical to numpy and the same for any thread count.
+"""FusedReduce on the native backend: the reductions run as compiled C (kept index × block on
+the thread team, vectorised lanes), bit-identical to numpy and the same for any thread count.
 
 A reduction pass computes the per-element instructions its sums need and adds them into the 64
 lane accumulators of each (kept index, block) — the order of :mod:`l0ops.ordered` — then folds
@@ -35,12 +35,13 @@ from l0ops.ordered import BLOCK
 from l0ops.primitives import Instr, body_types, cast_array, compile_instr
 from opgraph.core.dtypes import DataType, dtype_of
 from opgraph.core.types import TensorType
-from . import build
+from . import build, team
 from .reduce_c import render_pass
 from .render import C_OP, FLOATS, Unsupported
 
 _ARGTYPES = [ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
-             ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
+             ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
+             ctypes.c_void_p]
 _NARROW = (DataType.FLOAT16, DataType.BF16)
 
 
@@ -221,12 +222,12 @@ def _run_pass(p: _Pass, plan: _Plan, inputs: Sequence[np.ndarray], values: dict)
             for r in p.kept]
     nblocks = -(-R // BLOCK)
     S = len(p.batch)
-    lanes = np.empty(S * K * nblocks * 64, np.float32)
+    blocks = np.empty(S * K * nblocks, np.float32)
     out = np.empty((S, K), np.float32)
     ptrs = (ctypes.c_void_p * (len(p.big) + len(kept)))(
         *[_address(np.asarray(inputs[i])) for i in p.big], *[_address(x) for x in kept])
     p.fn(K, R, len(p.rshape), p.rshape.ctypes.data, ptrs, p.koff.ctypes.data, p.rstr.ctypes.data,
-         lanes.ctypes.data, nblocks, out.ctypes.data)
+         blocks.ctypes.data, nblocks, out.ctypes.data, team.runner())
     for s, j in enumerate(p.batch):
         d = plan.types[f"t{j}"][0]
         total = out[s].astype(d.np).astype(np.float32) if d in _NARROW else out[s]

@@ -1,16 +1,17 @@
 """C source of one FusedReduce pass: per-element instructions and the partial sums of
 :mod:`l0ops.ordered` (blocks of 32768, 64 lanes, tree folds) in one sweep over the data.
 
-The kernel ``opg_kernel(K, R, nr, rshape, ptrs, koff, rstr, lanes, nblocks, out)`` takes the
-reduced dims already collapsed (``rshape``, ``nr`` of them, row-major order = the summation
+The kernel ``opg_kernel(K, R, nr, rshape, ptrs, koff, rstr, blocks, nblocks, out, run)`` takes
+the reduced dims already collapsed (``rshape``, ``nr`` of them, row-major order = the summation
 order), the big inputs and then the per-kept float32 registers in ``ptrs``, each big input's
 element offset per kept index (``koff[i*K + k]``) and strides along the reduced dims
-(``rstr[i*nr + d]``), a scratch ``lanes`` of ``S*K*nblocks*64`` floats and ``out`` (``S*K``
-folded sums). Work items are (kept index, block), OpenMP-dynamic; each owns its 64 lane
-accumulators, so the order never depends on the threads. Where every big input is contiguous
-along the innermost reduced dim the lanes are updated ``OPG_W`` at a time (AVX2: 8, AVX-512:
-16) — lane ``l`` still adds its elements one after another, as the order requires. The tree
-folds of the lanes, then of the blocks, run in the same parallel region.
+(``rstr[i*nr + d]``), a scratch ``blocks`` of ``S*K*nblocks`` floats and ``out`` (``S*K`` sums).
+Work items are (kept index, block), shared out by the thread team of :mod:`.team` (``run``;
+NULL or fewer than :data:`PARALLEL_MIN` elements: the caller alone); each owns its 64 lane
+accumulators and folds them, so the order never depends on the threads. Where every big input
+is contiguous along the innermost reduced dim the lanes are updated ``OPG_W`` at a time (AVX2: 8,
+AVX-512: 16) — lane ``l`` still adds its elements one after another, as the order requires.
+The caller folds the blocks.
 
     >>> from l0ops.primitives import Instr
     >>> from opgraph.core.dtypes import DataType as D
@@ -27,6 +28,7 @@ from l0ops.ordered import BLOCK, LANES
 from l0ops.primitives import Instr
 from opgraph.core.dtypes import DataType
 from .render import C_OP, C_TYPE, HELPERS, LOAD, ROUND, V_HELPERS, V_LOAD, V_OP, V_ROUND
+from .team import C_DECL
 
 PARALLEL_MIN = 32768  # K * R below this: one thread
 
@@ -74,20 +76,20 @@ def render_pass(big: Sequence[tuple[str, DataType]], kept: Sequence[str],
     float32 values (``ptrs[len(big) + j][k]``)."""
     nb, S = len(big), len(sums)
     pad = " " * 16
-    L = [HELPERS, V_HELPERS, FOLD,
-         "void opg_kernel(int64_t K, int64_t R, int64_t nr, const int64_t *rshape,",
-         "                void *const *ptrs, const int64_t *koff, const int64_t *rstr,",
-         "                float *lanes, int64_t nblocks, float *out)", "{"]
-    L += [f"    const {C_TYPE[d]} *const b{i} = (const {C_TYPE[d]} *)ptrs[{i}];"
+    L = [HELPERS, V_HELPERS, C_DECL, FOLD,
+         "struct opg_rctx { int64_t K, R, nr, nblocks; const int64_t *rshape, *koff, *rstr;",
+         "                  void *const *ptrs; float *blocks; };", "",
+         "static void opg_items(void *vctx, int64_t w_begin, int64_t w_end)", "{",
+         "    const struct opg_rctx *const c = (const struct opg_rctx *)vctx;",
+         "    const int64_t K = c->K, R = c->R, nr = c->nr, nblocks = c->nblocks;",
+         "    const int64_t *const rshape = c->rshape, *const koff = c->koff, *const rstr = c->rstr;"]
+    L += [f"    const {C_TYPE[d]} *const b{i} = (const {C_TYPE[d]} *)c->ptrs[{i}];"
           for i, (_, d) in enumerate(big)]
-    L += [f"    const float *const h{j} = (const float *)ptrs[{nb + j}];" for j in range(len(kept))]
-    L += ["    const int64_t inner = rshape[nr - 1], work = K * nblocks;",
+    L += [f"    const float *const h{j} = (const float *)c->ptrs[{nb + j}];" for j in range(len(kept))]
+    L += ["    const int64_t inner = rshape[nr - 1];",
           "    const int dense = " + " && ".join([f"rstr[{i} * nr + nr - 1] == 1" for i in range(nb)]
                                               or ["1"]) + ";",
-          f"    #pragma omp parallel if (work > 1 && K * R >= {PARALLEL_MIN})",
-          "    {",
-          "    #pragma omp for schedule(dynamic, 1)",
-          "    for (int64_t w = 0; w < work; ++w) {",
+          "    for (int64_t w = w_begin; w < w_end; ++w) {",
           "        const int64_t k = w / nblocks, blk = w % nblocks;",
           f"        float acc[{S}][OPG_LANES] __attribute__((aligned(64)));",
           f"        for (int s = 0; s < {S}; ++s) for (int l = 0; l < OPG_LANES; ++l) acc[s][l] = -0.0f;",
@@ -125,20 +127,24 @@ def render_pass(big: Sequence[tuple[str, DataType]], kept: Sequence[str],
     L += ["                for (; j < run; ++j, l = (l + 1) & (OPG_LANES - 1)) {"]
     L += [pad + "    " + s for s in _scalar(big, live, sums, lambda i: f"b{i}[p{i} + (t0 + j) * s{i}]")]
     L += ["                }", "            }", "            r += run;", "        }",
-          f"        for (int s = 0; s < {S}; ++s) for (int l = 0; l < OPG_LANES; ++l)",
-          "            lanes[((s * K + k) * nblocks + blk) * OPG_LANES + l] = acc[s][l];",
-          "    }",
-          "    #pragma omp for schedule(static)",
-          f"    for (int64_t sk = 0; sk < {S} * K; ++sk) {{",
-          "        float *const a = lanes + sk * nblocks * OPG_LANES;",
-          "        for (int64_t blk = 0; blk < nblocks; ++blk) {",
-          "            const int64_t len = R - blk * OPG_BLOCK < OPG_BLOCK ? R - blk * OPG_BLOCK : OPG_BLOCK;",
-          "            opg_fold(a + blk * OPG_LANES, len < OPG_LANES ? len : OPG_LANES, 1);",
+          "        const int64_t len = r1 - blk * OPG_BLOCK;",
+          f"        for (int s = 0; s < {S}; ++s) {{",
+          "            opg_fold(acc[s], len < OPG_LANES ? len : OPG_LANES, 1);",
+          "            c->blocks[(s * K + k) * nblocks + blk] = acc[s][0];",
           "        }",
-          "        opg_fold(a, nblocks, OPG_LANES);",
-          "        out[sk] = a[0];",
+          "    }", "}", "",
+          "void opg_kernel(int64_t K, int64_t R, int64_t nr, const int64_t *rshape,",
+          "                void *const *ptrs, const int64_t *koff, const int64_t *rstr,",
+          "                float *blocks, int64_t nblocks, float *out, opg_run run)", "{",
+          "    const struct opg_rctx c = {K, R, nr, nblocks, rshape, koff, rstr, ptrs, blocks};",
+          "    const int64_t work = K * nblocks;",
+          f"    if (run == 0 || work < 2 || K * R < {PARALLEL_MIN}) opg_items((void *)&c, 0, work);",
+          "    else run(opg_items, (void *)&c, work, 1);",
+          f"    for (int64_t sk = 0; sk < {S} * K; ++sk) {{",
+          "        opg_fold(blocks + sk * nblocks, nblocks, 1);",
+          "        out[sk] = blocks[sk * nblocks];",
           "    }",
-          "    }", "}", ""]
+          "}", ""]
     return "\n".join(L)
 
 
