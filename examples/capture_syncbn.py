@@ -27,17 +27,24 @@ from opgraph.capture import all_gather, all_reduce
 EPS, MOMENTUM = 1e-5, 0.1
 
 
-def step(shape: Sequence[int] = (8, 16, 14, 14), dtype: Any = np.float32, seed: int = 0,
-         group: str = "local", world: int = 1) -> dict[str, np.ndarray]:
-    """One forward + backward of SyncBatchNorm on this rank's batch ``x`` [N, C, ...] with
-    upstream gradient ``dy`` (both random); ``world`` ranks of ``count`` samples each."""
+def make_inputs(shape: Sequence[int] = (8, 16, 14, 14), dtype: Any = np.float32,
+                seed: int = 0) -> dict[str, np.ndarray]:
+    """Random x and dy [N, C, ...], weight, bias, running mean and var [C]."""
     rng = np.random.default_rng(seed)
-    x = rng.standard_normal(shape).astype(dtype)
-    dy = rng.standard_normal(shape).astype(dtype)
     C = shape[1]
-    weight, bias = np.ones(C, np.float32) * 1.5, np.full(C, 0.25, np.float32)
-    running_mean, running_var = np.zeros(C, np.float32), np.ones(C, np.float32)
-    count = x.size // C
+    return {"x": (rng.standard_normal(shape) * 2 + 0.5).astype(dtype),
+            "dy": rng.standard_normal(shape).astype(dtype),
+            "weight": rng.uniform(0.5, 2, C).astype(np.float32),
+            "bias": rng.uniform(-1, 1, C).astype(np.float32),
+            "running_mean": np.zeros(C, np.float32), "running_var": np.ones(C, np.float32)}
+
+
+def step_on(x: np.ndarray, dy: np.ndarray, weight: np.ndarray, bias: np.ndarray,
+            running_mean: np.ndarray, running_var: np.ndarray, group: str = "local",
+            world: int = 1) -> dict[str, np.ndarray]:
+    """One forward + backward of SyncBatchNorm on this rank's batch ``x`` with upstream gradient
+    ``dy``, over ``world`` ranks of as many samples each; running stats updated in place."""
+    count = x.size // x.shape[1]
     counts = np.full(world, count, np.float32)
     # forward: statistics, exchange, global statistics, normalise
     mean, invstd = batch_norm_stats(x, EPS)
@@ -53,6 +60,12 @@ def step(shape: Sequence[int] = (8, 16, 14, 14), dtype: Any = np.float32, seed: 
                                            np.full(world, count, np.int32))
     return {"y": y, "grad_input": grad_input, "grad_weight": grad_weight, "grad_bias": grad_bias,
             "running_mean": running_mean, "running_var": running_var}
+
+
+def step(shape: Sequence[int] = (8, 16, 14, 14), dtype: Any = np.float32, seed: int = 0,
+         group: str = "local", world: int = 1) -> dict[str, np.ndarray]:
+    """:func:`step_on` on :func:`make_inputs`."""
+    return step_on(**make_inputs(shape, dtype, seed), group=group, world=world)
 
 
 def main(argv: "Sequence[str] | None" = None) -> None:

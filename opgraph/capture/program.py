@@ -28,14 +28,21 @@ from opgraph.core.platform import Platform
 from opgraph.core.tensor import Tensor, tensor
 from opgraph.passes import optimize
 from opgraph.passes.program import optimize_program
-from opgraph.passes.stats import node_traffic
 from .recorder import CaptureError
+
+
+def traffic(node) -> int:
+    """Bytes a launched node reads and writes: its operands (at their real size) and results; a
+    written operand (a store's destination) counts once, as the result written into it."""
+    written = set(node.opdef.written(node))
+    return (sum(v.type.nbytes for k, v in enumerate(node.inputs) if k not in written)
+            + sum(v.type.nbytes for v in node.outputs))
 
 
 @dataclass(frozen=True)
 class ProgramStats:
     """Kernel launches (collectives apart), collectives, bytes the launched kernels read and
-    write, nodes and workspace of a graph."""
+    write (:func:`traffic`), nodes and workspace of a graph."""
 
     nodes: int
     launches: int
@@ -48,7 +55,7 @@ class ProgramStats:
         launched = [n for g in graphs for n in g.nodes if not n.opdef.is_free(n)]
         kernels = [n for n in launched if not is_collective(n)]
         return cls(sum(len(g.nodes) for g in graphs), len(kernels), len(launched) - len(kernels),
-                   sum(node_traffic(n) for n in kernels),
+                   sum(traffic(n) for n in kernels),
                    max((plan_memory(g).size for g in graphs), default=0))
 
 
@@ -167,8 +174,8 @@ class Program:
         if "compiled" not in self.__dict__:
             return "<Program (capturing)>"
         s = self.stats()
-        return (f"<Program of {len(self.calls)} calls: level {self.level}, {s.launches} launches + "
+        return (f"<Program of {len(self.calls)} op_api calls: level {self.level}, {s.launches} launches + "
                 f"{s.collectives} collectives, inputs {', '.join(self.inputs)}>")
 
 
-__all__ = ["Program", "ProgramStats", "check_schedule"]
+__all__ = ["Program", "ProgramStats", "check_schedule", "traffic"]

@@ -71,6 +71,11 @@ def forward(ctx: Any, input: Tensor, weight: Optional[Tensor], bias: Optional[Te
     """SyncBatchNormFunction.forward in a capture (the arguments already prepared by it)."""
     C = input.shape[1]
     per_channel = input.numel() // C
+    for name, p in (("weight", weight), ("bias", bias)):
+        if p is not None and p.requires_grad and p.dtype != torch.float32:
+            raise CaptureError(f"SyncBatchNorm in a capture: {name} is {p.dtype}; its gradient "
+                               "is float32 and autograd would convert it outside the program "
+                               "(keep the layer's parameters float32, e.g. with autocast)")
     counts = torch.full((1,), per_channel, dtype=torch.float32)
     rows = [torch.empty_like(counts) for _ in range(world_size)]
     dist.all_gather(rows, counts, process_group)  # shapes only, once, when capturing
