@@ -17,6 +17,7 @@ from .core import (AclnnError, Backend, BackendUnavailable, DataType, Executor, 
                    tensor, use_backend)
 import l0ops  # noqa: E402,F401  (registers the l0 ops)
 from . import passes, aclnn, ops, testing  # noqa: E402
+from .capture import Program, capture  # noqa: E402  (the function shadows the package name)
 
 __version__ = "0.2.0"
 
@@ -25,5 +26,6 @@ __all__ = [
     "Platform", "get_platform", "platform", "set_platform", "Tensor", "is_contiguous", "tensor",
     "Graph", "GraphError", "Node", "TensorType", "Value", "Executor", "Backend",
     "BackendUnavailable", "get_backend_name", "get_opt_level", "opt_level", "set_backend",
-    "set_opt_level", "use_backend", "aclnn", "ops", "passes", "testing", "__version__",
+    "set_opt_level", "use_backend", "aclnn", "ops", "passes", "testing", "capture", "Program",
+    "__version__",
 ]

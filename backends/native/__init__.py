@@ -29,12 +29,13 @@ import numpy as np
 from l0ops.primitives import FusedAttrs, Hoisted
 from opgraph.core.backend import LoweringTable
 from ..numpy_backend import NUMPY_LOWERINGS, NumpyBackend
-from . import build, render
+from . import build, render, team
 from .build import NativeBuildError, availability
 from .reduce import run_fused_reduce_native
 from .render import Unsupported
 
-_ARGTYPES = [ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+_ARGTYPES = [ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
+             ctypes.c_void_p]
 
 
 def available() -> bool:
@@ -73,40 +74,92 @@ def collapse(shape: Sequence[int], strides: Sequence[Sequence[int]]) -> tuple[li
     return out_shape, out_st
 
 
-def _check_out(a: FusedAttrs, out: np.ndarray, inputs: Sequence[np.ndarray]) -> None:
-    if out.shape != tuple(a.shape) or out.dtype != a.out_dtype.np or not out.flags.writeable:
-        raise Unsupported("the store destination is not a writeable array of the result type")
-    for x in inputs:
-        if np.may_share_memory(x, out) and not (
-                x.__array_interface__["data"][0] == out.__array_interface__["data"][0]
-                and x.strides == out.strides and x.shape == out.shape):
-            raise Unsupported("the output partly overlaps an input")
+class _Launch:
+    """What a kernel call needs that depends only on the operands' dtypes and layouts: the
+    kernel, the hoisted registers it reads, the collapsed shape and strides (C arrays), and per
+    operand the byte extent it reads and whether it has the output's exact layout."""
+
+    __slots__ = ("attrs", "fn", "big", "hoisted", "h_strides", "ndim", "shape", "strides", "ptrs",
+                 "extents", "same", "out_extent", "empty")
+
+    def __init__(self, a: FusedAttrs, h: Hoisted, inputs: Sequence[np.ndarray], out: np.ndarray):
+        p = render.plan(a, h)
+        full = tuple(a.shape)
+        if out.shape != full or out.dtype != a.out_dtype.np:
+            raise Unsupported("the store destination is not a writeable array of the result type")
+        big = [h.big[r] for r, _ in p.big]
+        hv = [_as_f32(h.values[r]) for r in p.hoisted]
+        operands = big + [np.broadcast_to(v, full) for v in hv] + [out]
+        self.attrs, self.big, self.hoisted = a, tuple(r for r, _ in p.big), p.hoisted
+        self.empty = math.prod(full) == 0
+        self.h_strides = tuple(v.strides for v in hv)
+        shape, strides = collapse(full, [_element_strides(x) for x in operands])
+        self.ndim, self.ptrs = len(shape), ctypes.c_void_p * len(operands)
+        self.shape = (ctypes.c_int64 * len(shape))(*shape)
+        self.strides = (ctypes.c_int64 * (len(shape) * len(operands)))(*sum(strides, []))
+        self.extents = [_extent(x) for x in big + hv]
+        self.out_extent = _extent(out)
+        self.same = [x.shape == out.shape and x.strides == out.strides for x in big + hv]
+        fn = build.load(render.render(p)).fn
+        if fn.argtypes is None:
+            fn.argtypes, fn.restype = _ARGTYPES, None
+        self.fn = fn
+
+
+def _as_f32(v: Any) -> np.ndarray:
+    return v if type(v) is np.ndarray and v.dtype == np.float32 else np.asarray(v, np.float32)
+
+
+def _extent(x: np.ndarray) -> tuple[int, int]:
+    """Byte offsets [lo, hi) around the data pointer that ``x`` touches (empty: (0, 0))."""
+    if x.size == 0:
+        return 0, 0
+    lo = sum((n - 1) * s for n, s in zip(x.shape, x.strides) if s < 0)
+    hi = sum((n - 1) * s for n, s in zip(x.shape, x.strides) if s > 0) + x.itemsize
+    return lo, hi
+
+
+_LAUNCHES: dict[tuple, _Launch] = {}
+
+
+def _launch(a: FusedAttrs, h: Hoisted, inputs: Sequence[np.ndarray], out: np.ndarray) -> _Launch:
+    """The cached :class:`_Launch` for these operands' dtypes and layouts (built on a miss)."""
+    key = (id(a), out.dtype, out.shape, out.strides) + tuple(
+        (x.dtype, x.shape, x.strides) for x in inputs)
+    ln = _LAUNCHES.get(key)
+    if ln is None or ln.attrs is not a:
+        ln = _Launch(a, h, inputs, out)
+        if len(_LAUNCHES) >= 1024:
+            _LAUNCHES.clear()
+        _LAUNCHES[key] = ln
+    return ln
 
 
 def run_fused_native(a: FusedAttrs, inputs: Sequence[np.ndarray],
                      out: Optional[np.ndarray] = None) -> np.ndarray:
     """Like :func:`l0ops.primitives.run_fused`, as a compiled kernel (bit-identical results).
-    Raises :class:`Unsupported` for a body it does not render."""
+    Raises :class:`Unsupported` for a body it does not render or an output that partly overlaps
+    an input the kernel reads. Everything but the per-channel values and the data pointers is
+    prepared once per (body, operand layouts)."""
     h = Hoisted(a, inputs)
-    p = render.plan(a, h)
-    full = tuple(a.shape)
     if out is None:
-        out = np.empty(full, a.out_dtype.np)
-    _check_out(a, out, inputs)
-    if math.prod(full) == 0:
+        out = np.empty(tuple(a.shape), a.out_dtype.np)
+    if not out.flags.writeable:
+        raise Unsupported("the store destination is not a writeable array of the result type")
+    ln = _launch(a, h, inputs, out)
+    hv = [_as_f32(h.values[r]) for r in ln.hoisted]
+    if tuple(v.strides for v in hv) != ln.h_strides:  # not seen so far; prepared afresh
+        ln = _Launch(a, h, inputs, out)
+    if ln.empty:
         return out
-    operands = [h.big[r] for r, _ in p.big]
-    operands += [np.broadcast_to(np.asarray(h.values[r], np.float32), full) for r in p.hoisted]
-    operands.append(out)
-    shape, strides = collapse(full, [_element_strides(x) for x in operands])
-    kernel = build.load(render.render(p))
-    fn = kernel.fn
-    if fn.argtypes is None:
-        fn.argtypes, fn.restype = _ARGTYPES, None
-    c_shape = np.asarray(shape, np.int64)
-    c_ptrs = np.asarray([x.__array_interface__["data"][0] for x in operands], np.uintp)
-    c_strides = np.asarray(strides, np.int64).reshape(-1)
-    fn(len(shape), c_shape.ctypes.data, c_ptrs.ctypes.data, c_strides.ctypes.data, render.BLOCK)
+    addrs = [h.big[r].ctypes.data for r in ln.big] + [v.ctypes.data for v in hv]
+    o = out.ctypes.data
+    o_lo, o_hi = o + ln.out_extent[0], o + ln.out_extent[1]
+    for x, (lo, hi), same in zip(addrs, ln.extents, ln.same):
+        if x + lo < o_hi and o_lo < x + hi and not (same and x == o):
+            raise Unsupported("the output partly overlaps an input")
+    addrs.append(o)
+    ln.fn(ln.ndim, ln.shape, ln.ptrs(*addrs), ln.strides, render.BLOCK, team.runner())
     return out
 
 

@@ -62,7 +62,7 @@ _DELETE_ORDER = {"so": 0, "cmd": 1, "c": 2}  # the library first: no .so is left
 
 stats = {"compiles": 0, "disk_hits": 0, "memory_hits": 0}  # counters, for tests and benchmarks
 _LOCK = threading.Lock()
-_LOADED: dict[str, "Kernel"] = {}
+_LOADED: dict[str, tuple[ctypes.CDLL, Path]] = {}  # cache key -> (library, its path)
 _PROBED: dict[str, tuple[str, ...]] = {}
 
 
@@ -75,10 +75,11 @@ class NativeBuildError(RuntimeError):
 class Kernel:
     """A loaded kernel: the ctypes function plus where it came from."""
 
-    fn: Any               # the ctypes function opg_kernel
+    fn: Any               # the ctypes function (``symbol`` of :func:`load`, opg_kernel by default)
     name: str             # cache key (sha256 hex)
     library: Path
     source: Path
+    handle: Any = None    # the loaded ctypes.CDLL (other symbols of the same library)
 
 
 _FOUND: dict[tuple, tuple[Optional[str], list[str]]] = {}
@@ -351,7 +352,7 @@ def _load(source: str, extra: Sequence[str], symbol: str) -> Kernel:
         hit = _LOADED.get(key)
         if hit is not None:
             stats["memory_hits"] += 1
-            return hit
+            return Kernel(getattr(hit[0], symbol), key, hit[1], hit[1].with_suffix(".c"), hit[0])
         limit = cache_limit()
         lib = private_dir() / f"k_{key}.so"
         handle = _open_cached(lib)
@@ -360,9 +361,8 @@ def _load(source: str, extra: Sequence[str], symbol: str) -> Kernel:
         else:
             handle = compile_source(source, lib, cc, extra)
             evict(limit, lib.parent)
-        kernel = Kernel(getattr(handle, symbol), key, lib, lib.with_suffix(".c"))
-        _LOADED[key] = kernel
-        return kernel
+        _LOADED[key] = (handle, lib)
+        return Kernel(getattr(handle, symbol), key, lib, lib.with_suffix(".c"), handle)
 
 
 def forget() -> None:

@@ -1,12 +1,13 @@
-"""FusedReduce on the native backend: the reductions run as compiled C (OpenMP over channels ×
-blocks), bit-identical to numpy and the same for any thread count.
+"""FusedReduce on the native backend: the reductions run as compiled C (kept index × block on
+the thread team, vectorised lanes), bit-identical to numpy and the same for any thread count.
 
 A reduction pass computes the per-element instructions its sums need and adds them into the 64
-lane accumulators of each (kept index, block) — the order of :mod:`l0ops.ordered`; every work
-item owns its lanes, so threads never race and never change the order. numpy then folds the
-lanes and blocks (a few values per channel) with the same :func:`~l0ops.ordered.tree_fold`, and
-runs the per-channel instructions between passes (a variance's mean, the epilogue). Sums that
-need only inputs and finished per-channel values share one pass over the data.
+lane accumulators of each (kept index, block) — the order of :mod:`l0ops.ordered` — then folds
+the lanes and blocks with the same tree (:mod:`.reduce_c`). numpy runs the per-channel
+instructions between passes (a variance's mean, the epilogue). Sums that need only inputs and
+finished per-channel values share one pass over the data. Everything that depends only on the
+operands' dtypes, shapes and strides (which registers are per element, the passes, their C
+kernels, offsets and strides) is planned once per FusedReduce and reused.
 
     >>> import numpy as np
     >>> from l0ops.fused_reduce import FusedReduceAttrs, Instr
@@ -23,73 +24,57 @@ from __future__ import annotations
 
 import ctypes
 import math
-from typing import Sequence
+import threading
+from dataclasses import dataclass
+from typing import Any, Sequence
 
 import numpy as np
 
 from l0ops.fused_reduce import FusedReduceAttrs
-from l0ops.ordered import BLOCK, LANES, tree_fold
+from l0ops.ordered import BLOCK
 from l0ops.primitives import Instr, body_types, cast_array, compile_instr
 from opgraph.core.dtypes import DataType, dtype_of
 from opgraph.core.types import TensorType
-from . import build
-from .render import C_OP, C_TYPE, FLOATS, HELPERS, LOAD, ROUND, Unsupported
+from . import build, team
+from .reduce_c import render_pass
+from .render import C_OP, FLOATS, Unsupported
 
 _ARGTYPES = [ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
-             ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+             ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
+             ctypes.c_void_p]
+_NARROW = (DataType.FLOAT16, DataType.BF16)
 
 
-def render_pass(big: Sequence[tuple[str, DataType]], kept: Sequence[str],
-                live: Sequence[tuple[str, Instr]], sums: Sequence[str]) -> str:
-    """C for one pass: ``opg_kernel(K, R, nr, rshape, ptrs, koff, rstr, lanes, nblocks)``.
+@dataclass
+class _Pass:
+    """One C sweep: the sums ``batch`` (body indices) over the big inputs ``big`` (input
+    indices), reading the per-kept registers ``kept``."""
 
-    ptrs: big inputs, then per-kept float32 registers ([K] each); koff[i*K + k]: element offset of
-    big input i at kept index k; rstr[i*nr + d]: its stride along reduced dim d; lanes:
-    float[len(sums)][K][nblocks][64]."""
-    nb, S = len(big), len(sums)
-    body = []
-    for i, (r, d) in enumerate(big):
-        body.append(f"const float r_{r} = {LOAD[d].format(f'b{i}[o{i}]')};")
-    for dst, ins in live:
-        args = [f"r_{x}" for x in ins.args]
-        expr = args[0] if ins.op == "cast" else f" {C_OP[ins.op]} ".join(args)
-        body.append(f"const float r_{dst} = {ROUND[ins.dtype].format(expr)};")
-    lines = [HELPERS, "void opg_kernel(int64_t K, int64_t R, int64_t nr, const int64_t *rshape,",
-             "                void *const *ptrs, const int64_t *koff, const int64_t *rstr,",
-             "                float *lanes, int64_t nblocks)", "{"]
-    for i, (_, d) in enumerate(big):
-        lines.append(f"    const {C_TYPE[d]} *const b{i} = (const {C_TYPE[d]} *)ptrs[{i}];")
-    for j, _ in enumerate(kept):
-        lines.append(f"    const float *const h{j} = (const float *)ptrs[{nb + j}];")
-    lines += ["    const int64_t inner = rshape[nr - 1];",
-              "    #pragma omp parallel for schedule(dynamic, 1) if (K * nblocks > 1 && K * R >= 32768)",
-              "    for (int64_t w = 0; w < K * nblocks; ++w) {",
-              "        const int64_t k = w / nblocks, blk = w % nblocks;",
-              f"        float acc[{max(S, 1)}][64];",
-              f"        for (int s = 0; s < {S}; ++s) for (int l = 0; l < 64; ++l) acc[s][l] = -0.0f;",
-              f"        const int64_t r1 = (blk + 1) * {BLOCK} < R ? (blk + 1) * {BLOCK} : R;"]
-    lines += [f"        const float r_{r} = h{j}[k];" for j, r in enumerate(kept)]
-    lines += [f"        int64_t r = blk * {BLOCK};",
-              "        while (r < r1) {",
-              "            int64_t rest = r / inner, t0 = r % inner;",
-              f"            int64_t {', '.join(f'p{i} = koff[{i} * K + k]' for i in range(nb)) or 'unused = 0'};",
-              "            for (int64_t d = nr - 2; d >= 0; --d) {",
-              "                const int64_t idx = rest % rshape[d];",
-              "                rest /= rshape[d];",
-              "                " + " ".join(f"p{i} += idx * rstr[{i} * nr + d];" for i in range(nb)),
-              "            }",
-              "            const int64_t run = inner - t0 < r1 - r ? inner - t0 : r1 - r;"]
-    lines += [f"            const int64_t q{i} = rstr[{i} * nr + nr - 1];" for i in range(nb)]
-    lines += ["            for (int64_t t = 0; t < run; ++t) {"]
-    lines += [f"                const int64_t o{i} = p{i} + (t0 + t) * q{i};" for i in range(nb)]
-    lines += ["                " + s for s in body]
-    lines += ["                const int l = (int)((r + t) & 63);"]
-    lines += [f"                acc[{s}][l] += r_{x};" for s, x in enumerate(sums)]
-    lines += ["            }", "            r += run;", "        }"]
-    lines += [f"        for (int s = 0; s < {S}; ++s) for (int l = 0; l < 64; ++l)",
-              "            lanes[((s * K + k) * nblocks + blk) * 64 + l] = acc[s][l];",
-              "    }", "}", ""]
-    return "\n".join(lines)
+    batch: tuple[int, ...]
+    big: tuple[int, ...]
+    kept: tuple[str, ...]
+    fn: Any
+    rshape: np.ndarray
+    koff: np.ndarray
+    rstr: np.ndarray
+
+
+@dataclass
+class _Plan:
+    """A FusedReduce planned for its operands: ``steps`` are ("instr", name, fn, args) run in
+    numpy on per-channel values, or ("pass", _Pass)."""
+
+    steps: list
+    small: list[tuple[int, bool]]   # per-channel inputs (index, f16/bf16 to widen)
+    types: dict
+    K: int
+    R: int
+    kept_view: tuple[int, ...]      # kept registers broadcast to this shape, then flattened
+
+
+_PLANS: dict = {}
+_PLANS_LOCK = threading.Lock()
+_MAX_PLANS = 256
 
 
 def _closure(body: Sequence[Instr], reg: str, full: set[str]) -> list[int]:
@@ -103,19 +88,48 @@ def _closure(body: Sequence[Instr], reg: str, full: set[str]) -> list[int]:
     return sorted(need)
 
 
-def run_fused_reduce_native(a: FusedReduceAttrs, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
-    """The results of ``a`` on ``inputs``; :class:`Unsupported` for bodies the C pass does not
-    cover (full-size results, reductions over different axes, non-float data)."""
-    in_types = [TensorType(np.shape(x), dtype_of(np.asarray(x).dtype)) for x in inputs]
+def _reads(body: Sequence[Instr], j: int, full: set[str]) -> set[str]:
+    """The registers the C pass for sum ``j`` reads: its argument and its closure's operands."""
+    return {r for i in _closure(body, body[j].args[0], full) for r in body[i].args} | {body[j].args[0]}
+
+
+def collapse_reduced(shape: Sequence[int], strides: Sequence[Sequence[int]]) -> tuple[list[int], list[list[int]]]:
+    """Drop size-1 reduced dims and merge neighbours every operand walks contiguously (the
+    row-major index, hence the summation order, is unchanged).
+
+    >>> collapse_reduced((32, 56, 56), [[200704, 56, 1]])
+    ([32, 3136], [[200704, 1]])
+    """
+    out_shape: list[int] = []
+    out_st: list[list[int]] = [[] for _ in strides]
+    for d, n in enumerate(shape):
+        if n == 1:
+            continue
+        if out_shape and all(st[-1] == s[d] * n for st, s in zip(out_st, strides)):
+            out_shape[-1] *= n
+            for st, s in zip(out_st, strides):
+                st[-1] = s[d]
+            continue
+        out_shape.append(n)
+        for st, s in zip(out_st, strides):
+            st.append(s[d])
+    if not out_shape:
+        return [1], [[0] for _ in strides]
+    return out_shape, out_st
+
+
+def _plan(a: FusedReduceAttrs, inputs: Sequence[np.ndarray]) -> _Plan:
+    in_types = [TensorType(x.shape, dtype_of(x.dtype)) for x in inputs]
     types = body_types(a.body, in_types)
-    sums = [(k, ins) for k, ins in enumerate(a.body) if ins.op == "sum" and ins.shape is not None]
+    sums = [k for k, ins in enumerate(a.body) if ins.op == "sum" and ins.shape is not None]
     if not sums:
         raise Unsupported("no partial reduction")
+
     def summed(ins: Instr) -> tuple[int, ...]:
         return tuple(ins.over) if ins.over is not None else types[ins.args[0]][1]
-    full_shape = summed(sums[0][1])
-    kept_shape = tuple(sums[0][1].shape)
-    if any(summed(ins) != full_shape or tuple(ins.shape) != kept_shape for _, ins in sums):
+    full_shape = summed(a.body[sums[0]])
+    kept_shape = tuple(a.body[sums[0]].shape)
+    if any(summed(a.body[k]) != full_shape or tuple(a.body[k].shape) != kept_shape for k in sums):
         raise Unsupported("reductions over different shapes")
     raxes = [d for d, (n, o) in enumerate(zip(full_shape, kept_shape)) if n != o]
     full = {r for r, (_, s) in types.items()
@@ -123,38 +137,34 @@ def run_fused_reduce_native(a: FusedReduceAttrs, inputs: Sequence[np.ndarray]) -
     if any(r in full for r in a.results):
         raise Unsupported("a full-size result")
     K, R = math.prod(kept_shape), math.prod(full_shape[d] for d in raxes)
-    values: dict[str, np.ndarray] = {}
-    for k, x in enumerate(inputs):
-        d = in_types[k].dtype
-        values[f"in{k}"] = np.asarray(x).astype(np.float32) if d in (DataType.FLOAT16, DataType.BF16) \
-            else np.asarray(x)
+    if R == 0 or K == 0:
+        raise Unsupported("an empty reduction")
+    small = [(k, t.dtype in _NARROW) for k, t in enumerate(in_types) if f"in{k}" not in full]
+    ready = {f"in{k}" for k, _ in small}
+    steps: list = []
     done: set[int] = set()
     for k, ins in enumerate(a.body):
         name = f"t{k}"
         if name in full and ins.op != "sum":
             continue  # computed inside a C pass
-        if ins.op == "sum" and ins.shape is not None:
+        if k in sums:
             if k not in done:  # this pass also takes every later sum whose inputs are ready
-                batch = [j for j, _ in sums if j not in done
-                         and all(r in values for r in _reads(a.body, j, full) if r not in full)]
-                _run_pass(a.body, batch, full, values, types, inputs, full_shape, raxes, K, R)
+                batch = [j for j in sums if j not in done
+                         and all(r in ready for r in _reads(a.body, j, full) if r not in full)]
+                steps.append(("pass", _make_pass(a.body, batch, full, types, inputs, full_shape,
+                                                 raxes, K)))
                 done.update(batch)
+                ready.update(f"t{j}" for j in batch)
             continue
-        values[name] = compile_instr(ins, types)(*[values[r] for r in ins.args])
-    out = []
-    for r, shape in zip(a.results, a.out_shapes):
-        v = np.broadcast_to(cast_array(values[r].astype(types[r][0].np), types[r][0]), types[r][1])
-        out.append(v.reshape(shape) if v.size == math.prod(shape) else np.array(np.broadcast_to(v, shape)))
-    return out
+        if any(r in full for r in ins.args):
+            raise Unsupported(f"{ins.render(name)} reads per-element data")
+        steps.append(("instr", name, compile_instr(ins, types), ins.args))
+        ready.add(name)
+    kept_view = tuple(1 if d in raxes else n for d, n in enumerate(full_shape))
+    return _Plan(steps, small, types, K, R, kept_view)
 
 
-def _reads(body: Sequence[Instr], j: int, full: set[str]) -> set[str]:
-    """The registers the C pass for sum ``j`` reads: its argument and its closure's operands."""
-    return {r for i in _closure(body, body[j].args[0], full) for r in body[i].args} | {body[j].args[0]}
-
-
-def _run_pass(body, batch, full, values, types, inputs, full_shape, raxes, K, R) -> None:
-    """One C pass over the data computing the sums ``batch``; stores their folded values."""
+def _make_pass(body, batch, full, types, inputs, full_shape, raxes, K) -> _Pass:
     live_idx = sorted({i for j in batch for i in _closure(body, body[j].args[0], full)})
     regs_used = set().union(*(_reads(body, j, full) for j in batch))
     big = sorted((r for r in regs_used if r.startswith("in") and r in full), key=lambda r: int(r[2:]))
@@ -163,42 +173,87 @@ def _run_pass(body, batch, full, values, types, inputs, full_shape, raxes, K, R)
         ins = body[i]
         if ins.op not in C_OP and ins.op != "cast" or ins.dtype not in FLOATS:
             raise Unsupported(f"{ins.render(f't{i}')} per element")
-    if any(types[r][0] not in FLOATS for r in big) or not all(r in values for r in kept):
-        raise Unsupported("operand dtype or order")
+    if any(types[r][0] not in FLOATS for r in big + kept) or any(body[j].dtype not in FLOATS for j in batch):
+        raise Unsupported("operand dtype")
     kdims = [d for d in range(len(full_shape)) if d not in raxes]
     kshape = tuple(full_shape[d] for d in kdims)
-    arrays = [np.asarray(inputs[int(r[2:])]) for r in big]
     koff = np.zeros((max(len(big), 1), K), np.int64)
-    rstr = np.zeros((max(len(big), 1), len(raxes)), np.int64)
-    for i, x in enumerate(arrays):
-        xb = np.broadcast_to(x, full_shape)
+    rst = []
+    for i, r in enumerate(big):
+        xb = np.broadcast_to(inputs[int(r[2:])], full_shape)
         if any(s % xb.itemsize for s in xb.strides):
             raise Unsupported("strides not in whole elements")
         st = [s // xb.itemsize for s in xb.strides]
         grid = np.indices(kshape).reshape(len(kdims), -1) if kdims else np.zeros((0, 1), np.int64)
         koff[i] = sum(grid[j] * st[d] for j, d in enumerate(kdims)) if kdims else 0
-        rstr[i] = [st[d] for d in raxes]
-    kept_arrays = [np.ascontiguousarray(np.broadcast_to(values[r], tuple(
-        1 if d in raxes else n for d, n in enumerate(full_shape))).reshape(K), np.float32) for r in kept]
-    nblocks = -(-R // BLOCK)
-    lanes = np.empty((len(batch), K, nblocks, LANES), np.float32)
+        rst.append([st[d] for d in raxes])
+    rshape, rstr = collapse_reduced([full_shape[d] for d in raxes], rst or [[0] * len(raxes)])
     src = render_pass([(r, types[r][0]) for r in big], kept,
                       [(f"t{i}", body[i]) for i in live_idx], [body[j].args[0] for j in batch])
     fn = build.load(src).fn
     if fn.argtypes is None:
         fn.argtypes, fn.restype = _ARGTYPES, None
-    ptrs = np.asarray([x.__array_interface__["data"][0] for x in arrays + kept_arrays], np.uintp)
-    rshape = np.asarray([full_shape[d] for d in raxes], np.int64)
-    fn(K, R, len(raxes), rshape.ctypes.data, ptrs.ctypes.data, koff.ctypes.data, rstr.ctypes.data,
-       lanes.ctypes.data, nblocks)
-    last = R - (nblocks - 1) * BLOCK
-    for s, j in enumerate(batch):
-        per_block = np.empty((K, nblocks), np.float32)
-        if nblocks > 1:
-            per_block[:, :-1] = tree_fold(lanes[s, :, :-1, :])
-        per_block[:, -1] = tree_fold(lanes[s, :, -1, :min(LANES, last)])
-        total = tree_fold(per_block)
-        ins = body[j]
-        d = ins.dtype
-        total = total.astype(d.np) if d in (DataType.FLOAT16, DataType.BF16) else total
-        values[f"t{j}"] = np.asarray(total, np.float32 if d in FLOATS else d.np).reshape(ins.shape)
+    return _Pass(tuple(batch), tuple(int(r[2:]) for r in big), tuple(kept), fn,
+                 np.asarray(rshape, np.int64), koff, np.ascontiguousarray(rstr, np.int64).reshape(-1))
+
+
+def plan_for(a: FusedReduceAttrs, inputs: Sequence[np.ndarray]) -> _Plan:
+    """The cached plan of ``a`` for operands of these dtypes, shapes and strides."""
+    key = (id(a),) + tuple((x.dtype, x.shape, x.strides) for x in inputs)
+    hit = _PLANS.get(key)
+    if hit is not None and hit[0] is a:
+        return hit[1]
+    plan = _plan(a, inputs)
+    with _PLANS_LOCK:
+        if len(_PLANS) >= _MAX_PLANS:
+            _PLANS.clear()
+        _PLANS[key] = (a, plan)
+    return plan
+
+
+def _address(x: np.ndarray) -> int:
+    return x.__array_interface__["data"][0]
+
+
+def _run_pass(p: _Pass, plan: _Plan, inputs: Sequence[np.ndarray], values: dict) -> None:
+    """One C sweep; stores the folded sums of ``p.batch`` into ``values``."""
+    K, R = plan.K, plan.R
+    kept = [np.ascontiguousarray(np.broadcast_to(values[r], plan.kept_view).reshape(K), np.float32)
+            for r in p.kept]
+    nblocks = -(-R // BLOCK)
+    S = len(p.batch)
+    blocks = np.empty(S * K * nblocks, np.float32)
+    out = np.empty((S, K), np.float32)
+    ptrs = (ctypes.c_void_p * (len(p.big) + len(kept)))(
+        *[_address(np.asarray(inputs[i])) for i in p.big], *[_address(x) for x in kept])
+    p.fn(K, R, len(p.rshape), p.rshape.ctypes.data, ptrs, p.koff.ctypes.data, p.rstr.ctypes.data,
+         blocks.ctypes.data, nblocks, out.ctypes.data, team.runner())
+    for s, j in enumerate(p.batch):
+        d = plan.types[f"t{j}"][0]
+        total = out[s].astype(d.np).astype(np.float32) if d in _NARROW else out[s]
+        values[f"t{j}"] = total.reshape(plan.types[f"t{j}"][1])
+
+
+def run_fused_reduce_native(a: FusedReduceAttrs, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """The results of ``a`` on ``inputs``; :class:`Unsupported` for bodies the C pass does not
+    cover (full-size results, reductions over different shapes, non-float data)."""
+    inputs = [np.asarray(x) for x in inputs]
+    plan = plan_for(a, inputs)
+    values: dict[str, np.ndarray] = {}
+    for k, narrow in plan.small:
+        values[f"in{k}"] = inputs[k].astype(np.float32) if narrow else inputs[k]
+    for step in plan.steps:
+        if step[0] == "pass":
+            _run_pass(step[1], plan, inputs, values)
+        else:
+            _, name, fn, args = step
+            values[name] = fn(*[values[r] for r in args])
+    out = []
+    types = plan.types
+    for r, shape in zip(a.results, a.out_shapes):
+        v = np.broadcast_to(cast_array(values[r].astype(types[r][0].np), types[r][0]), types[r][1])
+        out.append(v.reshape(shape) if v.size == math.prod(shape) else np.array(np.broadcast_to(v, shape)))
+    return out
+
+
+__all__ = ["collapse_reduced", "plan_for", "run_fused_reduce_native"]

@@ -9,9 +9,10 @@ turns the plan into C source. The kernel makes one pass over the data:
 * operands are the ``big`` full-size inputs (f32 / f16 / bf16 at any element strides), the
   hoisted registers the live instructions read (float32, stride 0 on broadcast dims) and the
   output (any element strides);
-* the iteration space is collapsed by the caller; the kernel runs an OpenMP-parallel loop over
-  (outer index, block of the innermost dim) with SIMD inner loops when the innermost strides are
-  1 (data) and 0 or 1 (hoisted registers), and a generic strided loop otherwise.
+* the iteration space is collapsed by the caller; work items are (outer index, block of the
+  innermost dim), shared out by the persistent thread team of :mod:`.team` (serial below
+  :data:`PARALLEL_MIN` elements), with SIMD inner loops when the innermost strides are 1 (data)
+  and 0 or 1 (hoisted registers), and a generic strided loop otherwise.
 
     >>> import numpy as np
     >>> from l0ops.primitives import FusedAttrs, Hoisted, Instr
@@ -32,6 +33,7 @@ from typing import Callable
 
 from l0ops.primitives import FusedAttrs, Hoisted, Instr
 from opgraph.core.dtypes import DataType
+from .team import C_DECL
 
 F32, F16, BF16 = DataType.FLOAT, DataType.FLOAT16, DataType.BF16
 FLOATS = (F32, F16, BF16)
@@ -42,6 +44,7 @@ ROUND = {F32: "{}", F16: "opg_rnd_f16({})", BF16: "opg_rnd_bf16({})"}
 C_OP = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
 BLOCK = 8192          # elements of the innermost dim per work item
 PARALLEL_MIN = 32768  # below this many elements the kernel runs on one thread
+GRAIN = 16384         # elements per claim of a parallel kernel (see :mod:`.team`)
 
 
 class Unsupported(ValueError):
@@ -311,22 +314,26 @@ def _vector_loop(p: Plan, scalar_h: bool) -> list[str]:
 
 @functools.lru_cache(maxsize=256)
 def render(p: Plan) -> str:
-    """C source of ``void opg_kernel(ndim, shape, ptrs, strides, block)`` for plan ``p``.
+    """C source of ``void opg_kernel(ndim, shape, ptrs, strides, block, run)`` for plan ``p``.
 
     ``ptrs`` lists big inputs, hoisted registers, then the output; ``strides[k*ndim + d]`` is the
-    element stride of operand ``k`` in dim ``d`` (0 where broadcast).
+    element stride of operand ``k`` in dim ``d`` (0 where broadcast). Work items are (outer index,
+    ``block`` of the innermost dim); with ``run`` (:func:`.team.runner`, may be NULL) and at least
+    :data:`PARALLEL_MIN` elements they are shared out in claims of about :data:`GRAIN` elements.
     """
     nb, nh = len(p.big), len(p.hoisted)
     nops = nb + nh + 1
     ctypes_ = [C_TYPE[d] for _, d in p.big] + ["float"] * nh + [C_TYPE[p.out_dtype]]
-    out = [HELPERS, V_HELPERS, f"/* {len(p.live)} live instructions; result {p.result}: "
-                    f"{p.out_dtype.short} */",
-           "void opg_kernel(int64_t ndim, const int64_t *shape, void *const *ptrs,",
-           "                const int64_t *st, int64_t block)", "{",
-           "    const int64_t inner = shape[ndim - 1];",
-           "    int64_t outer = 1;",
-           "    for (int64_t d = 0; d + 1 < ndim; ++d) outer *= shape[d];",
-           "    const int64_t nblk = (inner + block - 1) / block, work = outer * nblk;"]
+    out = [HELPERS, V_HELPERS, C_DECL, f"/* {len(p.live)} live instructions; result {p.result}: "
+                                       f"{p.out_dtype.short} */",
+           "struct opg_ctx { int64_t ndim, nblk, block; const int64_t *shape, *st; void *const *ptrs; };",
+           "",
+           "static void opg_items(void *vctx, int64_t w_begin, int64_t w_end)", "{",
+           "    const struct opg_ctx *const c = (const struct opg_ctx *)vctx;",
+           "    const int64_t ndim = c->ndim, nblk = c->nblk, block = c->block;",
+           "    const int64_t *const shape = c->shape, *const st = c->st;",
+           "    void *const *const ptrs = c->ptrs;",
+           "    const int64_t inner = shape[ndim - 1];"]
     for k, t in enumerate(ctypes_):
         const = "" if k == nops - 1 else "const "
         out.append(f"    {const}{t} *const b{k} = ({const}{t} *)ptrs[{k}];")
@@ -336,8 +343,7 @@ def render(p: Plan) -> str:
     vec = [f"s{k}[ndim - 1] == 1" for k in range(nb, nb + nh)]
     out.append(f"    const int scalar_h = {' && '.join(dense + bcast)};")
     out.append(f"    const int vector_h = {' && '.join(dense + vec)};")
-    out += [f"    #pragma omp parallel for schedule(static) if (work > 1 && outer * inner >= {PARALLEL_MIN})",
-            "    for (int64_t w = 0; w < work; ++w) {",
+    out += ["    for (int64_t w = w_begin; w < w_end; ++w) {",
             "        const int64_t j0 = (w % nblk) * block;",
             "        const int64_t n = inner - j0 < block ? inner - j0 : block;",
             "        int64_t rem = w / nblk;",
@@ -362,5 +368,19 @@ def render(p: Plan) -> str:
     out.append("        } else {")
     strided = [f"const int64_t i{k} = s{k}[ndim - 1];" for k in range(nops)]
     out += _loop(p, lambda k, r: f"q{k}[j * i{k}]", strided, simd=False)
-    out += ["        }", "    }", "}", ""]
+    out += ["        }", "    }", "}", "",
+            "void opg_kernel(int64_t ndim, const int64_t *shape, void *const *ptrs,",
+            "                const int64_t *st, int64_t block, opg_run run)", "{",
+            "    const int64_t inner = shape[ndim - 1];",
+            "    int64_t outer = 1;",
+            "    for (int64_t d = 0; d + 1 < ndim; ++d) outer *= shape[d];",
+            "    const int64_t nblk = (inner + block - 1) / block, work = outer * nblk;",
+            "    const struct opg_ctx c = {ndim, nblk, block, shape, st, ptrs};",
+            f"    if (run == 0 || work < 2 || outer * inner < {PARALLEL_MIN}) {{",
+            "        opg_items((void *)&c, 0, work);",
+            "        return;",
+            "    }",
+            "    const int64_t item = inner < block ? inner : block;",
+            f"    run(opg_items, (void *)&c, work, item >= {GRAIN} ? 1 : {GRAIN} / item);",
+            "}", ""]
     return "\n".join(out)

@@ -30,6 +30,7 @@ from typing import Any, Callable, Concatenate, Optional, ParamSpec, Sequence
 
 import numpy as np
 
+from opgraph.core import capturing
 from opgraph.core.backend import BackendUnavailable
 from opgraph.core.config import current_backend, get_opt_level
 from opgraph.core.executor import CompiledProgram, Executor
@@ -184,14 +185,14 @@ def op_api(name: str, *, params: Sequence[Param], **spec: Any
             key = cache_key(name, args, platform, level)
             hit = EXECUTOR_CACHE.get(key) if key is not None else None
             if hit is not None:
-                return succeed(), hit.program.workspace_size, hit.instantiate(args)
+                return succeed(), hit.program.workspace_size, _captured(hit.instantiate(args), args)
             skey, dims = structure_key(name, args, platform, level)
             template = STRUCTURE_CACHE.get(skey) if skey is not None else None
             if isinstance(template, Template):  # a new shape of a known structure
                 hit = template.at(dims)
                 if key is not None:
                     EXECUTOR_CACHE.put(key, hit)
-                return succeed(), hit.program.workspace_size, hit.instantiate(args)
+                return succeed(), hit.program.workspace_size, _captured(hit.instantiate(args), args)
             status, size, ex = record_call(args)
             if ex is not None and key is not None:
                 EXECUTOR_CACHE.put(key, CachedOp.of(ex, args))
@@ -199,7 +200,7 @@ def op_api(name: str, *, params: Sequence[Param], **spec: Any
                 made = build_template(lambda probe: record_call(probe)[2], args, ex, dims)
                 STRUCTURE_CACHE.put(skey, made or UNTEMPLATED)
                 succeed()  # the probe's outcome is not the caller's
-            return status, size, ex
+            return status, size, _captured(ex, args)
 
         def record_call(args: tuple) -> Phase1:
             return record(name, lambda ex: compose(ex, *args), recorded_call(name, params, args))
@@ -214,6 +215,14 @@ def op_api(name: str, *, params: Sequence[Param], **spec: Any
             name, params, get_workspace_size, run_executor, **spec), replace=True)
         return get_workspace_size
     return deco
+
+
+def _captured(ex: Optional[Executor], args: Sequence[Any]) -> Optional[Executor]:
+    """Report a successful phase 1 to the active capture, if any (:mod:`opgraph.core.capturing`)."""
+    recorder = capturing.active()
+    if recorder is not None and ex is not None:
+        recorder.on_phase1(ex, args)
+    return ex
 
 
 # --- phase 2 -----------------------------------------------------------------------------------
@@ -274,6 +283,9 @@ def run_executor(workspace: Any, workspace_size: int, executor: Optional[Executo
         return fail(Status.ACLNN_ERR_RUNTIME_ERROR, str(e))
     assert executor is not None and executor.program is not None
     executor.runs += 1
+    recorder = capturing.active()
+    if recorder is not None and recorder.on_phase2(executor):
+        return succeed()  # deferred: the capture runs it as part of its program
     if executor.program.compiled.nodes:
         try:
             with np.errstate(all="ignore"):  # IEEE results are defined; the NPU does not warn

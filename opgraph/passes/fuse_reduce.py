@@ -38,11 +38,61 @@ def _depends_on(node: Node, group: set[int], memo: dict[int, bool]) -> bool:
     return out
 
 
-def _grow(seed: Node, taken: set[int]) -> list[Node]:
+def _acyclic(new: set[int], outside: list[Node]) -> bool:
+    """True when no node outside ``new`` that feeds it depends on it (the fused node could not
+    be placed: it would read a value computed from its own results)."""
+    memo: dict[int, bool] = {}
+    return not any(_depends_on(p, new, memo) for p in outside if id(p) not in new)
+
+
+def _stays_inside(n: Node, big: int, outs: set[int], seen: "set[int] | None" = None) -> bool:
+    """True when ``n``'s outputs need not leave a kernel: none is a graph output (ids ``outs``)
+    and each user is a reduction, or an expandable node whose outputs are small (< ``big``
+    elements) or again stay inside."""
+    seen = set() if seen is None else seen
+    if id(n) in seen:
+        return True
+    seen.add(id(n))
+    for v in n.outputs:
+        if id(v) in outs:
+            return False
+        for u in v.users:
+            if not expandable(u):
+                return False
+            if u.opdef.kind != "reduce" and any(w.type.numel >= big for w in u.outputs) \
+                    and not _stays_inside(u, big, outs, seen):
+                return False
+    return True
+
+
+_CHEAP = ("reduce", "movement", "view", "copy")  # results that cost no more than their size
+
+
+def _grow(seed: Node, taken: set[int], keep_big_inside: bool = False,
+          outs: "set[int] | None" = None) -> list[Node]:
     """The seed plus expandable producers, consumers and siblings (other readers of the data it
-    reads), to a fixed point; a consumer or sibling joins only when none of its inputs from
-    outside depends on the group (no cycle through an outside node)."""
+    reads), to a fixed point. A node joins only when the group stays schedulable: no node
+    outside it both reads one of its values and feeds it (a cycle, e.g. through a collective).
+    With ``keep_big_inside`` (program graphs) an arithmetic node with a result as large as the
+    seed's input joins only when that result need not leave the kernel: the kernel's results stay
+    per-channel (or cheap broadcasts of it), which is what backends render."""
     group = {id(seed): seed}
+    outside: list[Node] = [v.producer for v in seed.inputs if v.producer is not None]
+    # "large": as large as the reduced data and larger than the reduction's result
+    big = max(seed.inputs[0].type.numel if seed.inputs else 0, seed.outputs[0].type.numel + 1)
+
+    def join(c: Node) -> bool:
+        if keep_big_inside and c.opdef.kind not in _CHEAP and not _stays_inside(c, big, outs or set()) \
+                and any(w.type.numel >= big for w in c.outputs):
+            return False
+        ids = set(group) | {id(c)}
+        feeds = [w.producer for w in c.inputs if w.producer is not None and id(w.producer) not in ids]
+        if not _acyclic(ids, outside + feeds):
+            return False
+        group[id(c)] = c
+        outside.extend(feeds)
+        return True
+
     changed = True
     while changed:
         changed = False
@@ -50,19 +100,12 @@ def _grow(seed: Node, taken: set[int]) -> list[Node]:
             for v in n.inputs:
                 p = v.producer
                 if p is not None and id(p) not in group and id(p) not in taken and expandable(p):
-                    group[id(p)] = p
-                    changed = True
+                    changed = join(p) or changed
             for v in n.outputs + n.inputs:
                 for c in v.users:
                     if id(c) in group or id(c) in taken or not expandable(c):
                         continue
-                    memo: dict[int, bool] = {}
-                    ids = set(group)
-                    outside = [w.producer for w in c.inputs
-                               if w.producer is not None and id(w.producer) not in ids]
-                    if not any(_depends_on(p, ids, memo) for p in outside):
-                        group[id(c)] = c
-                        changed = True
+                    changed = join(c) or changed
     return list(group.values())
 
 
@@ -105,14 +148,14 @@ def _order(g: Graph) -> None:
     g.nodes[:] = out
 
 
-def _fuse_reductions(g: Graph) -> dict[str, int]:
+def _fuse_reductions(g: Graph, keep_big_inside: bool = False) -> dict[str, int]:
     taken: set[int] = set()
     fused = absorbed = 0
     for seed in list(g.nodes):
         if id(seed) in taken or seed.opdef.kind != "reduce" or not expandable(seed) \
                 or seed.opdef.is_free(seed):
             continue
-        group = _grow(seed, taken)
+        group = _grow(seed, taken, keep_big_inside, {id(v) for v in g.outputs})
         ids = {id(n) for n in group}
         order = [n for n in g.nodes if id(n) in ids]
         slots = _result_slots(g, order, ids)
@@ -139,3 +182,6 @@ def _fuse_reductions(g: Graph) -> dict[str, int]:
 
 
 fuse_reductions = FunctionPass("fuse-reductions", _fuse_reductions)
+# for program graphs (opgraph.capture): large values stay inside the kernel that makes them
+fuse_reductions_program = FunctionPass("fuse-reductions",
+                                       lambda g: _fuse_reductions(g, keep_big_inside=True))

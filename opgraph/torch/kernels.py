@@ -1,6 +1,6 @@
 """The five aten primitives SyncBatchNorm is built from, on CPU torch tensors, each one op_api
 call (the torch_npu mapping, reference syncbn-family.md §9), plus their registration as the CPU
-kernels of ``aten::batch_norm_stats`` & co. Inputs are viewed, not copied (``opgraph.tensor``);
+kernels of ``aten::batch_norm_stats`` & co. Inputs are viewed, not copied (:func:`as_numpy`);
 outputs are new torch tensors (or ``out``) that phase 2 writes in place. ``backend`` picks the
 opgraph backend phase 2 runs on, ``platform`` the SoC whose op_apis run (default: the current
 ones; bfloat16 statistics need ``platform="Ascend950"``).
@@ -25,7 +25,6 @@ import torch
 from opgraph.core.config import BackendRef, use_backend
 from opgraph.core.dtypes import DataType
 from opgraph.core.platform import Platform, platform as use_platform
-from opgraph.core.tensor import tensor
 from opgraph.aclnn import (batch_norm_elemt as _elemt, batch_norm_elemt_backward as _elemt_bwd,
                            batch_norm_gather_stats_with_counts as _gather,
                            batch_norm_reduce_backward as _reduce_bwd, batch_norm_stats as _stats)
@@ -49,6 +48,23 @@ def on(backend: Optional[BackendRef] = None, platform: PlatformRef = None) -> It
         yield
 
 
+def as_numpy(t: Any) -> Any:
+    """A CPU torch tensor as a numpy array sharing its memory (``Tensor.numpy()`` on the
+    detached tensor; bfloat16 through its 16-bit words) — a few µs, where DLPack costs tens;
+    anything else (None, arrays, tensors on other devices: opgraph names the device) unchanged.
+
+    >>> a = as_numpy(torch.ones(2, 3, dtype=torch.bfloat16).t())
+    >>> a.dtype.name, a.shape, a.strides
+    ('bfloat16', (3, 2), (2, 6))
+    """
+    if not isinstance(t, Tensor) or t.device.type != "cpu":
+        return t
+    t = t.detach()
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(_BF16)
+    return t.numpy()
+
+
 def to_torch(a: Optional[np.ndarray]) -> Optional[Tensor]:
     """A numpy result as a torch tensor sharing its memory (bfloat16 through 16-bit words)."""
     if a is None or isinstance(a, Tensor):
@@ -63,7 +79,7 @@ def batch_norm_stats(input: Tensor, eps: float, *, backend: Optional[BackendRef]
     """Per-channel mean and 1/sqrt(biased var + eps) of ``input`` [N, C, ...], float32
     (aclnnBatchNormStats)."""
     with on(backend, platform):
-        mean, invstd = _stats.batch_norm_stats(input, eps)
+        mean, invstd = _stats.batch_norm_stats(as_numpy(input), eps)
     return to_torch(mean), to_torch(invstd)
 
 
@@ -76,7 +92,8 @@ def batch_norm_gather_stats_with_counts(
     running stats (when given) are updated in place (aclnnBatchNormGatherStatsWithCounts)."""
     with on(backend, platform):
         m, s = _gather.batch_norm_gather_stats_with_counts(
-            input, mean, invstd, running_mean, running_var, momentum, eps, counts)
+            *map(as_numpy, (input, mean, invstd, running_mean, running_var)), momentum, eps,
+            as_numpy(counts))
     return to_torch(m), to_torch(s)
 
 
@@ -86,8 +103,9 @@ def batch_norm_elemt(input: Tensor, weight: Optional[Tensor], bias: Optional[Ten
     """``(input - mean) * invstd * weight + bias`` per channel into ``out`` (default: a new tensor
     like ``input``, channels_last kept) (aclnnBatchNormElemt)."""
     out = torch.empty_like(input) if out is None else out
-    with on(backend, platform):
-        _elemt.batch_norm_elemt(input, weight, bias, mean, invstd, eps, out=out)
+    with on(backend, platform):  # out as a numpy view: the Pythonic API returns it, no copy
+        _elemt.batch_norm_elemt(*map(as_numpy, (input, weight, bias, mean, invstd)), eps,
+                                out=as_numpy(out))
     return out
 
 
@@ -99,8 +117,8 @@ def batch_norm_backward_reduce(
     """``(sum_dy, sum_dy_xmu, grad_weight, grad_bias)`` per channel; an output whose flag is
     False is None (aclnnBatchNormReduceBackward)."""
     with on(backend, platform):
-        outs = _reduce_bwd.batch_norm_backward_reduce(grad_out, input, mean, invstd, weight,
-                                                      input_g, weight_g, bias_g)
+        outs = _reduce_bwd.batch_norm_backward_reduce(
+            *map(as_numpy, (grad_out, input, mean, invstd, weight)), input_g, weight_g, bias_g)
     return tuple(to_torch(o) for o in outs)
 
 
@@ -111,9 +129,10 @@ def batch_norm_backward_elemt(
     """SyncBatchNorm's input gradient from the all-reduced sums and the per-rank ``count``
     (aclnnBatchNormElemtBackward), into ``out`` (default: a new tensor like ``input``)."""
     out = torch.empty_like(input) if out is None else out
-    with on(backend, platform):
-        _elemt_bwd.batch_norm_elemt_backward(grad_out, input, mean, invstd, weight, sum_dy,
-                                             sum_dy_xmu, count, out=out)
+    with on(backend, platform):  # out as a numpy view: the Pythonic API returns it, no copy
+        _elemt_bwd.batch_norm_elemt_backward(
+            *map(as_numpy, (grad_out, input, mean, invstd, weight, sum_dy, sum_dy_xmu, count)),
+            out=as_numpy(out))
     return out
 
 
@@ -189,4 +208,4 @@ def register_cpu_kernels(backend: Optional[BackendRef] = None,
 
 __all__ = ["PRIMITIVES", "batch_norm_backward_elemt", "batch_norm_backward_reduce",
            "batch_norm_elemt", "batch_norm_gather_stats_with_counts", "batch_norm_stats",
-           "on", "register_cpu_kernels", "to_torch"]
+           "as_numpy", "on", "register_cpu_kernels", "to_torch"]

@@ -26,8 +26,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from opgraph.capture import active as capturing
 from opgraph.core.config import BackendRef
-from . import kernels as K
+from . import captured, kernels as K
 from .kernels import PlatformRef
 
 Tensor = torch.Tensor
@@ -65,6 +66,10 @@ class SyncBatchNormFunction(torch.autograd.Function):
         if per_channel == 1 and world_size < 2:
             raise ValueError("Expected more than 1 value per channel when training, got input "
                              f"size {per_channel}")
+        ctx.captured = capturing()
+        if ctx.captured:  # opgraph.capture(): collectives become nodes of the program
+            return captured.forward(ctx, input, weight, bias, running_mean, running_var, eps,
+                                    momentum, process_group, world_size, where)
         if input.numel() > 0:
             mean, invstd = K.batch_norm_stats(input, eps, **where)
             count = torch.full((1,), per_channel, dtype=mean.dtype)
@@ -94,6 +99,8 @@ class SyncBatchNormFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad_output: Tensor) -> tuple[Optional[Tensor], ...]:
         grad_output = _keep_layout(grad_output)
+        if ctx.captured:
+            return captured.backward(ctx, grad_output)
         input, weight, mean, invstd, count = ctx.saved_tensors
         need_input, need_weight, need_bias = ctx.needs_input_grad[:3]
         grad_input = grad_weight = grad_bias = None

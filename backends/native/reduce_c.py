@@ -1,0 +1,151 @@
+"""C source of one FusedReduce pass: per-element instructions and the partial sums of
+:mod:`l0ops.ordered` (blocks of 32768, 64 lanes, tree folds) in one sweep over the data.
+
+The kernel ``opg_kernel(K, R, nr, rshape, ptrs, koff, rstr, blocks, nblocks, out, run)`` takes
+the reduced dims already collapsed (``rshape``, ``nr`` of them, row-major order = the summation
+order), the big inputs and then the per-kept float32 registers in ``ptrs``, each big input's
+element offset per kept index (``koff[i*K + k]``) and strides along the reduced dims
+(``rstr[i*nr + d]``), a scratch ``blocks`` of ``S*K*nblocks`` floats and ``out`` (``S*K`` sums).
+Work items are (kept index, block), shared out by the thread team of :mod:`.team` (``run``;
+NULL or fewer than :data:`PARALLEL_MIN` elements: the caller alone); each owns its 64 lane
+accumulators and folds them, so the order never depends on the threads. Where every big input
+is contiguous along the innermost reduced dim the lanes are updated ``OPG_W`` at a time (AVX2: 8,
+AVX-512: 16) — lane ``l`` still adds its elements one after another, as the order requires.
+The caller folds the blocks.
+
+    >>> from l0ops.primitives import Instr
+    >>> from opgraph.core.dtypes import DataType as D
+    >>> src = render_pass([("in0", D.FLOAT16)], ["t3"],
+    ...                   [("t4", Instr(op="sub", args=("in0", "t3"), dtype=D.FLOAT))], ["t4"])
+    >>> "opg_v_sub(v_in0, v_t3)" in src and "opg_fold" in src
+    True
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+from l0ops.ordered import BLOCK, LANES
+from l0ops.primitives import Instr
+from opgraph.core.dtypes import DataType
+from .render import C_OP, C_TYPE, HELPERS, LOAD, ROUND, V_HELPERS, V_LOAD, V_OP, V_ROUND
+from .team import C_DECL
+
+PARALLEL_MIN = 32768  # K * R below this: one thread
+
+FOLD = f"""
+#define OPG_LANES {LANES}
+#define OPG_BLOCK {BLOCK}
+/* l0ops.ordered's tree: with n = ceil(m/2), a[j] += a[j + n] for j < m - n; m = n; ... */
+static void opg_fold(float *a, int64_t m, int64_t stride) {{
+    while (m > 1) {{
+        const int64_t n = (m + 1) / 2;
+        for (int64_t j = 0; j < m - n; ++j) a[j * stride] += a[(j + n) * stride];
+        m = n;
+    }}
+}}
+"""
+
+
+def _scalar(big, live, sums, load) -> list[str]:
+    """Statements for one element at lane ``l``: ``load(i)`` reads big input ``i``."""
+    out = [f"const float r_{r} = {LOAD[d].format(load(i))};" for i, (r, d) in enumerate(big)]
+    for dst, ins in live:
+        args = [f"r_{x}" for x in ins.args]
+        expr = args[0] if ins.op == "cast" else f" {C_OP[ins.op]} ".join(args)
+        out.append(f"const float r_{dst} = {ROUND[ins.dtype].format(expr)};")
+    out += [f"acc[{s}][l] += r_{x};" for s, x in enumerate(sums)]
+    return out
+
+
+def _vector(big, live, sums) -> list[str]:
+    """Statements for ``OPG_W`` consecutive elements ``q<i>[j...]`` at lanes ``l...``."""
+    out = [f"const opg_v v_{r} = {V_LOAD[d].format(f'q{i}')};" for i, (r, d) in enumerate(big)]
+    for dst, ins in live:
+        args = [f"v_{x}" for x in ins.args]
+        expr = args[0] if ins.op == "cast" else f"{V_OP[ins.op]}({', '.join(args)})"
+        out.append(f"const opg_v v_{dst} = {V_ROUND[ins.dtype].format(expr)};")
+    out += [f"opg_v_st_f32(&acc[{s}][l], opg_v_add(opg_v_ld_f32(&acc[{s}][l]), v_{x}));"
+            for s, x in enumerate(sums)]
+    return out
+
+
+def render_pass(big: Sequence[tuple[str, DataType]], kept: Sequence[str],
+                live: Sequence[tuple[str, Instr]], sums: Sequence[str]) -> str:
+    """C for one pass over ``big`` (register, dtype) computing the ``live`` instructions and
+    adding the registers ``sums`` into their lanes; ``kept`` registers are per-kept-index
+    float32 values (``ptrs[len(big) + j][k]``)."""
+    nb, S = len(big), len(sums)
+    pad = " " * 16
+    L = [HELPERS, V_HELPERS, C_DECL, FOLD,
+         "struct opg_rctx { int64_t K, R, nr, nblocks; const int64_t *rshape, *koff, *rstr;",
+         "                  void *const *ptrs; float *blocks; };", "",
+         "static void opg_items(void *vctx, int64_t w_begin, int64_t w_end)", "{",
+         "    const struct opg_rctx *const c = (const struct opg_rctx *)vctx;",
+         "    const int64_t K = c->K, R = c->R, nr = c->nr, nblocks = c->nblocks;",
+         "    const int64_t *const rshape = c->rshape, *const koff = c->koff, *const rstr = c->rstr;"]
+    L += [f"    const {C_TYPE[d]} *const b{i} = (const {C_TYPE[d]} *)c->ptrs[{i}];"
+          for i, (_, d) in enumerate(big)]
+    L += [f"    const float *const h{j} = (const float *)c->ptrs[{nb + j}];" for j in range(len(kept))]
+    L += ["    const int64_t inner = rshape[nr - 1];",
+          "    const int dense = " + " && ".join([f"rstr[{i} * nr + nr - 1] == 1" for i in range(nb)]
+                                              or ["1"]) + ";",
+          "    for (int64_t w = w_begin; w < w_end; ++w) {",
+          "        const int64_t k = w / nblocks, blk = w % nblocks;",
+          f"        float acc[{S}][OPG_LANES] __attribute__((aligned(64)));",
+          f"        for (int s = 0; s < {S}; ++s) for (int l = 0; l < OPG_LANES; ++l) acc[s][l] = -0.0f;",
+          "        const int64_t r1 = (blk + 1) * OPG_BLOCK < R ? (blk + 1) * OPG_BLOCK : R;"]
+    L += [f"        const float r_{r} = h{j}[k];" for j, r in enumerate(kept)]
+    L += ["#if defined(OPG_VEC)"]
+    L += [f"        const opg_v v_{r} = opg_v_set1(r_{r});" for r in kept]
+    L += ["#endif",
+          "        int64_t r = blk * OPG_BLOCK;",
+          "        while (r < r1) {",
+          "            int64_t rest = r / inner;",
+          "            const int64_t t0 = r % inner;",
+          "            int64_t " + ", ".join([f"p{i} = koff[{i} * K + k]" for i in range(nb)] or ["unused = 0"]) + ";",
+          "            for (int64_t d = nr - 2; d >= 0; --d) {",
+          "                const int64_t idx = rest % rshape[d];",
+          "                rest /= rshape[d];",
+          "                " + " ".join(f"p{i} += idx * rstr[{i} * nr + d];" for i in range(nb)),
+          "            }",
+          "            const int64_t run = inner - t0 < r1 - r ? inner - t0 : r1 - r;",
+          "            int64_t j = 0, l = r & (OPG_LANES - 1);",
+          "            if (dense) {"]
+    L += [f"                const {C_TYPE[d]} *const q{i} = b{i} + p{i} + t0;" for i, (_, d) in enumerate(big)]
+    scalar_dense = _scalar(big, live, sums, lambda i: f"q{i}[j]")
+    L += ["#if defined(OPG_VEC)",
+          "                for (; j < run && (l & (OPG_W - 1)); ++j, l = (l + 1) & (OPG_LANES - 1)) {"]
+    L += [pad + "    " + s for s in scalar_dense]
+    L += ["                }",
+          "                for (; j + OPG_W <= run; j += OPG_W, l = (l + OPG_W) & (OPG_LANES - 1)) {"]
+    L += [pad + "    " + s for s in _vector(big, live, sums)]
+    L += ["                }", "#endif",
+          "                for (; j < run; ++j, l = (l + 1) & (OPG_LANES - 1)) {"]
+    L += [pad + "    " + s for s in scalar_dense]
+    L += ["                }", "            } else {"]
+    L += [f"                const int64_t s{i} = rstr[{i} * nr + nr - 1];" for i in range(nb)]
+    L += ["                for (; j < run; ++j, l = (l + 1) & (OPG_LANES - 1)) {"]
+    L += [pad + "    " + s for s in _scalar(big, live, sums, lambda i: f"b{i}[p{i} + (t0 + j) * s{i}]")]
+    L += ["                }", "            }", "            r += run;", "        }",
+          "        const int64_t len = r1 - blk * OPG_BLOCK;",
+          f"        for (int s = 0; s < {S}; ++s) {{",
+          "            opg_fold(acc[s], len < OPG_LANES ? len : OPG_LANES, 1);",
+          "            c->blocks[(s * K + k) * nblocks + blk] = acc[s][0];",
+          "        }",
+          "    }", "}", "",
+          "void opg_kernel(int64_t K, int64_t R, int64_t nr, const int64_t *rshape,",
+          "                void *const *ptrs, const int64_t *koff, const int64_t *rstr,",
+          "                float *blocks, int64_t nblocks, float *out, opg_run run)", "{",
+          "    const struct opg_rctx c = {K, R, nr, nblocks, rshape, koff, rstr, ptrs, blocks};",
+          "    const int64_t work = K * nblocks;",
+          f"    if (run == 0 || work < 2 || K * R < {PARALLEL_MIN}) opg_items((void *)&c, 0, work);",
+          "    else run(opg_items, (void *)&c, work, 1);",
+          f"    for (int64_t sk = 0; sk < {S} * K; ++sk) {{",
+          "        opg_fold(blocks + sk * nblocks, nblocks, 1);",
+          "        out[sk] = blocks[sk * nblocks];",
+          "    }",
+          "}", ""]
+    return "\n".join(L)
+
+
+__all__ = ["render_pass"]

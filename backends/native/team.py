@@ -1,0 +1,247 @@
+"""A persistent thread team for native kernels: threads are started once and reused, and a call
+never waits for a thread that has not started working.
+
+A kernel splits its work into ``n`` items and calls ``run(body, ctx, n, grain)`` (the address
+:func:`runner` returns, passed to the kernel as an argument): the calling thread and the team's
+workers claim ``grain`` consecutive items at a time from one atomic counter until none are left,
+and the call returns once every claimed item is finished. The caller works too, so a worker that
+the OS has not scheduled (another process on the core, another thread team spinning) only loses
+its share instead of holding up the call, as a fork-join barrier would. Which thread runs an item
+never changes what the item computes: results are identical for any thread count.
+
+* Idle workers spin for ``$OPGRAPH_SPIN_US`` microseconds (default :data:`SPIN_US`) after a job,
+  then sleep on a condition variable; back-to-back calls find them awake.
+* One job at a time: a call made while the team is busy (another Python thread, a nested call)
+  runs on its own thread, serially.
+* ``$OPGRAPH_NUM_THREADS`` (else the CPUs this process may use) sets the team size;
+  :func:`set_threads` changes it (1: every call runs on the caller). A forked child starts with
+  no workers and creates them on its first parallel call.
+
+From C: ``typedef void (*opg_body)(void *ctx, int64_t begin, int64_t end);`` and
+``void opg_team_run(opg_body body, void *ctx, int64_t n, int64_t grain)`` (:data:`C_DECL`).
+
+    >>> ok = __import__("backends.native.build", fromlist=["_"]).availability()[0]
+    >>> set_threads(2) if ok else None
+    >>> threads() if ok else 2
+    2
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+from typing import Any, Optional
+
+from . import build
+
+SPIN_US = 200  # idle workers poll this long for the next job before they sleep
+
+C_DECL = """typedef void (*opg_body)(void *ctx, int64_t begin, int64_t end);
+typedef void (*opg_run)(opg_body body, void *ctx, int64_t n, int64_t grain);
+"""
+
+SOURCE = r"""#define _GNU_SOURCE
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <time.h>
+""" + C_DECL + r"""
+#define OPG_MAX_THREADS 256
+#define OPG_SETUP 0xFFFFFFFFu  /* low half of `word` while a job is being published */
+
+/* `word` = generation << 32 | index of the next claim. A worker reads the job's fields after
+   seeing a generation and claims with a CAS on `word`: the CAS fails if the caller has begun
+   publishing another job since (it first stores OPG_SETUP), so a claim always runs the job whose
+   fields were read. `done` counts finished claims; the caller returns when all are done. */
+static struct {
+    _Atomic uint64_t word;
+    _Atomic(opg_body) body;
+    _Atomic(void *) ctx;
+    _Atomic int64_t n, grain, claims, done;
+    _Atomic int sleepers, active, busy;
+    _Atomic int64_t spin_ns;
+    int workers;                     /* threads created (guarded by `mu`) */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+} T = {.active = 1, .spin_ns = 200000, .mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+
+static inline void opg_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+static int64_t opg_now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+
+/* Claim and run items of generation `gen` until none are left or a new job is published. */
+static void opg_work(uint32_t gen) {
+    opg_body body = atomic_load(&T.body);
+    void *ctx = atomic_load(&T.ctx);
+    const int64_t n = atomic_load(&T.n), grain = atomic_load(&T.grain), claims = atomic_load(&T.claims);
+    uint64_t w = atomic_load(&T.word);
+    for (;;) {
+        const uint32_t i = (uint32_t)w;
+        if ((uint32_t)(w >> 32) != gen || i == OPG_SETUP || (int64_t)i >= claims) return;
+        if (!atomic_compare_exchange_weak(&T.word, &w, w + 1)) continue;
+        const int64_t b = (int64_t)i * grain, e = b + grain < n ? b + grain : n;
+        body(ctx, b, e);
+        atomic_fetch_add(&T.done, 1);
+        w = atomic_load(&T.word);
+    }
+}
+
+static void *opg_worker(void *arg) {
+    const int index = (int)(intptr_t)arg;    /* 1 .. workers; the caller is 0 */
+    uint32_t seen = (uint32_t)(atomic_load(&T.word) >> 32);
+    for (;;) {
+        uint64_t w = atomic_load(&T.word);
+        const int64_t until = opg_now() + atomic_load(&T.spin_ns);
+        for (int k = 0; (uint32_t)(w >> 32) == seen || (uint32_t)w == OPG_SETUP; ++k) {
+            if ((k & 255) == 255 && opg_now() > until) {
+                pthread_mutex_lock(&T.mu);
+                atomic_fetch_add(&T.sleepers, 1);
+                while ((uint32_t)(atomic_load(&T.word) >> 32) == seen)
+                    pthread_cond_wait(&T.cv, &T.mu);
+                atomic_fetch_sub(&T.sleepers, 1);
+                pthread_mutex_unlock(&T.mu);
+                k = 0;
+            }
+            opg_relax();
+            w = atomic_load(&T.word);
+        }
+        seen = (uint32_t)(w >> 32);
+        if (index < atomic_load(&T.active)) opg_work(seen);
+    }
+    return 0;
+}
+
+static void opg_after_fork(void) {  /* the child has only the forking thread */
+    pthread_mutex_init(&T.mu, 0);
+    pthread_cond_init(&T.cv, 0);
+    T.workers = 0;
+    atomic_store(&T.sleepers, 0);
+    atomic_store(&T.busy, 0);
+}
+
+/* Make sure `active - 1` workers exist; returns how many may take part. */
+static int opg_start(void) {
+    static int registered;
+    const int want = atomic_load(&T.active) - 1;
+    if (T.workers >= want) return want;
+    pthread_mutex_lock(&T.mu);
+    if (!registered) { pthread_atfork(0, 0, opg_after_fork); registered = 1; }
+    while (T.workers < want) {
+        pthread_t t;
+        pthread_attr_t attr;
+        pthread_attr_init(&attr);
+        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        const int bad = pthread_create(&t, &attr, opg_worker, (void *)(intptr_t)(T.workers + 1));
+        pthread_attr_destroy(&attr);
+        if (bad) break;
+        T.workers += 1;
+    }
+    const int n = T.workers < want ? T.workers : want;
+    pthread_mutex_unlock(&T.mu);
+    return n;
+}
+
+void opg_team_run(opg_body body, void *ctx, int64_t n, int64_t grain) {
+    if (n <= 0) return;
+    if (grain < 1) grain = 1;
+    int expected = 0;
+    const int64_t claims = (n + grain - 1) / grain;
+    if (claims < 2 || atomic_load(&T.active) < 2 || claims >= (int64_t)OPG_SETUP
+        || !atomic_compare_exchange_strong(&T.busy, &expected, 1)) {
+        body(ctx, 0, n);              /* one claim, one thread, or the team is busy */
+        return;
+    }
+    if (opg_start() < 1) { atomic_store(&T.busy, 0); body(ctx, 0, n); return; }
+    const uint32_t gen = (uint32_t)(atomic_load(&T.word) >> 32) + 1;
+    atomic_store(&T.word, ((uint64_t)gen << 32) | OPG_SETUP);
+    atomic_store(&T.body, body);
+    atomic_store(&T.ctx, ctx);
+    atomic_store(&T.n, n);
+    atomic_store(&T.grain, grain);
+    atomic_store(&T.claims, claims);
+    atomic_store(&T.done, 0);
+    atomic_store(&T.word, (uint64_t)gen << 32);
+    if (atomic_load(&T.sleepers) > 0) {
+        pthread_mutex_lock(&T.mu);
+        pthread_cond_broadcast(&T.cv);
+        pthread_mutex_unlock(&T.mu);
+    }
+    opg_work(gen);
+    for (int k = 0; atomic_load(&T.done) < claims; ++k) {
+        if (k < 4096) opg_relax(); else sched_yield();
+    }
+    atomic_store(&T.busy, 0);
+}
+
+void opg_team_set(int64_t threads, int64_t spin_ns) {
+    if (threads >= 1) atomic_store(&T.active, threads > OPG_MAX_THREADS ? OPG_MAX_THREADS : (int)threads);
+    if (spin_ns >= 0) atomic_store(&T.spin_ns, spin_ns);
+}
+
+int64_t opg_team_threads(void) { return atomic_load(&T.active); }
+"""
+
+_STATE: dict[str, Any] = {}
+
+
+def _default_threads() -> int:
+    text = os.environ.get("OPGRAPH_NUM_THREADS", "").strip()
+    if text:
+        try:
+            n = int(text)
+        except ValueError:
+            n = 0
+        if n < 1:
+            raise ValueError(f"OPGRAPH_NUM_THREADS must be an integer >= 1, got {text!r}")
+        return n
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def _library() -> Any:
+    """The team's shared library, compiled or loaded once and configured from the environment."""
+    lib = _STATE.get("lib")
+    if lib is None:
+        kernel = build.load(SOURCE, symbol="opg_team_run")
+        lib = kernel.handle
+        lib.opg_team_set.argtypes, lib.opg_team_set.restype = [ctypes.c_int64, ctypes.c_int64], None
+        lib.opg_team_threads.argtypes, lib.opg_team_threads.restype = [], ctypes.c_int64
+        spin = float(os.environ.get("OPGRAPH_SPIN_US", "").strip() or SPIN_US)
+        lib.opg_team_set(_default_threads(), int(max(spin, 0.0) * 1000))
+        _STATE["run"] = ctypes.cast(kernel.fn, ctypes.c_void_p).value
+        _STATE["lib"] = lib
+    return lib
+
+
+def runner() -> int:
+    """The address of ``opg_team_run`` (pass it to a kernel as a ``c_void_p``)."""
+    if "run" not in _STATE:
+        _library()
+    return _STATE["run"]
+
+
+def set_threads(n: int, spin_us: Optional[float] = None) -> None:
+    """Use ``n`` >= 1 threads (the caller included) from now on; optionally change the spin."""
+    if not isinstance(n, int) or n < 1:
+        raise ValueError(f"threads must be an integer >= 1, got {n!r}")
+    _library().opg_team_set(n, -1 if spin_us is None else int(max(spin_us, 0.0) * 1000))
+
+
+def threads() -> int:
+    """How many threads (the caller included) a parallel call uses."""
+    return int(_library().opg_team_threads())
+
+
+__all__ = ["C_DECL", "SPIN_US", "runner", "set_threads", "threads"]

@@ -1,0 +1,181 @@
+"""A captured program: the recorded graph of many op_api calls, compiled once (optimised at a
+level, memory planned) and replayed on any backend with the captured tensors or new ones of the
+same types.
+
+    >>> import numpy as np, opgraph
+    >>> from opgraph.aclnn.batch_norm_stats import batch_norm_stats
+    >>> with opgraph.capture() as prog:
+    ...     mean, invstd = batch_norm_stats(np.ones((2, 3, 4), np.float32), 1e-5)
+    >>> out = prog.replay(input=np.arange(24, dtype=np.float32).reshape(2, 3, 4))
+    >>> out["mean"].tolist(), np.shares_memory(mean, out["mean"])
+    ([7.5, 11.5, 15.5], True)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any, Mapping, Optional
+
+import numpy as np
+
+from l0ops.collectives import is_collective
+from opgraph.aclnn.twophase import unwritable_reason, written_inputs
+from opgraph.core.backend import Backend, Executable, get as get_backend
+from opgraph.core.config import BackendRef, check_level, current_backend
+from opgraph.core.executor import tensor_type
+from opgraph.core.ir import Graph
+from opgraph.core.memory import MemoryPlan, plan_memory
+from opgraph.core.platform import Platform
+from opgraph.core.tensor import Tensor, tensor
+from opgraph.passes import optimize
+from opgraph.passes.program import optimize_program
+from .recorder import CaptureError
+
+
+def traffic(node) -> int:
+    """Bytes a launched node reads and writes: its operands (at their real size) and results; a
+    written operand (a store's destination) counts once, as the result written into it."""
+    written = set(node.opdef.written(node))
+    return (sum(v.type.nbytes for k, v in enumerate(node.inputs) if k not in written)
+            + sum(v.type.nbytes for v in node.outputs))
+
+
+@dataclass(frozen=True)
+class ProgramStats:
+    """Kernel launches (collectives apart), collectives, bytes the launched kernels read and
+    write (:func:`traffic`), nodes and workspace of a graph."""
+
+    nodes: int
+    launches: int
+    collectives: int
+    bytes_moved: int
+    workspace: int
+
+    @classmethod
+    def of(cls, graphs: "list[Graph]") -> "ProgramStats":
+        launched = [n for g in graphs for n in g.nodes if not n.opdef.is_free(n)]
+        kernels = [n for n in launched if not is_collective(n)]
+        return cls(sum(len(g.nodes) for g in graphs), len(kernels), len(launched) - len(kernels),
+                   sum(traffic(n) for n in kernels),
+                   max((plan_memory(g).size for g in graphs), default=0))
+
+
+def check_schedule(graph: Graph, plan: MemoryPlan) -> None:
+    """CaptureError unless the collectives keep their captured order and every user tensor is
+    read only up to the node that first writes it (a write, or a value produced into it)."""
+    seqs = [n.attrs.seq for n in graph.nodes if is_collective(n)]
+    if seqs != sorted(seqs):
+        raise CaptureError(f"the optimised program reorders its collectives: {seqs}")
+    first: dict[str, int] = {}
+    producer_at = {id(v): i for i, n in enumerate(graph.nodes) for v in n.outputs}
+    for i, n in enumerate(graph.nodes):
+        for k in n.opdef.written(n):
+            first.setdefault(n.inputs[k].name, i)
+    for value, user in plan.placed_in.items():
+        at = next((producer_at[id(v)] for v in graph.values() if v.name == value
+                   and id(v) in producer_at), None)
+        if at is not None:
+            first[user] = min(first.get(user, at), at)
+    for i, n in enumerate(graph.nodes):
+        for k, v in enumerate(n.inputs):
+            if v.producer is None and k not in n.opdef.written(n) and i > first.get(v.name, i):
+                raise CaptureError(f"the optimised program reads %{v.name} at node {i} after "
+                                   f"node {first[v.name]} wrote it: {n.header()}")
+
+
+class Program:
+    """Many op_api calls as one graph. ``graph``: as recorded (level 0, the calls chained);
+    ``compiled``: optimised at ``level``; ``inputs``: the captured tensor of every graph input
+    (by name); ``outputs``: the names of the tensors a replay writes. Build one with
+    :func:`opgraph.capture.capture`."""
+
+    def __init__(self, graph: Graph, inputs: Mapping[str, Tensor], level: int,
+                 platform: Platform, backend: Optional[BackendRef] = None,
+                 calls: "list[Graph] | None" = None):
+        self.graph, self.level, self.platform, self.backend = graph, check_level(level), platform, backend
+        self.inputs = dict(inputs)
+        self.calls = list(calls or [])  # each captured op_api call's own recorded graph
+        self.compiled = optimize_program(graph, self.level) if graph.nodes else graph
+        self.memory_plan = plan_memory(self.compiled)
+        check_schedule(self.compiled, self.memory_plan)
+        self.outputs = written_inputs(self.compiled)
+        self._executables: dict[int, tuple[Backend, Executable]] = {}
+        self._workspace: Optional[bytearray] = None
+
+    def at_level(self, level: int) -> "Program":
+        """The same recorded program compiled at another level (same tensors)."""
+        return Program(self.graph, self.inputs, level, self.platform, self.backend, self.calls)
+
+    @property
+    def workspace_size(self) -> int:
+        return self.memory_plan.size
+
+    def stats(self) -> ProgramStats:
+        """The compiled program's launches, collectives, bytes moved, nodes and workspace."""
+        return ProgramStats.of([self.compiled])
+
+    def stats_one_by_one(self) -> ProgramStats:
+        """The same figures for the calls run one by one, each compiled at ``level`` (workspace:
+        the largest call's)."""
+        graphs = [optimize(g, self.level) if g.nodes else g for g in self.calls]
+        return replace(ProgramStats.of(graphs),
+                       collectives=sum(1 for n in self.graph.nodes if is_collective(n)))
+
+    def _bindings(self, new: Mapping[str, Any]) -> dict[str, Tensor]:
+        bindings = dict(self.inputs)
+        types = {v.name: v.type for v in self.compiled.inputs}
+        for name, value in new.items():
+            if name not in types:
+                raise ValueError(f"replay: {name}: not an input of the program (inputs: "
+                                 f"{', '.join(types)})")
+            t = value if isinstance(value, Tensor) else tensor(value)
+            if tensor_type(t) != types[name]:
+                raise ValueError(f"replay: {name}: the program was captured with {types[name]}, "
+                                 f"got {tensor_type(t)}; capture again for other shapes")
+            if name in self.outputs:
+                why = unwritable_reason(t) if t.numel else None
+                if why:
+                    raise ValueError(f"replay: {name}: {why}")
+            bindings[name] = t
+        return bindings
+
+    def executable(self, backend: Backend) -> Executable:
+        """``backend``'s executable of the compiled program (compiled once per backend)."""
+        hit = self._executables.get(id(backend))
+        if hit is None or hit[0] is not backend:
+            hit = (backend, backend.compile(self.compiled, self.memory_plan, self.platform))
+            self._executables[id(backend)] = hit
+        return hit[1]
+
+    def replay(self, backend: Optional[BackendRef] = None, **new_inputs: Any) -> dict[str, np.ndarray]:
+        """Run the program once. ``new_inputs`` rebind inputs by name (arrays or tensors of the
+        captured types; outputs are written into them); the others are the captured tensors.
+        ``backend``: this one, else the one the captured calls' phase 2 would have used, else
+        the current one. Returns every written tensor by name (as numpy views)."""
+        bindings = self._bindings(new_inputs)
+        if backend is None:
+            backend = self.backend
+        be = current_backend() if backend is None else get_backend(backend)
+        if self.compiled.nodes:
+            if self.workspace_size and (self._workspace is None
+                                        or len(self._workspace) < self.workspace_size):
+                self._workspace = bytearray(self.workspace_size)
+            with np.errstate(all="ignore"):
+                self.executable(be).run(bindings, self._workspace if self.workspace_size else None)
+        return {name: bindings[name].view() for name in self.outputs}
+
+    run = replay
+
+    def __getattr__(self, name: str) -> Any:  # only reached before the capture block ended
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise CaptureError(f"prog.{name}: the program is built when the capture block ends")
+
+    def __repr__(self) -> str:
+        if "compiled" not in self.__dict__:
+            return "<Program (capturing)>"
+        s = self.stats()
+        return (f"<Program of {len(self.calls)} op_api calls: level {self.level}, {s.launches} launches + "
+                f"{s.collectives} collectives, inputs {', '.join(self.inputs)}>")
+
+
+__all__ = ["Program", "ProgramStats", "check_schedule", "traffic"]

@@ -1,0 +1,78 @@
+"""The pipelines for program graphs (many op_api calls captured as one graph by
+:mod:`opgraph.capture`). Level 0 runs the calls' graphs as recorded, chained; level 1 is what
+CANN launches for them; level 2 fuses across the calls: the level-2 passes plus round-trip casts
+folded where the bits stay identical, and reductions fused with every piece of elementwise work
+that can share their kernel — large values never leave a kernel, and nothing moves across a
+collective (AllGather / AllReduce: data dependencies decide, and the passes keep the graph
+schedulable).
+
+    >>> [p.name for p in program_pipeline(2)][:5]
+    ['prune-identities', 'op-rewrites', 'cast-round-trip', 'fuse-elementwise', 'fuse-reductions']
+    >>> from opgraph.core.ir import Graph, TensorType
+    >>> from opgraph.core.dtypes import DataType as D
+    >>> g = Graph(); x = g.add_input("x", TensorType((4,), D.FLOAT16))
+    >>> up = g.add_node("Cast", [x], to=D.FLOAT).outputs[0]
+    >>> g.outputs = [g.add_node("Cast", [up], to=D.FLOAT16).outputs[0]]
+    >>> new, stats = cast_round_trip.run(g)
+    >>> new.outputs[0].name, stats.counts
+    ('x', {'widen-narrow': 1})
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+from opgraph.core.config import check_level
+from opgraph.core.dtypes import DataType as D
+from opgraph.core.ir import Graph, Node
+from opgraph.core.passmanager import Instrument, Pass, PassError, PassManager, RewritePass
+from opgraph.core.rules import Rule
+from .fuse import fuse_elementwise, fuse_store, op_rewrites
+from .fuse_reduce import fuse_reductions_program
+from .prune import CLEANUP, LEVEL1, identities
+
+# (narrow, wide): every value of ``narrow`` is exactly a value of ``wide``, so casting up and
+# back down gives the same bits
+EXACT_WIDENINGS = {(D.FLOAT16, D.FLOAT), (D.BF16, D.FLOAT), (D.FLOAT16, D.DOUBLE),
+                   (D.BF16, D.DOUBLE), (D.FLOAT, D.DOUBLE), (D.INT8, D.INT16), (D.INT8, D.INT32),
+                   (D.INT16, D.INT32), (D.INT8, D.INT64), (D.INT16, D.INT64), (D.INT32, D.INT64),
+                   (D.INT8, D.FLOAT), (D.INT16, D.FLOAT), (D.INT32, D.DOUBLE)}
+
+
+def _round_trip(n: Node) -> bool:
+    inner = n.inputs[0].producer
+    return (inner is not None and inner.op == "Cast" and inner.inputs[0].dtype == n.attrs.to
+            and (inner.inputs[0].dtype, inner.attrs.to) in EXACT_WIDENINGS
+            and inner.inputs[0].shape == n.outputs[0].shape)
+
+
+def _drop_round_trip(g: Graph, n: Node) -> None:
+    g.replace_all_uses_with(n.outputs[0], n.inputs[0].producer.inputs[0])
+
+
+cast_round_trip = RewritePass("cast-round-trip", [Rule("widen-narrow", "Cast", _round_trip,
+                                                       _drop_round_trip)])
+
+
+def program_pipeline(level: int) -> list[Pass]:
+    """The passes of ``level`` for a program graph (see the module docstring)."""
+    check_level(level)
+    if level == 0:
+        return []
+    if level == 1:
+        return list(LEVEL1)
+    return [identities, op_rewrites(), cast_round_trip, fuse_elementwise,
+            fuse_reductions_program, fuse_store] + CLEANUP
+
+
+def optimize_program(graph: Graph, level: int, *, instruments: Sequence[Instrument] = (),
+                     verify_each: bool = False) -> Graph:
+    """A new program graph optimised at ``level`` (the input graph is never modified)."""
+    out, _ = PassManager(program_pipeline(level), instruments, verify=verify_each).run(graph)
+    try:
+        out.verify()
+    except Exception as e:
+        raise PassError(f"level {level} program pipeline produced an invalid graph: {e}") from None
+    return out
+
+
+__all__ = ["EXACT_WIDENINGS", "cast_round_trip", "optimize_program", "program_pipeline"]

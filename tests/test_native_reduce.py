@@ -1,0 +1,234 @@
+"""FusedReduce on the native backend (backends/native/reduce.py, reduce_c.py): bit-identical to
+the numpy reference (l0ops.ordered's order) for every dtype, layout and length — runs that start
+mid-lane, blocks whose last one is shorter than 64 lanes, strided, channels_last and broadcast
+inputs, NaN/Inf/-0.0 — the same for any thread count, planned once per operand layout; the
+family's op_apis at level 2 give the numpy backend's bits."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import backends
+import opgraph
+from backends import native
+from backends.native import build
+from backends.native.reduce import collapse_reduced, run_fused_reduce_native
+from l0ops.fused_reduce import FusedReduce, FusedReduceAttrs, Instr
+from opgraph.core.dtypes import DataType as D
+
+pytestmark = pytest.mark.skipif(not native.available(), reason=native.availability()[1])
+
+F32, F16, BF16 = D.FLOAT, D.FLOAT16, D.BF16
+DTYPES = {"f32": np.float32, "f16": np.float16, "bf16": ml_dtypes.bfloat16}
+
+
+def bits(a):
+    a = np.ascontiguousarray(a)
+    return a.view(f"u{a.dtype.itemsize}")
+
+
+def keep(shape):
+    return tuple(n if d == 1 else 1 for d, n in enumerate(shape))
+
+
+def backward_body(shape, dt):
+    """Σ f32(dy)·f32(x) and Σ f32(dy) in one pass, then a per-channel epilogue."""
+    k, o = keep(shape), tuple(shape)
+    body = (Instr(op="cast", args=("in0",), dtype=F32), Instr(op="cast", args=("in1",), dtype=F32),
+            Instr(op="mul", args=("t0", "t1"), dtype=F32),
+            Instr(op="sum", args=("t2",), dtype=F32, shape=k, over=o),
+            Instr(op="sum", args=("t0",), dtype=F32, shape=k, over=o),
+            Instr(op="mul", args=("in2", "t4"), dtype=F32),
+            Instr(op="sub", args=("t3", "t5"), dtype=F32))
+    C = shape[1]
+    return FusedReduceAttrs(body=body, results=("t3", "t4", "t6"), out_shapes=((C,),) * 3)
+
+
+def stats_body(shape, half: "D | None" = None):
+    """Two passes: the mean, then Σ((x − mean)²·(1/N)); ``half`` rounds the difference to it."""
+    k, o = keep(shape), tuple(shape)
+    n = 1.0 / (np.prod(shape) // shape[1])
+    body = [Instr(op="cast", args=("in0",), dtype=F32),
+            Instr(op="sum", args=("t0",), dtype=F32, shape=k, over=o),
+            Instr(op="fill", dtype=F32, value=float(np.float32(n))),
+            Instr(op="mul", args=("t1", "t2"), dtype=F32),
+            Instr(op="sub", args=("t0", "t3"), dtype=F32)]
+    if half is not None:
+        body += [Instr(op="cast", args=("t4",), dtype=half), Instr(op="cast", args=(f"t{len(body)}",), dtype=F32)]
+    d = f"t{len(body) - 1}"
+    body += [Instr(op="mul", args=(d, d), dtype=F32)]
+    body += [Instr(op="mul", args=(f"t{len(body) - 1}", "t2"), dtype=F32)]
+    body += [Instr(op="sum", args=(f"t{len(body) - 1}",), dtype=F32, shape=k, over=o)]
+    C = shape[1]
+    return FusedReduceAttrs(body=tuple(body), results=("t3", f"t{len(body) - 1}"), out_shapes=((C,),) * 2)
+
+
+def check_same(a, inputs):
+    got = run_fused_reduce_native(a, inputs)
+    ref = FusedReduce.compute(inputs, a)
+    assert len(got) == len(ref)
+    for g, r in zip(got, ref):
+        assert g.dtype == r.dtype and g.shape == r.shape
+        assert np.array_equal(bits(g), bits(r))
+    return got
+
+
+SHAPES = [(4, 3, 5, 6), (2, 3, 28, 28), (3, 2, 40000), (1, 2, 32768 + 5), (5, 4, 7, 9), (2, 64)]
+
+
+@pytest.mark.parametrize("dt", list(DTYPES))
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_backward_sums_bits_equal_numpy_and_near_float64(shape, dt):
+    rng = np.random.default_rng(0)
+    dy = rng.standard_normal(shape).astype(DTYPES[dt])
+    x = rng.standard_normal(shape).astype(DTYPES[dt])
+    mean = rng.standard_normal(shape[1]).astype(np.float32).reshape(keep(shape))
+    got = check_same(backward_body(shape, dt), [dy, x, mean])
+    axes = tuple(d for d in range(len(shape)) if d != 1)
+    d64, x64 = dy.astype(np.float64), x.astype(np.float64)
+    scale = np.abs(d64 * x64).sum(axes) + 1
+    assert np.all(np.abs(got[0] - (d64 * x64).sum(axes)) <= 1e-4 * scale)
+    assert np.all(np.abs(got[1] - d64.sum(axes)) <= 1e-4 * (np.abs(d64).sum(axes) + 1))
+
+
+@pytest.mark.parametrize("half", [None, F16, BF16], ids=["f32", "f16-diff", "bf16-diff"])
+@pytest.mark.parametrize("dt", list(DTYPES))
+@pytest.mark.parametrize("shape", [(8, 5, 33, 31), (3, 4, 28, 28), (2, 3, 40001)], ids=lambda s: "x".join(map(str, s)))
+def test_two_pass_statistics_bits_equal_numpy(shape, dt, half):
+    x = (np.random.default_rng(1).standard_normal(shape) * 3 + 2).astype(DTYPES[dt])
+    mean, var = check_same(stats_body(shape, half), [x])
+    axes = tuple(d for d in range(len(shape)) if d != 1)
+    assert np.allclose(mean, x.astype(np.float64).mean(axes), rtol=1e-5, atol=1e-5)
+    assert np.allclose(var, x.astype(np.float64).var(axes), rtol=1e-2 if half else 1e-5)
+
+
+def test_exact_sums_equal_the_exact_values():
+    """Small integers: every partial sum is exact, so any correct order gives the true sum."""
+    shape = (7, 3, 33, 35)
+    x = np.random.default_rng(2).integers(-50, 50, shape).astype(np.float32)
+    mean, _ = run_fused_reduce_native(stats_body(shape), [x])
+    n = np.float32(1.0 / (7 * 33 * 35))
+    assert np.array_equal(mean, x.astype(np.float64).sum((0, 2, 3)).astype(np.float32) * n)
+
+
+@pytest.mark.parametrize("layout", ["channels_last", "sliced", "transposed", "broadcast"])
+def test_strided_and_broadcast_inputs_bits_equal_numpy(layout):
+    rng = np.random.default_rng(3)
+    shape = (6, 8, 13, 11)
+    base = rng.standard_normal((6, 13, 11, 8)).astype(np.float32)
+    if layout == "channels_last":
+        x = base.transpose(0, 3, 1, 2)
+    elif layout == "sliced":
+        x = rng.standard_normal((6, 8, 13, 22)).astype(np.float32)[..., ::2]
+    elif layout == "transposed":
+        x = rng.standard_normal((11, 13, 8, 6)).astype(np.float32).transpose(3, 2, 1, 0)
+    else:
+        x = np.broadcast_to(rng.standard_normal((1, 8, 13, 11)).astype(np.float32), shape)
+    dy = rng.standard_normal(shape).astype(np.float32)
+    mean = rng.standard_normal(8).astype(np.float32).reshape(1, 8, 1, 1)
+    check_same(backward_body(shape, "f32"), [dy, x, mean])
+    check_same(stats_body(shape), [x])
+
+
+def test_special_values_keep_their_bits():
+    shape = (2, 4, 100)
+    x = np.full(shape, -0.0, np.float32)                   # channel 0: all -0.0 -> -0.0
+    x[:, 1] = np.random.default_rng(4).standard_normal((2, 100))
+    x[0, 1, 7] = np.nan                                    # channel 1: NaN
+    x[1, 2, 3] = np.inf                                    # channel 2: +inf
+    x[:, 3, ::2], x[:, 3, 1::2] = np.inf, -np.inf          # channel 3: inf - inf = NaN
+    dy = np.ones(shape, np.float32)
+    got = check_same(backward_body(shape, "f32"), [dy, x, np.zeros((1, 4, 1), np.float32)])
+    assert np.signbit(got[0][0]) and got[0][0] == 0
+    assert np.isnan(got[0][1]) and got[0][2] == np.inf and np.isnan(got[0][3])
+
+
+def test_planned_once_per_layout():
+    shape = (3, 4, 50, 60)
+    x = np.random.default_rng(5).standard_normal(shape).astype(np.float32)
+    a = stats_body(shape)
+    first = check_same(a, [x])
+    compiles, memory = build.stats["compiles"], build.stats["memory_hits"]
+    again = run_fused_reduce_native(a, [x + 0])              # same layout: no new kernel lookups
+    assert build.stats["compiles"] == compiles and build.stats["memory_hits"] == memory
+    assert all(np.array_equal(bits(p), bits(q)) for p, q in zip(first, again))
+    check_same(a, [np.asfortranarray(x)])                    # another layout: planned anew
+
+
+def test_collapse_keeps_the_row_major_order():
+    assert collapse_reduced((32, 56, 56), [[200704, 56, 1]]) == ([32, 3136], [[200704, 1]])
+    assert collapse_reduced((4, 1, 5), [[5, 7, 1], [1, 0, 4]]) == ([4, 5], [[5, 1], [1, 4]])
+    assert collapse_reduced((1, 1), [[3, 1]]) == ([1], [[0]])
+
+
+THREADS = """
+import sys, numpy as np
+sys.path.insert(0, {tests!r})
+from test_native_reduce import backward_body, stats_body
+from backends.native.reduce import run_fused_reduce_native
+shape = (5, 3, 28, 1000)
+rng = np.random.default_rng(7)
+dy, x = rng.standard_normal(shape).astype(np.float32), rng.standard_normal(shape).astype(np.float32)
+m = rng.standard_normal((1, 3, 1, 1)).astype(np.float32)
+outs = run_fused_reduce_native(backward_body(shape, "f32"), [dy, x, m]) + run_fused_reduce_native(stats_body(shape), [x])
+sys.stdout.write(b"".join(o.tobytes() for o in outs).hex())
+"""
+
+
+def test_the_same_bits_for_any_thread_count():
+    outs = []
+    for n in ("1", "2", "3", "5"):
+        env = {**os.environ, "OPGRAPH_NUM_THREADS": n, "OMP_NUM_THREADS": n}
+        outs.append(subprocess.run([sys.executable, "-c", THREADS.format(tests=os.path.dirname(__file__))],
+                                   env=env, capture_output=True, text=True, timeout=300, check=True).stdout)
+    assert outs[0] and all(o == outs[0] for o in outs)
+
+
+# --- the family's op_apis at level 2: numpy vs native --------------------------------------
+def op_calls(x, dy):
+    from opgraph.aclnn.batch_norm_reduce import batch_norm_reduce
+    from opgraph.aclnn.batch_norm_reduce_backward import batch_norm_backward_reduce
+    from opgraph.aclnn.batch_norm_stats import batch_norm_stats
+    C = x.shape[1]
+    rng = np.random.default_rng(8)
+    mean, invstd = rng.standard_normal(C).astype(np.float32), rng.uniform(0.5, 2, C).astype(np.float32)
+    w = rng.standard_normal(C).astype(np.float32)
+    return {"stats": lambda: batch_norm_stats(x, 1e-5),
+            "reduce": lambda: batch_norm_reduce(x),
+            "backward_reduce": lambda: batch_norm_backward_reduce(dy, x, mean, invstd, w, True, True, True)}
+
+
+@pytest.mark.parametrize("soc", ["Ascend910B", "Ascend950"])
+@pytest.mark.parametrize("dt", list(DTYPES))
+@pytest.mark.parametrize("shape", [(2, 3, 28, 28), (3, 5, 9, 70)], ids=lambda s: "x".join(map(str, s)))
+def test_family_op_apis_bits_equal_numpy(shape, dt, soc, monkeypatch):
+    monkeypatch.setattr(native.NativeBackend, "min_elements", 0)
+    if dt == "bf16" and soc != "Ascend950":
+        pytest.skip("bfloat16 statistics exist on the 950 only")
+    rng = np.random.default_rng(9)
+    x = (rng.standard_normal(shape) * 2 + 1).astype(DTYPES[dt])
+    dy = rng.standard_normal(shape).astype(DTYPES[dt])
+    nat = backends.get("native")
+    nat.fallbacks.clear()
+    results = {}
+    for be in ("numpy", "native"):
+        with opgraph.platform(soc), opgraph.opt_level(2), opgraph.use_backend(be):
+            results[be] = {}
+            for name, call in op_calls(x, dy).items():
+                try:
+                    results[be][name] = [o for o in call() if o is not None]
+                except opgraph.AclnnError as e:  # unsupported dtype on this SoC: the same on both
+                    results[be][name] = str(e)
+    assert results["numpy"].keys() == results["native"].keys()
+    for name, ref in results["numpy"].items():
+        got = results["native"][name]
+        if isinstance(ref, str):
+            assert got == ref
+            continue
+        assert len(got) == len(ref) and all(np.array_equal(bits(g), bits(r)) for g, r in zip(got, ref)), name
+    assert not nat.fallbacks, dict(nat.fallbacks)

@@ -1,0 +1,167 @@
+"""The native backend's thread team: every work item runs exactly once for any thread count,
+grain and team state (busy, forked); kernels give the numpy backend's bits for 1, 2 and many
+threads at sizes around the serial/parallel threshold, in every dtype, and the independent
+reference's bits."""
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import backends
+import opgraph
+import reference as R
+from backends import native
+from backends.native import build, render, team
+
+pytestmark = pytest.mark.skipif(not native.available(), reason=native.availability()[1])
+
+THREADS = (1, 2, 7)
+DTYPES = {"f32": R.F32, "f16": R.F16, "bf16": R.BF16}
+# element counts just below, at and above the threshold, and a multi-claim size with short rows
+SIZES = {"below": (1, 7, 4681), "at": (2, 4, render.PARALLEL_MIN // 8), "above": (3, 1, 10923),
+         "rows": (16, 64, 7, 7), "long-rows": (2, 3, 3 * render.BLOCK + 5)}
+
+COUNT_SOURCE = "#include <stdint.h>\n" + team.C_DECL + r"""
+static void count(void *ctx, int64_t begin, int64_t end) {
+    int32_t *c = (int32_t *)ctx;
+    for (int64_t i = begin; i < end; ++i) __atomic_fetch_add(&c[i], 1, __ATOMIC_RELAXED);
+}
+void opg_kernel(opg_run run, int32_t *counts, int64_t n, int64_t grain) { run(count, counts, n, grain); }
+"""
+
+
+@pytest.fixture
+def threads():
+    """Restore the team size after a test changes it."""
+    before = team.threads()
+    yield team.set_threads
+    team.set_threads(before)
+
+
+@pytest.fixture(autouse=True)
+def kernels_of_any_size(monkeypatch):
+    monkeypatch.setattr(native.NativeBackend, "min_elements", 0)
+
+
+def _counter():
+    fn = build.load(COUNT_SOURCE).fn
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64]
+    fn.restype = None
+
+    def run(n: int, grain: int) -> np.ndarray:
+        counts = np.zeros(max(n, 1), np.int32)
+        fn(team.runner(), counts.ctypes.data, n, grain)
+        return counts[:n]
+    return run
+
+
+@pytest.mark.parametrize("n_threads", THREADS)
+@pytest.mark.parametrize("n,grain", [(1, 1), (2, 1), (1000, 1), (1000, 7), (1000, 999),
+                                     (1000, 1000), (1000, 5000), (100003, 64), (5, 0)])
+def test_every_item_runs_exactly_once(n, grain, n_threads, threads):
+    threads(n_threads)
+    run = _counter()
+    for _ in range(3):  # the team is reused between calls
+        assert np.array_equal(run(n, grain), np.ones(n, np.int32))
+    assert run(0, 4).size == 0
+
+
+def test_calls_from_many_python_threads_at_once(threads):
+    """One job at a time: concurrent callers run serially on their own threads, none is lost."""
+    threads(2)
+    run = _counter()
+    bad: list = []
+
+    def worker():
+        for _ in range(50):
+            c = run(20000, 16)
+            if not np.array_equal(c, np.ones(20000, np.int32)):
+                bad.append(c)
+    ts = [threading.Thread(target=worker) for _ in range(4)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(timeout=120)
+    assert not bad and not any(t.is_alive() for t in ts)
+
+
+def test_a_forked_child_gets_a_working_team(threads):
+    threads(2)
+    run = _counter()
+    assert run(50000, 8).sum() == 50000  # the parent's workers exist now
+    pid = os.fork()
+    if pid == 0:  # child: the workers did not survive the fork; new ones must start
+        ok = all(np.array_equal(run(50000, 8), np.ones(50000, np.int32)) for _ in range(5))
+        os._exit(0 if ok else 1)
+    deadline = time.monotonic() + 60
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.monotonic() > deadline:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            pytest.fail("the forked child hung in the thread team")
+        time.sleep(0.01)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_set_threads_and_environment(threads, monkeypatch):
+    threads(3)
+    assert team.threads() == 3
+    for bad in (0, -2, 1.5, "2"):
+        with pytest.raises(ValueError, match="threads must be an integer >= 1"):
+            team.set_threads(bad)
+    assert team.threads() == 3
+    monkeypatch.setenv("OPGRAPH_NUM_THREADS", "5")
+    assert team._default_threads() == 5
+    for bad in ("0", "two", "-1"):
+        monkeypatch.setenv("OPGRAPH_NUM_THREADS", bad)
+        with pytest.raises(ValueError, match="OPGRAPH_NUM_THREADS must be an integer >= 1"):
+            team._default_threads()
+    monkeypatch.delenv("OPGRAPH_NUM_THREADS")
+    assert team._default_threads() == len(os.sched_getaffinity(0))
+
+
+@pytest.mark.parametrize("size", list(SIZES))
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_kernels_bit_identical_for_any_thread_count(size, dtype, threads):
+    case = R.make_case(SIZES[size], DTYPES[dtype], seed=11)
+    with opgraph.opt_level(2), opgraph.use_backend("numpy"):
+        expected = R.compute(case)
+    R.assert_bits_equal(expected, case.expected())
+    b = backends.get("native")
+    b.fallbacks.clear()
+    for n in THREADS:
+        threads(n)
+        with opgraph.opt_level(2), opgraph.use_backend("native"):
+            R.assert_bits_equal(R.compute(case), expected)
+    assert not b.fallbacks, dict(b.fallbacks)
+
+
+def test_partial_overlap_runs_on_numpy_exact_alias_in_c():
+    """gradInput written over gradOut itself is fine in C; a shifted overlap goes to numpy."""
+    case = R.make_case((2, 3, 64), R.F32, seed=3)
+    with opgraph.opt_level(2), opgraph.use_backend("numpy"):
+        expected = R.compute(case)
+    b = backends.get("native")
+    buf = case.gradOut.copy()
+    b.fallbacks.clear()
+    with opgraph.opt_level(2), opgraph.use_backend("native"):
+        got = opgraph.ops.batch_norm_elemt_backward(buf, case.input, case.mean, case.invstd,
+                                                    case.weight, case.sumDy, case.sumDyXmu,
+                                                    case.counter, out=buf)
+    R.assert_bits_equal(got, expected)
+    assert not b.fallbacks
+    flat = np.concatenate([case.gradOut.ravel(), np.zeros(1, R.F32)])
+    shifted = flat[1:].reshape(case.gradOut.shape)
+    go = flat[:-1].reshape(case.gradOut.shape)
+    with opgraph.opt_level(2), opgraph.use_backend("native"):
+        opgraph.ops.batch_norm_elemt_backward(go, case.input, case.mean, case.invstd, case.weight,
+                                              case.sumDy, case.sumDyXmu, case.counter, out=shifted)
+    assert b.fallbacks["the output partly overlaps an input"] == 1
