@@ -50,6 +50,10 @@ def test_json_round_trips_and_table_and_run(capsys, tmp_path):
                        "--run", "numpy")
     assert code == 0 and "AllGather" in out and "collective" in out
     assert "// replayed on numpy:" in out.splitlines()[-1]
+    page = tmp_path / "step.html"
+    code, out, _ = run(capsys, EXAMPLE, "--shape", "4,3,5,5", "--format", "html", "-o", str(page))
+    html = page.read_text()
+    assert code == 0 and html.startswith("<!DOCTYPE html>") and "AllReduce" in html
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -6,6 +6,7 @@ SyncBatchNorm training step (forward + backward, two collectives).
     opgraph capture examples/capture_syncbn.py --shape 8,16,14,14 --level 2
     opgraph capture examples/capture_syncbn.py --format stats
     opgraph capture examples/capture_syncbn.py --format json -o step.json
+    opgraph capture examples/capture_syncbn.py --format html -o step.html
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from opgraph.core.dtypes import DataType
 from .common import (CliError, check_memory, fmt_bytes, parse_backend, parse_dtype, parse_shape,
                      write_output)
 
-FORMATS = ("text", "json", "dot", "table", "stats")
+FORMATS = ("text", "json", "dot", "table", "html", "stats")
 
 
 def load_step(path: str) -> Callable[..., Any]:
@@ -87,6 +88,8 @@ def run(args: argparse.Namespace) -> int:
         text = g.to_json()
     elif args.format == "dot":
         text = g.to_dot()
+    elif args.format == "html":
+        text = g.to_html()
     elif args.format == "table":
         text = "".join(f"%{n.outputs[0].name:<6} {n.op:<36} {_kind(n)}\n" for n in g.nodes)
     else:
@@ -118,8 +121,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--level", type=int, choices=(0, 1, 2), default=2,
                    help="0 as recorded, 1 what CANN launches, 2 fused across the calls (default)")
     p.add_argument("--format", choices=FORMATS, default="text",
-                   help="text (default), json, dot, table (one row per node) or stats (levels "
-                        "0-2 side by side)")
+                   help="text (default), json, dot, table (one row per node), html (the "
+                        "viewer page: opgraph view's drawing) or stats (levels 0-2 side by side)")
     p.add_argument("--run", type=parse_backend, metavar="BACKEND",
                    help="also replay the program on BACKEND and print the time")
     p.add_argument("-o", "--output", metavar="FILE", help="write to FILE instead of stdout")
