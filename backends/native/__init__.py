@@ -223,10 +223,11 @@ def _fused_pointers(ln: _Launch, arrays: Sequence[np.ndarray]) -> Any:
 
 
 def _lower_fused(exe: Any, node: Any, args: list) -> list:
-    """FusedElementwise as a compiled C kernel; small or unsupported bodies run on numpy."""
+    """FusedElementwise as a compiled C kernel; unsupported bodies (and any smaller than
+    ``min_fused_elements``) run on numpy."""
     a: FusedAttrs = node.attrs
     backend: NativeBackend = exe.backend
-    if math.prod(a.shape) < backend.min_elements:
+    if math.prod(a.shape) < backend.min_fused_elements:
         backend.small += 1
         return node.opdef.compute(args, a)
     ins, dst = (args[:-1], args[-1]) if a.store else (args, None)
@@ -256,11 +257,14 @@ NATIVE_LOWERINGS: LoweringTable = NUMPY_LOWERINGS.extend({"FusedElementwise": _l
 
 class NativeBackend(NumpyBackend):
     """NumpyBackend with FusedElementwise lowered to compiled C; ``fallbacks`` counts the fused
-    nodes that ran on numpy, by reason. Kernels smaller than ``min_elements`` run on numpy
-    (the same bits; calling into C costs more than it saves there) and are counted in ``small``."""
+    nodes that ran on numpy, by reason. FusedReduce kernels smaller than ``min_elements`` and
+    FusedElementwise kernels smaller than ``min_fused_elements`` run on numpy (the same bits) and
+    are counted in ``small``. A FusedElementwise call is cheaper in C at any size (its launch is
+    cached and its per-channel part runs in C too), hence 0."""
 
     name = "native"
     min_elements = 4096
+    min_fused_elements = 0
     lowerings = NATIVE_LOWERINGS
 
     def __init__(self) -> None:
