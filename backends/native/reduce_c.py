@@ -70,6 +70,28 @@ def _vector(big, live, sums) -> list[str]:
     return out
 
 
+def _chunks(big, live, sums) -> list[str]:
+    """Whole 64-lane chunks from lane 0: the lane accumulators held in registers."""
+    S = len(sums)
+    body = [f"const opg_v v_{r} = {V_LOAD[d].format(f'(q{i} + u * OPG_W)')};" for i, (r, d) in enumerate(big)]
+    for dst, ins in live:
+        args = [f"v_{x}" for x in ins.args]
+        expr = args[0] if ins.op == "cast" else f"{V_OP[ins.op]}({', '.join(args)})"
+        body.append(f"const opg_v v_{dst} = {V_ROUND[ins.dtype].format(expr)};")
+    body += [f"va[{s}][u] = opg_v_add(va[{s}][u], v_{x});" for s, x in enumerate(sums)]
+    return ["if (l == 0 && j + OPG_LANES <= run) {",
+            f"    opg_v va[{S}][OPG_LANES / OPG_W];",
+            f"    for (int s = 0; s < {S}; ++s) for (int u = 0; u < OPG_LANES / OPG_W; ++u)",
+            "        va[s][u] = opg_v_ld_f32(&acc[s][u * OPG_W]);",
+            "    for (; j + OPG_LANES <= run; j += OPG_LANES) {",
+            "        #pragma GCC unroll 16",
+            "        for (int u = 0; u < OPG_LANES / OPG_W; ++u) {"]     + ["            " + b for b in body] + [
+            "        }", "    }",
+            f"    for (int s = 0; s < {S}; ++s) for (int u = 0; u < OPG_LANES / OPG_W; ++u)",
+            "        opg_v_st_f32(&acc[s][u * OPG_W], va[s][u]);",
+            "}"]
+
+
 def render_pass(big: Sequence[tuple[str, DataType]], kept: Sequence[str],
                 live: Sequence[tuple[str, Instr]], sums: Sequence[str]) -> str:
     """C for one pass over ``big`` (register, dtype) computing the ``live`` instructions and
@@ -117,8 +139,9 @@ def render_pass(big: Sequence[tuple[str, DataType]], kept: Sequence[str],
     L += ["#if defined(OPG_VEC)",
           "                for (; j < run && (l & (OPG_W - 1)); ++j, l = (l + 1) & (OPG_LANES - 1)) {"]
     L += [pad + "    " + s for s in scalar_dense]
-    L += ["                }",
-          "                for (; j + OPG_W <= run; j += OPG_W, l = (l + OPG_W) & (OPG_LANES - 1)) {"]
+    L += ["                }"]
+    L += [pad + s for s in _chunks(big, live, sums)]
+    L += ["                for (; j + OPG_W <= run; j += OPG_W, l = (l + OPG_W) & (OPG_LANES - 1)) {"]
     L += [pad + "    " + s for s in _vector(big, live, sums)]
     L += ["                }", "#endif",
           "                for (; j < run; ++j, l = (l + 1) & (OPG_LANES - 1)) {"]
