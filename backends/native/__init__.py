@@ -1,7 +1,9 @@
-"""The ``native`` backend: every FusedElementwise node runs as a compiled C kernel (one pass over
-the data, OpenMP threads, bit-identical to the numpy backend); all other nodes, and fused bodies
-the renderer does not handle (non-float registers, per-element view/sum/fill, an output that
-partly overlaps an input), run on numpy.
+"""The ``native`` backend: every FusedElementwise node runs as one compiled C call (its
+per-channel part, then one pass over the data on the persistent thread team of :mod:`.team`;
+bit-identical to the numpy backend, for any thread count); all other nodes, and fused bodies the
+renderer does not handle (non-float registers, per-element view/sum/fill, an output that partly
+overlaps an input), run on numpy. The hoisted per-channel part runs in numpy when the C
+prologue (:mod:`.prologue`) does not cover it.
 
 Needs a C compiler on PATH (``cc``/``gcc``/``clang``, or ``$CC``). Without one,
 ``backends.get("native")`` raises ``BackendUnavailable`` with one line saying so, and
