@@ -1,19 +1,23 @@
 """Benchmark aclnnBatchNormElemtBackward on the CPU: opgraph levels 0/1/2 (numpy backend), the
 native backend when a C compiler is present, a naive numpy formula, torch eager and
-torch.compile when torch is installed, and two floors: ``np.add(a, b, out=c)`` in the tensor's
-dtype (the floor the issue defines) and the same on the raw bits (pure memory traffic; numpy's
-fp16/bf16 arithmetic is compute-bound, so only this one is a bandwidth floor).
+torch.compile when torch is installed, and three floors: ``np.add(a, b, out=c)`` in the tensor's
+dtype (the floor the issue defines), the same on the raw bits (one thread; numpy's fp16/bf16
+arithmetic is compute-bound) and ``c = a + b`` on the raw bits compiled with the native backend's
+compiler and flags, on the native thread team with 2 threads (the memory floor: read two
+tensors, write one, at the speed this machine's two cores allow).
 
 Variants run interleaved in one process; we report medians, the spread (min–max) and ratios to
-the floor and to level 0 measured in the same run. Also: per-call latency for the small shape
-(phase 1 uncached / cached + phase 2) and peak extra memory (tracemalloc) per variant.
+the floors, to torch.compile and to level 0 measured in the same run. Also: per-call latency for
+the small shape (phase 1 uncached / cached + phase 2) and peak extra memory (tracemalloc).
 
     python benchmarks/bench_elemt_backward.py            # full run (a few minutes)
     python benchmarks/bench_elemt_backward.py --quick    # smaller shapes, fewer repeats
+    python benchmarks/bench_elemt_backward.py --shapes 8,64,28,28 --only native,torch.compile
 """
 from __future__ import annotations
 
 import argparse
+import ctypes
 import platform as host
 import statistics
 import time
@@ -77,6 +81,36 @@ def floor_variant(arrays, out, raw_bits: bool) -> Callable[[], None]:
     return lambda: np.add(a, b, out=o)
 
 
+C_FLOOR = r"""#include <stdint.h>
+{decl}
+struct opg_abc {{ const {t} *a, *b; {t} *c; }};
+static void opg_add(void *ctx, int64_t begin, int64_t end) {{
+    const struct opg_abc *p = (const struct opg_abc *)ctx;
+    for (int64_t i = begin; i < end; ++i) p->c[i] = ({t})(p->a[i] + p->b[i]);
+}}
+void opg_kernel(opg_run run, const void *a, const void *b, void *c, int64_t n, int64_t grain) {{
+    const struct opg_abc p = {{(const {t} *)a, (const {t} *)b, ({t} *)c}};
+    run(opg_add, (void *)&p, n, grain);
+}}
+"""
+
+
+def c_floor_variant(arrays, out) -> "Callable[[], None] | None":
+    """``c = a + b`` over the raw bits as compiled C on the native thread team (None without a
+    C compiler). Same compiler, flags and threads as the native kernels."""
+    from backends.native import build, render, team
+    if not build.availability()[0]:
+        return None
+    src = C_FLOOR.format(decl=team.C_DECL, t=f"uint{out.itemsize * 8}_t")
+    fn = build.load(src).fn
+    fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 2
+    fn.restype = None
+    a, b = np.ascontiguousarray(arrays[0]), np.ascontiguousarray(arrays[1])
+    run, n, grain = team.runner(), out.size, render.GRAIN
+    pa, pb, pc = a.ctypes.data, b.ctypes.data, out.ctypes.data
+    return lambda: fn(run, pa, pb, pc, n, grain)
+
+
 def torch_variants(arrays, out) -> dict[str, Callable[[], None]]:
     try:
         import torch
@@ -116,18 +150,29 @@ def peak_extra_bytes(fn: Callable[[], None]) -> int:
     return peak
 
 
-def bench_shape(shape, dname, reps: int) -> None:
+def _ratio(med: float, base: "float | None", width: int = 6) -> str:
+    return f"{med / base:{width}.2f}×" if base else " " * width + "-"
+
+
+def bench_shape(shape, dname, reps: int, only: "set[str] | None" = None) -> None:
+    """One table: every variant (or those whose name contains a word of ``only``; the floors
+    always run) interleaved ``reps`` times, medians and ratios within this run."""
     dt = DTYPES[dname]
     arrays, out = make_inputs(shape, dt)
     variants: dict[str, Callable[[], None]] = {"floor np.add": floor_variant(arrays, out, False),
                                                "floor raw bits": floor_variant(arrays, out, True)}
+    c_floor = c_floor_variant(arrays, out)
+    if c_floor is not None:
+        variants["floor C 2 threads"] = c_floor
+    others: dict[str, Callable[[], None]] = {}
     for level in (0, 1, 2):
-        variants[f"opgraph L{level} numpy"] = opgraph_variant(level, "numpy", arrays, out)
+        others[f"opgraph L{level} numpy"] = opgraph_variant(level, "numpy", arrays, out)
     import backends
     if "native" in backends.available():
-        variants["opgraph L2 native"] = opgraph_variant(2, "native", arrays, out)
-    variants["naive numpy"] = naive_variant(arrays, out)
-    variants.update(torch_variants(arrays, out))
+        others["opgraph L2 native"] = opgraph_variant(2, "native", arrays, out)
+    others["naive numpy"] = naive_variant(arrays, out)
+    others.update(torch_variants(arrays, out))
+    variants.update({k: f for k, f in others.items() if not only or any(w in k for w in only)})
     for fn in variants.values():  # warm-up (compiles, caches)
         fn()
     times: dict[str, list[float]] = {k: [] for k in variants}
@@ -136,19 +181,20 @@ def bench_shape(shape, dname, reps: int) -> None:
             t0 = time.perf_counter()
             fn()
             times[name].append(time.perf_counter() - t0)
-    floor = statistics.median(times["floor np.add"])
-    traffic = statistics.median(times["floor raw bits"])
-    l0 = statistics.median(times["opgraph L0 numpy"])
+    med = {k: statistics.median(v) for k, v in times.items()}
+    floor, traffic = med["floor np.add"], med["floor raw bits"]
+    cf, tc, l0 = (med.get(k) for k in ("floor C 2 threads", "torch.compile", "opgraph L0 numpy"))
     nbytes = out.nbytes
     print(f"\n{dname} {list(shape)}  ({reps} interleaved runs; tensor {nbytes / 2**20:.1f} MiB)")
     print(f"  {'variant':20s} {'median':>10s} {'min–max':>19s} {'/floor':>7s} {'/bits':>7s} "
-          f"{'/L0':>6s} {'peak extra':>11s}")
+          f"{'/Cfloor':>7s} {'/tcomp':>7s} {'/L0':>6s} {'peak extra':>11s}")
     for name, ts in times.items():
-        med = statistics.median(ts)
+        m = med[name]
         peak = peak_extra_bytes(variants[name]) if not name.startswith("torch") else float("nan")
         peak_s = f"{peak / nbytes:9.2f}×T" if peak == peak else "        n/a"
-        print(f"  {name:20s} {med * 1e3:8.3f}ms {min(ts) * 1e3:8.3f}–{max(ts) * 1e3:8.3f}ms "
-              f"{med / floor:6.2f}× {med / traffic:6.2f}× {med / l0:5.2f}× {peak_s}")
+        print(f"  {name:20s} {m * 1e3:8.3f}ms {min(ts) * 1e3:8.3f}–{max(ts) * 1e3:8.3f}ms "
+              f"{_ratio(m, floor)} {_ratio(m, traffic)} {_ratio(m, cf)} {_ratio(m, tc)} "
+              f"{_ratio(m, l0, 5)} {peak_s}")
 
 
 def bench_latency(reps: int) -> None:
@@ -174,20 +220,41 @@ def bench_latency(reps: int) -> None:
               f"cached {statistics.median(cac) * 1e6:7.1f} µs")
 
 
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            return next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), "")
+    except OSError:
+        return host.processor() or ""
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="skip the largest shape, fewer repeats")
     ap.add_argument("--reps", type=int, default=None)
     ap.add_argument("--dtypes", default="fp32,fp16,bf16")
+    ap.add_argument("--shapes", default=None, help="e.g. 8,64,28,28;32,64,56,56 (default: all)")
+    ap.add_argument("--only", default=None,
+                    help="comma-separated words: run only variants whose name contains one "
+                         "(the floors always run), e.g. native,torch.compile")
+    ap.add_argument("--no-latency", action="store_true", help="skip the small-shape latency")
     args = ap.parse_args()
     reps = args.reps or (5 if args.quick else 9)
     shapes = SHAPES[:2] if args.quick else SHAPES
-    print(f"machine: {host.machine()} {host.processor() or ''} python {host.python_version()} "
+    if args.shapes:
+        shapes = [tuple(int(n) for n in s.split(",")) for s in args.shapes.split(";")]
+    only = set(args.only.split(",")) if args.only else None
+    print(f"machine: {host.machine()} {_cpu_name()} python {host.python_version()} "
           f"numpy {np.__version__}; opgraph {opgraph.__version__}")
-    bench_latency(200 if not args.quick else 50)
+    from backends.native import build, team
+    if build.availability()[0]:
+        team.set_threads(2)
+        print(f"native: {build.describe()}; thread team of {team.threads()}")
+    if not args.no_latency:
+        bench_latency(200 if not args.quick else 50)
     for shape in shapes:
         for d in args.dtypes.split(","):
-            bench_shape(shape, d, reps)
+            bench_shape(shape, d, reps, only)
 
 
 if __name__ == "__main__":

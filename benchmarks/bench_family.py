@@ -72,8 +72,14 @@ def c_floor(shape: tuple[int, ...], dtype: DataType) -> Optional[Callable[[], No
         from bench_elemt_backward import c_floor_variant
     except ImportError:
         return None
-    a = np.zeros(shape, dtype.np)
-    return c_floor_variant([a, a.copy()], np.empty_like(a))
+    arrays = [np.zeros(shape, dtype.np) for _ in range(3)]
+    fn = c_floor_variant(arrays[:2], arrays[2])
+    if fn is None:
+        return None
+
+    def floor(keep: list = arrays) -> None:  # fn holds raw pointers: ``keep`` holds the arrays
+        fn()
+    return floor
 
 
 def fmt(s: float) -> str:

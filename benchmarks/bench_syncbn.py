@@ -1,7 +1,10 @@
 """Benchmark opgraph.torch.SyncBatchNorm on CPU: forward + backward per rank with the numpy and
-native backends, on 1 and 2 gloo ranks, the collectives alone (all_gather of [mean, invstd,
-count] + all_reduce of [sum_dy, sum_dy_xmu] at the same sizes), against torch.nn.BatchNorm2d
-forward + backward on the same per-rank batch in the same processes.
+native backends, on 1 (default) or more gloo ranks, the collectives alone (all_gather of [mean,
+invstd, count] + all_reduce of [sum_dy, sum_dy_xmu] at the same sizes), against
+torch.nn.BatchNorm2d forward + backward on the same per-rank batch in the same processes, for
+fp32, fp16 and bf16 (bf16 statistics run on the Ascend950 op_apis). The floor row is seven tensor
+passes (what batch norm's forward + backward must read and write at least) at the speed of the
+compiled 2-thread ``c = a + b`` of bench_elemt_backward (when that is available).
 
 One session of processes per rank count (torch's threads shared out over the ranks); inside it
 the variants run interleaved, the first call of each (compilation, caches) not counted. Rank 0's
@@ -9,9 +12,9 @@ medians and min–max are reported, and the ratio to torch's BatchNorm2d; nothin
 One rank runs the distributed path too (the autograd function on a one-rank group), although
 the module itself would fall back to plain batch norm there.
 
-    python benchmarks/bench_syncbn.py                   # 32x64x28x28 and 8x64x56x56, fp32
+    python benchmarks/bench_syncbn.py                   # 8x64x28x28, 32x64x56x56; 3 dtypes; 1 rank
     python benchmarks/bench_syncbn.py --quick           # one small shape, fewer repeats
-    python benchmarks/bench_syncbn.py --dtypes fp32,fp16 --reps 15
+    python benchmarks/bench_syncbn.py --dtypes fp32 --ranks 1,2 --reps 15
 """
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ import statistics
 import time
 from typing import Any, Callable
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -30,7 +34,9 @@ from opgraph.torch import SyncBatchNormFunction, run_ranks
 
 DTYPES = {"fp32": (torch.float32, None), "fp16": (torch.float16, None),
           "bf16": (torch.bfloat16, "Ascend950")}
-SHAPES = [(32, 64, 28, 28), (8, 64, 56, 56)]
+SHAPES = [(8, 64, 28, 28), (32, 64, 56, 56)]
+FLOOR = "floor: 7 tensor passes"
+FLOOR_PASSES = 7  # forward: read x (stats), read x + write y; backward: read dy, x; read dy, x + write dx
 QUICK_SHAPES = [(8, 32, 14, 14)]
 
 
@@ -44,7 +50,8 @@ def backends_here() -> list[str]:
     return out
 
 
-def variants(shape: tuple[int, ...], dtype: str, rank: int, world: int) -> dict[str, Callable]:
+def variants(shape: tuple[int, ...], dtype: str, rank: int, world: int,
+             use: tuple[str, ...] = ("numpy", "native")) -> dict[str, Callable]:
     """name -> one forward + backward (or the collectives) on this rank's part of the batch."""
     dt, plat = DTYPES[dtype]
     mine = torch.arange(shape[0]).tensor_split(world)[rank]
@@ -78,18 +85,38 @@ def variants(shape: tuple[int, ...], dtype: str, rank: int, world: int) -> dict[
         dist.all_gather(rows, row)
         dist.all_reduce(sums)
 
-    out = {f"opgraph SyncBatchNorm, {be}": syncbn(be) for be in backends_here()}
+    out = {f"opgraph SyncBatchNorm, {be}": syncbn(be) for be in backends_here() if be in use}
     out["collectives alone"] = collectives
     out["torch BatchNorm2d"] = torch_bn
+    floor = c_floor(x)
+    if floor is not None:
+        out[FLOOR] = floor
     return out
 
 
+def c_floor(x: torch.Tensor) -> "Callable[[], None] | None":
+    """bench_elemt_backward's compiled 2-thread c = a + b over ``x``'s size (3 tensor passes;
+    :func:`report` scales it to :data:`FLOOR_PASSES`); None when unavailable."""
+    try:
+        from bench_elemt_backward import c_floor_variant
+    except ImportError:
+        return None
+    arrays = [np.zeros(tuple(x.shape), f"u{x.element_size()}") for _ in range(3)]
+    fn = c_floor_variant(arrays[:2], arrays[2])
+    if fn is None:
+        return None
+
+    def floor(keep: list = arrays) -> None:  # fn holds raw pointers: ``keep`` holds the arrays
+        fn()
+    return floor
+
+
 def measure(rank: int, world: int, cases: list[tuple[tuple[int, ...], str]],
-            reps: int) -> list[dict[str, Any]]:
+            reps: int, use: tuple[str, ...] = ("numpy", "native")) -> list[dict[str, Any]]:
     """Every case's variants, interleaved, on this rank: [{case, name: [seconds...]}]."""
     results = []
     for shape, dtype in cases:
-        fns = variants(shape, dtype, rank, world)
+        fns = variants(shape, dtype, rank, world, use)
         times: dict[str, list[float]] = {name: [] for name in fns}
         for i in range(reps + 1):
             for name, fn in fns.items():
@@ -114,6 +141,7 @@ def report(world: int, results: list[dict[str, Any]]) -> None:
         base = statistics.median(r["times"]["torch BatchNorm2d"])
         print(f"  {'variant':<34}{'median':>11}{'min-max':>22}{'x torch':>9}")
         for name, ts in r["times"].items():
+            ts = [t * FLOOR_PASSES / 3 for t in ts] if name == FLOOR else ts
             med = statistics.median(ts)
             spread = f"{fmt_ms(min(ts))}-{fmt_ms(max(ts))}"
             print(f"  {name:<34}{fmt_ms(med):>11}{spread:>22}{med / base:>9.2f}")
@@ -123,8 +151,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="one small shape, 5 repeats")
     ap.add_argument("--reps", type=int, default=None, help="timed repeats (default 9; quick 5)")
-    ap.add_argument("--dtypes", default="fp32", help="comma-separated: fp32, fp16, bf16")
-    ap.add_argument("--ranks", default="1,2", help="comma-separated rank counts (default 1,2)")
+    ap.add_argument("--dtypes", default="fp32,fp16,bf16", help="comma-separated: fp32, fp16, bf16")
+    ap.add_argument("--ranks", default="1", help="comma-separated rank counts (default 1)")
+    ap.add_argument("--backends", default="numpy,native", help="opgraph backends (default both)")
     args = ap.parse_args()
     reps = args.reps or (5 if args.quick else 9)
     shapes = QUICK_SHAPES if args.quick else SHAPES
@@ -132,7 +161,8 @@ def main() -> None:
     print(f"opgraph {opgraph.__version__}, torch {torch.__version__}, {host.machine()}, "
           f"{host.python_version()}; backends: {', '.join(backends_here())}; {reps} repeats")
     for world in (int(n) for n in args.ranks.split(",")):
-        results = run_ranks(measure, world, (cases, reps), timeout=1800, pg_timeout=300)
+        results = run_ranks(measure, world, (cases, reps, tuple(args.backends.split(","))),
+                            timeout=1800, pg_timeout=300)
         report(world, results[0])
 
 

@@ -253,13 +253,17 @@ def test_every_half_bit_pattern_through_the_simd_loops(dtype, soc, no_fallback):
     assert np.array_equal(outs[0].view(np.uint16)[~nan], outs[1].view(np.uint16)[~nan])
 
 
-def test_small_kernels_run_on_numpy_by_default(monkeypatch):
+def test_small_fused_kernels_run_in_c_unless_below_the_threshold(monkeypatch):
     monkeypatch.setattr(native.NativeBackend, "min_elements", 4096)
     b = backends.get("native")
-    before = b.small
     x = np.ones((2, 3, 4), np.float32)
     c = np.ones(3, np.float32)
+    expected = opgraph.ops.batch_norm_elemt_backward(x, x, c, c, c, c, c, np.int32([2]))
+    before = b.small
     with opgraph.use_backend("native"):
         y = opgraph.ops.batch_norm_elemt_backward(x, x, c, c, c, c, c, np.int32([2]))
-    assert b.small == before + 1
-    assert np.array_equal(y, opgraph.ops.batch_norm_elemt_backward(x, x, c, c, c, c, c, np.int32([2])))
+    assert b.small == before and np.array_equal(R.bits(y), R.bits(expected))
+    monkeypatch.setattr(native.NativeBackend, "min_fused_elements", 4096)
+    with opgraph.use_backend("native"):
+        y = opgraph.ops.batch_norm_elemt_backward(x, x, c, c, c, c, c, np.int32([2]))
+    assert b.small == before + 1 and np.array_equal(R.bits(y), R.bits(expected))

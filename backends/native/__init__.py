@@ -1,7 +1,9 @@
-"""The ``native`` backend: every FusedElementwise node runs as a compiled C kernel (one pass over
-the data, OpenMP threads, bit-identical to the numpy backend); all other nodes, and fused bodies
-the renderer does not handle (non-float registers, per-element view/sum/fill, an output that
-partly overlaps an input), run on numpy.
+"""The ``native`` backend: every FusedElementwise node runs as one compiled C call (its
+per-channel part, then one pass over the data on the persistent thread team of :mod:`.team`;
+bit-identical to the numpy backend, for any thread count); all other nodes, and fused bodies the
+renderer does not handle (non-float registers, per-element view/sum/fill, an output that partly
+overlaps an input), run on numpy. The hoisted per-channel part runs in numpy when the C
+prologue (:mod:`.prologue`) does not cover it.
 
 Needs a C compiler on PATH (``cc``/``gcc``/``clang``, or ``$CC``). Without one,
 ``backends.get("native")`` raises ``BackendUnavailable`` with one line saying so, and
@@ -21,21 +23,25 @@ from __future__ import annotations
 
 import ctypes
 import math
+import weakref
 from collections import Counter
 from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from l0ops.primitives import FusedAttrs, Hoisted
+from l0ops.primitives import FusedAttrs, Hoisted, program
 from opgraph.core.backend import LoweringTable
 from ..numpy_backend import NUMPY_LOWERINGS, NumpyBackend
 from . import build, render, team
 from .build import NativeBuildError, availability
+from .prologue import Prologue, render_fused
 from .reduce import run_fused_reduce_native
 from .render import Unsupported
 
 _ARGTYPES = [ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
              ctypes.c_void_p]
+_FUSED_ARGTYPES = [ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
+                   ctypes.c_void_p, ctypes.c_void_p]
 
 
 def available() -> bool:
@@ -76,33 +82,59 @@ def collapse(shape: Sequence[int], strides: Sequence[Sequence[int]]) -> tuple[li
 
 class _Launch:
     """What a kernel call needs that depends only on the operands' dtypes and layouts: the
-    kernel, the hoisted registers it reads, the collapsed shape and strides (C arrays), and per
-    operand the byte extent it reads and whether it has the output's exact layout."""
+    kernel, the collapsed shape and strides (C arrays), the inputs whose pointers it takes, and
+    per operand the byte extent it reads and whether it has the output's exact layout.
 
-    __slots__ = ("attrs", "fn", "big", "hoisted", "h_strides", "ndim", "shape", "strides", "ptrs",
-                 "extents", "same", "out_extent", "empty")
+    With a C prologue (:mod:`.prologue`; ``fused`` set) the call passes the per-channel inputs'
+    pointers and the prologue's table; otherwise the hoisted part runs in numpy per call and
+    its registers ``hoisted`` (strides ``h_strides``) are passed."""
 
-    def __init__(self, a: FusedAttrs, h: Hoisted, inputs: Sequence[np.ndarray], out: np.ndarray):
+    __slots__ = ("attrs", "fn", "fused", "tab", "small", "big", "hoisted", "h_strides", "ndim",
+                 "shape", "strides", "ptrs", "extents", "same", "out_extent", "empty", "last")
+
+    def __init__(self, a: FusedAttrs, h: Hoisted, inputs: Sequence[np.ndarray], out: np.ndarray,
+                 use_prologue: bool = True):
         p = render.plan(a, h)
         full = tuple(a.shape)
         if out.shape != full or out.dtype != a.out_dtype.np:
             raise Unsupported("the store destination is not a writeable array of the result type")
-        big = [h.big[r] for r, _ in p.big]
-        hv = [_as_f32(h.values[r]) for r in p.hoisted]
-        operands = big + [np.broadcast_to(v, full) for v in hv] + [out]
-        self.attrs, self.big, self.hoisted = a, tuple(r for r, _ in p.big), p.hoisted
+        self.attrs, self.hoisted = a, p.hoisted
+        self.big = tuple(int(r[2:]) for r, _ in p.big)
+        big = [inputs[k] for k in self.big]
         self.empty = math.prod(full) == 0
+        pro = None
+        if use_prologue:
+            try:
+                pro = Prologue(a, program(a, inputs), inputs, p.hoisted)
+            except Unsupported:
+                pro = None
+        strides = [_element_strides(x) for x in big]
+        if pro is not None:  # hoisted registers: in the prologue's scratch
+            hv: list[np.ndarray] = []
+            strides += [pro.kernel_strides(r, full) for r in p.hoisted]
+            self.small, self.tab = pro.small, (ctypes.c_int64 * len(pro.table))(*pro.table)
+            source = render_fused(p, pro.source, len(pro.small), pro.hoisted_at)
+        else:  # hoisted registers: numpy arrays passed per call
+            hv = [_as_f32(h.values[r]) for r in p.hoisted]
+            strides += [_element_strides(np.broadcast_to(v, full)) for v in hv]
+            self.small, self.tab = (), None
+            source = render.render(p)
         self.h_strides = tuple(v.strides for v in hv)
-        shape, strides = collapse(full, [_element_strides(x) for x in operands])
-        self.ndim, self.ptrs = len(shape), ctypes.c_void_p * len(operands)
+        strides.append(_element_strides(out))
+        shape, strides = collapse(full, strides)
+        self.ndim, self.ptrs = len(shape), ctypes.c_void_p * (len(self.small) + len(big) + len(hv) + 1)
         self.shape = (ctypes.c_int64 * len(shape))(*shape)
-        self.strides = (ctypes.c_int64 * (len(shape) * len(operands)))(*sum(strides, []))
-        self.extents = [_extent(x) for x in big + hv]
+        self.strides = (ctypes.c_int64 * (len(shape) * len(strides)))(*sum(strides, []))
+        kernel = build.load(source, symbol="opg_fused" if pro is not None else build.SYMBOL)
+        self.fused = pro is not None
+        self.last: tuple = ()  # fused: (weak references to the arrays, their pointer array)
+        read = big if self.fused else big + hv
+        self.extents = [_extent(x) for x in read]
         self.out_extent = _extent(out)
-        self.same = [x.shape == out.shape and x.strides == out.strides for x in big + hv]
-        fn = build.load(render.render(p)).fn
+        self.same = [x.shape == out.shape and x.strides == out.strides for x in read]
+        fn = kernel.fn
         if fn.argtypes is None:
-            fn.argtypes, fn.restype = _ARGTYPES, None
+            fn.argtypes, fn.restype = (_FUSED_ARGTYPES, ctypes.c_int) if self.fused else (_ARGTYPES, None)
         self.fn = fn
 
 
@@ -122,13 +154,13 @@ def _extent(x: np.ndarray) -> tuple[int, int]:
 _LAUNCHES: dict[tuple, _Launch] = {}
 
 
-def _launch(a: FusedAttrs, h: Hoisted, inputs: Sequence[np.ndarray], out: np.ndarray) -> _Launch:
+def _launch(a: FusedAttrs, inputs: Sequence[np.ndarray], out: np.ndarray) -> _Launch:
     """The cached :class:`_Launch` for these operands' dtypes and layouts (built on a miss)."""
     key = (id(a), out.dtype, out.shape, out.strides) + tuple(
         (x.dtype, x.shape, x.strides) for x in inputs)
     ln = _LAUNCHES.get(key)
     if ln is None or ln.attrs is not a:
-        ln = _Launch(a, h, inputs, out)
+        ln = _Launch(a, Hoisted(a, inputs), inputs, out)
         if len(_LAUNCHES) >= 1024:
             _LAUNCHES.clear()
         _LAUNCHES[key] = ln
@@ -141,33 +173,63 @@ def run_fused_native(a: FusedAttrs, inputs: Sequence[np.ndarray],
     Raises :class:`Unsupported` for a body it does not render or an output that partly overlaps
     an input the kernel reads. Everything but the per-channel values and the data pointers is
     prepared once per (body, operand layouts)."""
-    h = Hoisted(a, inputs)
     if out is None:
         out = np.empty(tuple(a.shape), a.out_dtype.np)
     if not out.flags.writeable:
         raise Unsupported("the store destination is not a writeable array of the result type")
-    ln = _launch(a, h, inputs, out)
-    hv = [_as_f32(h.values[r]) for r in ln.hoisted]
-    if tuple(v.strides for v in hv) != ln.h_strides:  # not seen so far; prepared afresh
-        ln = _Launch(a, h, inputs, out)
+    ln = _launch(a, inputs, out)
     if ln.empty:
         return out
-    addrs = [h.big[r].ctypes.data for r in ln.big] + [v.ctypes.data for v in hv]
+    if ln.fused:
+        arrays = [inputs[k] for k in ln.small] + [inputs[k] for k in ln.big] + [out]
+        last = ln.last  # the same array objects as the last call: their pointers are known
+        if last and all(r() is x for r, x in zip(last[0], arrays)):
+            ptrs = last[1]
+        else:
+            ptrs = _fused_pointers(ln, arrays)
+        if ln.fn(ln.ndim, ln.shape, ln.strides, render.BLOCK, team.runner(), ln.tab, ptrs):
+            raise MemoryError("native kernel: cannot allocate the per-channel scratch")
+        return out
+    h = Hoisted(a, inputs)  # no C prologue: the per-channel part in numpy
+    hv = [_as_f32(h.values[r]) for r in ln.hoisted]
+    if tuple(v.strides for v in hv) != ln.h_strides:  # not seen so far; prepared afresh
+        ln = _Launch(a, h, inputs, out, use_prologue=False)
+    read = [inputs[k].ctypes.data for k in ln.big] + [v.ctypes.data for v in hv]
     o = out.ctypes.data
-    o_lo, o_hi = o + ln.out_extent[0], o + ln.out_extent[1]
-    for x, (lo, hi), same in zip(addrs, ln.extents, ln.same):
-        if x + lo < o_hi and o_lo < x + hi and not (same and x == o):
-            raise Unsupported("the output partly overlaps an input")
-    addrs.append(o)
-    ln.fn(ln.ndim, ln.shape, ln.ptrs(*addrs), ln.strides, render.BLOCK, team.runner())
+    _check_overlap(ln, read, o)
+    ln.fn(ln.ndim, ln.shape, ln.ptrs(*read, o), ln.strides, render.BLOCK, team.runner())
     return out
 
 
+def _check_overlap(ln: _Launch, read: Sequence[int], o: int) -> None:
+    """Unsupported when the output at address ``o`` partly overlaps an operand the kernel reads
+    (at addresses ``read``); writing over an input of exactly the output's layout is fine."""
+    o_lo, o_hi = o + ln.out_extent[0], o + ln.out_extent[1]
+    for x, (lo, hi), same in zip(read, ln.extents, ln.same):
+        if x + lo < o_hi and o_lo < x + hi and not (same and x == o):
+            raise Unsupported("the output partly overlaps an input")
+
+
+def _fused_pointers(ln: _Launch, arrays: Sequence[np.ndarray]) -> Any:
+    """The pointer array of a fused call (per-channel inputs, big inputs, output), checked for
+    overlap and remembered on ``ln`` with weak references to ``arrays``."""
+    addrs = [x.ctypes.data for x in arrays]
+    nb = len(ln.big)
+    _check_overlap(ln, addrs[-1 - nb:-1], addrs[-1])
+    ptrs = ln.ptrs(*addrs)
+    try:
+        ln.last = (tuple(weakref.ref(x) for x in arrays), ptrs)
+    except TypeError:  # an array type without weak references: nothing remembered
+        ln.last = ()
+    return ptrs
+
+
 def _lower_fused(exe: Any, node: Any, args: list) -> list:
-    """FusedElementwise as a compiled C kernel; small or unsupported bodies run on numpy."""
+    """FusedElementwise as a compiled C kernel; unsupported bodies (and any smaller than
+    ``min_fused_elements``) run on numpy."""
     a: FusedAttrs = node.attrs
     backend: NativeBackend = exe.backend
-    if math.prod(a.shape) < backend.min_elements:
+    if math.prod(a.shape) < backend.min_fused_elements:
         backend.small += 1
         return node.opdef.compute(args, a)
     ins, dst = (args[:-1], args[-1]) if a.store else (args, None)
@@ -197,11 +259,14 @@ NATIVE_LOWERINGS: LoweringTable = NUMPY_LOWERINGS.extend({"FusedElementwise": _l
 
 class NativeBackend(NumpyBackend):
     """NumpyBackend with FusedElementwise lowered to compiled C; ``fallbacks`` counts the fused
-    nodes that ran on numpy, by reason. Kernels smaller than ``min_elements`` run on numpy
-    (the same bits; calling into C costs more than it saves there) and are counted in ``small``."""
+    nodes that ran on numpy, by reason. FusedReduce kernels smaller than ``min_elements`` and
+    FusedElementwise kernels smaller than ``min_fused_elements`` run on numpy (the same bits) and
+    are counted in ``small``. A FusedElementwise call is cheaper in C at any size (its launch is
+    cached and its per-channel part runs in C too), hence 0."""
 
     name = "native"
     min_elements = 4096
+    min_fused_elements = 0
     lowerings = NATIVE_LOWERINGS
 
     def __init__(self) -> None:

@@ -40,8 +40,7 @@ from .reduce_c import render_pass
 from .render import C_OP, FLOATS, Unsupported
 
 _ARGTYPES = [ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
-             ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
-             ctypes.c_void_p]
+             ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p]
 _NARROW = (DataType.FLOAT16, DataType.BF16)
 
 
@@ -57,6 +56,11 @@ class _Pass:
     rshape: np.ndarray
     koff: np.ndarray
     rstr: np.ndarray
+    stores: tuple = ()      # per sum: (register, dtype to round to or None, shape)
+
+    def __post_init__(self) -> None:
+        self.ptr_array = ctypes.c_void_p * (len(self.big) + len(self.kept))
+        self.addresses = tuple(int(a.ctypes.data) for a in (self.rshape, self.koff, self.rstr))
 
 
 @dataclass
@@ -192,9 +196,12 @@ def _make_pass(body, batch, full, types, inputs, full_shape, raxes, K) -> _Pass:
                       [(f"t{i}", body[i]) for i in live_idx], [body[j].args[0] for j in batch])
     fn = build.load(src).fn
     if fn.argtypes is None:
-        fn.argtypes, fn.restype = _ARGTYPES, None
+        fn.argtypes, fn.restype = _ARGTYPES, ctypes.c_int
+    stores = tuple((f"t{j}", types[f"t{j}"][0].np if types[f"t{j}"][0] in _NARROW else None,
+                    types[f"t{j}"][1]) for j in batch)
     return _Pass(tuple(batch), tuple(int(r[2:]) for r in big), tuple(kept), fn,
-                 np.asarray(rshape, np.int64), koff, np.ascontiguousarray(rstr, np.int64).reshape(-1))
+                 np.asarray(rshape, np.int64), koff, np.ascontiguousarray(rstr, np.int64).reshape(-1),
+                 stores)
 
 
 def plan_for(a: FusedReduceAttrs, inputs: Sequence[np.ndarray]) -> _Plan:
@@ -211,27 +218,23 @@ def plan_for(a: FusedReduceAttrs, inputs: Sequence[np.ndarray]) -> _Plan:
     return plan
 
 
-def _address(x: np.ndarray) -> int:
-    return x.__array_interface__["data"][0]
-
-
 def _run_pass(p: _Pass, plan: _Plan, inputs: Sequence[np.ndarray], values: dict) -> None:
-    """One C sweep; stores the folded sums of ``p.batch`` into ``values``."""
-    K, R = plan.K, plan.R
-    kept = [np.ascontiguousarray(np.broadcast_to(values[r], plan.kept_view).reshape(K), np.float32)
-            for r in p.kept]
-    nblocks = -(-R // BLOCK)
-    S = len(p.batch)
-    blocks = np.empty(S * K * nblocks, np.float32)
-    out = np.empty((S, K), np.float32)
-    ptrs = (ctypes.c_void_p * (len(p.big) + len(kept)))(
-        *[_address(np.asarray(inputs[i])) for i in p.big], *[_address(x) for x in kept])
-    p.fn(K, R, len(p.rshape), p.rshape.ctypes.data, ptrs, p.koff.ctypes.data, p.rstr.ctypes.data,
-         blocks.ctypes.data, nblocks, out.ctypes.data, team.runner())
-    for s, j in enumerate(p.batch):
-        d = plan.types[f"t{j}"][0]
-        total = out[s].astype(d.np).astype(np.float32) if d in _NARROW else out[s]
-        values[f"t{j}"] = total.reshape(plan.types[f"t{j}"][1])
+    """One C sweep; stores the folded sums of ``p.batch`` into ``values``. The kept registers
+    and the sums share one float32 buffer (one address to fetch)."""
+    K, nk = plan.K, len(p.kept)
+    buf = np.empty((nk + len(p.batch), K), np.float32)
+    for j, r in enumerate(p.kept):
+        v = values[r]  # a register of K elements is in kept order; others broadcast
+        buf[j] = v.reshape(K) if v.size == K else np.broadcast_to(v, plan.kept_view).reshape(K)
+    base = buf.ctypes.data
+    ptrs = p.ptr_array(*[inputs[i].ctypes.data for i in p.big], *[base + 4 * K * j for j in range(nk)])
+    rshape, koff, rstr = p.addresses
+    if p.fn(K, plan.R, len(p.rshape), rshape, ptrs, koff, rstr, -(-plan.R // BLOCK),
+            base + 4 * K * nk, team.runner()):
+        raise MemoryError("FusedReduce: no memory for the per-block sums")
+    for s, (name, narrow, shape) in enumerate(p.stores):
+        total = buf[nk + s]
+        values[name] = (total.astype(narrow).astype(np.float32) if narrow is not None else total).reshape(shape)
 
 
 def run_fused_reduce_native(a: FusedReduceAttrs, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
@@ -251,7 +254,12 @@ def run_fused_reduce_native(a: FusedReduceAttrs, inputs: Sequence[np.ndarray]) -
     out = []
     types = plan.types
     for r, shape in zip(a.results, a.out_shapes):
-        v = np.broadcast_to(cast_array(values[r].astype(types[r][0].np), types[r][0]), types[r][1])
+        d, rshape = types[r]
+        v = values[r]
+        if v.dtype != d.np:
+            v = cast_array(v.astype(d.np), d)
+        if v.shape != rshape:
+            v = np.broadcast_to(v, rshape)
         out.append(v.reshape(shape) if v.size == math.prod(shape) else np.array(np.broadcast_to(v, shape)))
     return out
 

@@ -1,11 +1,12 @@
 """C source of one FusedReduce pass: per-element instructions and the partial sums of
 :mod:`l0ops.ordered` (blocks of 32768, 64 lanes, tree folds) in one sweep over the data.
 
-The kernel ``opg_kernel(K, R, nr, rshape, ptrs, koff, rstr, blocks, nblocks, out, run)`` takes
+The kernel ``int opg_kernel(K, R, nr, rshape, ptrs, koff, rstr, nblocks, out, run)`` takes
 the reduced dims already collapsed (``rshape``, ``nr`` of them, row-major order = the summation
 order), the big inputs and then the per-kept float32 registers in ``ptrs``, each big input's
 element offset per kept index (``koff[i*K + k]``) and strides along the reduced dims
-(``rstr[i*nr + d]``), a scratch ``blocks`` of ``S*K*nblocks`` floats and ``out`` (``S*K`` sums).
+(``rstr[i*nr + d]``) and ``out`` (``S*K`` sums); it returns 1 if it cannot allocate its
+``S*K*nblocks`` per-block sums, else 0.
 Work items are (kept index, block), shared out by the thread team of :mod:`.team` (``run``;
 NULL or fewer than :data:`PARALLEL_MIN` elements: the caller alone); each owns its 64 lane
 accumulators and folds them, so the order never depends on the threads. Where every big input
@@ -32,7 +33,7 @@ from .team import C_DECL
 
 PARALLEL_MIN = 32768  # K * R below this: one thread
 
-FOLD = f"""
+FOLD = f"""#include <stdlib.h>
 #define OPG_LANES {LANES}
 #define OPG_BLOCK {BLOCK}
 /* l0ops.ordered's tree: with n = ceil(m/2), a[j] += a[j + n] for j < m - n; m = n; ... */
@@ -67,6 +68,28 @@ def _vector(big, live, sums) -> list[str]:
     out += [f"opg_v_st_f32(&acc[{s}][l], opg_v_add(opg_v_ld_f32(&acc[{s}][l]), v_{x}));"
             for s, x in enumerate(sums)]
     return out
+
+
+def _chunks(big, live, sums) -> list[str]:
+    """Whole 64-lane chunks from lane 0: the lane accumulators held in registers."""
+    S = len(sums)
+    body = [f"const opg_v v_{r} = {V_LOAD[d].format(f'(q{i} + u * OPG_W)')};" for i, (r, d) in enumerate(big)]
+    for dst, ins in live:
+        args = [f"v_{x}" for x in ins.args]
+        expr = args[0] if ins.op == "cast" else f"{V_OP[ins.op]}({', '.join(args)})"
+        body.append(f"const opg_v v_{dst} = {V_ROUND[ins.dtype].format(expr)};")
+    body += [f"va[{s}][u] = opg_v_add(va[{s}][u], v_{x});" for s, x in enumerate(sums)]
+    return ["if (l == 0 && j + OPG_LANES <= run) {",
+            f"    opg_v va[{S}][OPG_LANES / OPG_W];",
+            f"    for (int s = 0; s < {S}; ++s) for (int u = 0; u < OPG_LANES / OPG_W; ++u)",
+            "        va[s][u] = opg_v_ld_f32(&acc[s][u * OPG_W]);",
+            "    for (; j + OPG_LANES <= run; j += OPG_LANES) {",
+            "        #pragma GCC unroll 16",
+            "        for (int u = 0; u < OPG_LANES / OPG_W; ++u) {"]     + ["            " + b for b in body] + [
+            "        }", "    }",
+            f"    for (int s = 0; s < {S}; ++s) for (int u = 0; u < OPG_LANES / OPG_W; ++u)",
+            "        opg_v_st_f32(&acc[s][u * OPG_W], va[s][u]);",
+            "}"]
 
 
 def render_pass(big: Sequence[tuple[str, DataType]], kept: Sequence[str],
@@ -116,8 +139,9 @@ def render_pass(big: Sequence[tuple[str, DataType]], kept: Sequence[str],
     L += ["#if defined(OPG_VEC)",
           "                for (; j < run && (l & (OPG_W - 1)); ++j, l = (l + 1) & (OPG_LANES - 1)) {"]
     L += [pad + "    " + s for s in scalar_dense]
-    L += ["                }",
-          "                for (; j + OPG_W <= run; j += OPG_W, l = (l + OPG_W) & (OPG_LANES - 1)) {"]
+    L += ["                }"]
+    L += [pad + s for s in _chunks(big, live, sums)]
+    L += ["                for (; j + OPG_W <= run; j += OPG_W, l = (l + OPG_W) & (OPG_LANES - 1)) {"]
     L += [pad + "    " + s for s in _vector(big, live, sums)]
     L += ["                }", "#endif",
           "                for (; j < run; ++j, l = (l + 1) & (OPG_LANES - 1)) {"]
@@ -133,9 +157,11 @@ def render_pass(big: Sequence[tuple[str, DataType]], kept: Sequence[str],
           "            c->blocks[(s * K + k) * nblocks + blk] = acc[s][0];",
           "        }",
           "    }", "}", "",
-          "void opg_kernel(int64_t K, int64_t R, int64_t nr, const int64_t *rshape,",
-          "                void *const *ptrs, const int64_t *koff, const int64_t *rstr,",
-          "                float *blocks, int64_t nblocks, float *out, opg_run run)", "{",
+          "int opg_kernel(int64_t K, int64_t R, int64_t nr, const int64_t *rshape,",
+          "               void *const *ptrs, const int64_t *koff, const int64_t *rstr,",
+          "               int64_t nblocks, float *out, opg_run run)", "{",
+          f"    float *const blocks = (float *)malloc(sizeof(float) * {S} * K * nblocks);",
+          "    if (blocks == 0) return 1;",
           "    const struct opg_rctx c = {K, R, nr, nblocks, rshape, koff, rstr, ptrs, blocks};",
           "    const int64_t work = K * nblocks;",
           f"    if (run == 0 || work < 2 || K * R < {PARALLEL_MIN}) opg_items((void *)&c, 0, work);",
@@ -144,6 +170,8 @@ def render_pass(big: Sequence[tuple[str, DataType]], kept: Sequence[str],
           "        opg_fold(blocks + sk * nblocks, nblocks, 1);",
           "        out[sk] = blocks[sk * nblocks];",
           "    }",
+          "    free(blocks);",
+          "    return 0;",
           "}", ""]
     return "\n".join(L)
 

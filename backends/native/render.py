@@ -384,3 +384,4 @@ def render(p: Plan) -> str:
             f"    run(opg_items, (void *)&c, work, item >= {GRAIN} ? 1 : {GRAIN} / item);",
             "}", ""]
     return "\n".join(out)
+

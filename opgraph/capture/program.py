@@ -168,7 +168,8 @@ class Program:
     def __getattr__(self, name: str) -> Any:  # only reached before the capture block ended
         if name.startswith("__"):
             raise AttributeError(name)
-        raise CaptureError(f"prog.{name}: the program is built when the capture block ends")
+        raise CaptureError(f"prog.{name}: the program is built when the capture block ends "
+                           "(without an exception)")
 
     def __repr__(self) -> str:
         if "compiled" not in self.__dict__:

@@ -21,10 +21,10 @@ import importlib.util
 
 from opgraph import __version__
 from opgraph.core.opapi import load_entry_points, load_module
-from . import demo, dump, emit_c, emit_cpp, ops, plan, run, syncbn, tiling, view
+from . import capture, demo, dump, emit_c, emit_cpp, ops, plan, run, syncbn, tiling, view
 from .common import CliError, Parser
 
-COMMANDS = [demo, ops, dump, view, run, tiling, emit_c, plan, emit_cpp, syncbn]
+COMMANDS = [demo, ops, dump, view, run, tiling, emit_c, plan, emit_cpp, syncbn, capture]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,285 @@
+"""The hoisted (per-channel) part of a FusedElementwise body in C, run by the same call as the
+kernel: phase 2 on the native backend then makes one C call and no numpy calls.
+
+:class:`Prologue` takes the registers the kernel reads and every hoisted instruction they depend
+on, and renders ``static void opg_prologue(const int64_t *tab, void *const *small, float *scr)``.
+Register values live in a float32 scratch block: small float inputs are copied in (exact
+widening), ``fill`` is one element read with stride 0, ``view`` aliases its (contiguous) source;
+``add``/``sub``/``mul``/``div`` and float casts round to their dtype after every instruction
+like the numpy reference, ``cast`` of an int32/int64 input to f32 is C's (round to nearest
+even, as numpy), and ``sum`` follows :mod:`l0ops.ordered` (64 lanes, 32768-element blocks, tree
+folds). Sizes and strides are run-time values in ``tab`` (:attr:`Prologue.table`): a new size of
+the same structure reuses the compiled code. Anything else raises :class:`Unsupported` and the
+backend evaluates the hoisted part in numpy instead.
+
+    >>> import numpy as np
+    >>> from l0ops.primitives import FusedAttrs, Instr, program
+    >>> from opgraph.core.dtypes import DataType as D
+    >>> body = (Instr(op="cast", args=("in0",), dtype=D.FLOAT), Instr(op="sum", args=("t0",), dtype=D.FLOAT),
+    ...         Instr(op="div", args=("in1", "t1"), dtype=D.FLOAT), Instr(op="mul", args=("in2", "t2"), dtype=D.FLOAT))
+    >>> a = FusedAttrs(shape=(2, 3), body=body, result="t3", out_dtype=D.FLOAT)
+    >>> ins = [np.int32([2, 2]), np.float32([1, 2, 3]), np.ones((2, 3), np.float32)]
+    >>> pro = Prologue(a, program(a, ins), ins, ("t2",))
+    >>> pro.small, pro.regs["t2"][1], pro.scratch
+    ((0, 1), (3,), 9)
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+import numpy as np
+
+from l0ops.ordered import BLOCK, LANES
+from l0ops.primitives import FusedAttrs, Instr
+from opgraph.core.dtypes import DataType
+from .render import C_OP, FLOATS, LOAD, ROUND, Plan, Unsupported, render
+
+INT_C = {DataType.INT32: "int32_t", DataType.INT64: "int64_t"}
+IN_C = {DataType.FLOAT: "float", DataType.FLOAT16: "uint16_t", DataType.BF16: "uint16_t", **INT_C}
+
+HELPERS = f"""
+static float opg_tree(float *a, int64_t m) {{  /* l0ops.ordered.tree_fold (m >= 1) */
+    while (m > 1) {{
+        const int64_t n = (m + 1) / 2;
+        for (int64_t j = 0; j < m - n; ++j) a[j] += a[j + n];
+        m = n;
+    }}
+    return a[0];
+}}
+
+/* next index of an odometer over dims [0, r) of sizes sh, moving offsets o[k] by strides st[k] */
+static inline void opg_step(int r, const int64_t *sh, int64_t *idx, int nk, int64_t *o,
+                            const int64_t *const *st) {{
+    for (int d = r - 1; d >= 0; --d) {{
+        if (++idx[d] < sh[d]) {{ for (int k = 0; k < nk; ++k) o[k] += st[k][d]; return; }}
+        idx[d] = 0;
+        for (int k = 0; k < nk; ++k) o[k] -= (sh[d] - 1) * st[k][d];
+    }}
+}}
+
+/* ordered sum of x over the dims where rsh > 1 (kept dims: ksh), for every kept index */
+static void opg_osum(int r, const float *x, const int64_t *ksh, const int64_t *rsh,
+                     const int64_t *xs, float *out, int rnd) {{
+    int64_t K = 1, R = 1;
+    for (int d = 0; d < r; ++d) {{ K *= ksh[d]; R *= rsh[d]; }}
+    const int64_t nb = (R + {BLOCK} - 1) / {BLOCK};
+    float part[nb > 0 ? nb : 1], acc[{LANES}];
+    int64_t kidx[r > 0 ? r : 1], ko = 0;
+    for (int d = 0; d < r; ++d) kidx[d] = 0;
+    const int64_t *st[1] = {{xs}};
+    for (int64_t k = 0; k < K; ++k) {{
+        int64_t ridx[r > 0 ? r : 1], ro = ko;
+        for (int d = 0; d < r; ++d) ridx[d] = 0;
+        for (int64_t b = 0; b < nb; ++b) {{
+            const int64_t len = R - b * {BLOCK} < {BLOCK} ? R - b * {BLOCK} : {BLOCK};
+            for (int64_t i = 0; i < len; ++i) {{
+                const float v = x[ro];
+                if (i < {LANES}) acc[i] = v; else acc[i % {LANES}] += v;
+                opg_step(r, rsh, ridx, 1, &ro, st);
+            }}
+            part[b] = opg_tree(acc, len < {LANES} ? len : {LANES});
+        }}
+        const float s = R == 0 ? 0.0f : opg_tree(part, nb);
+        out[k] = rnd == 1 ? opg_rnd_f16(s) : rnd == 2 ? opg_rnd_bf16(s) : s;
+        opg_step(r, ksh, kidx, 1, &ko, st);
+    }}
+}}
+"""
+
+
+def _contig(shape: Sequence[int]) -> list[int]:
+    st, acc = [], 1
+    for n in reversed(shape):
+        st.append(acc)
+        acc *= n
+    return st[::-1]
+
+
+class Prologue:
+    """The hoisted instructions ``needed`` by a kernel, as C plus its run-time table.
+
+    ``small``: indices of the inputs the prologue reads (the call passes their data pointers in
+    this order); ``regs[name]``: (scratch offset, shape, element strides in the scratch);
+    ``scratch``: float32 elements to allocate; ``table``: the int64 values ``tab`` holds;
+    ``source``: the C function."""
+
+    def __init__(self, a: FusedAttrs, prog: Any, inputs: Sequence[np.ndarray], needed: Sequence[str]):
+        types = prog.types
+        want = _closure(a, types, needed)
+        self.table: list[int] = [0]  # tab[0]: scratch size, filled in at the end
+        self.regs: dict[str, tuple[int, tuple[int, ...], list[int]]] = {}
+        self.small: tuple[int, ...] = ()
+        self._ints: dict[str, tuple[int, DataType, int]] = {}  # name -> (pointer, dtype, strides)
+        self._scratch = 0
+        lines: list[str] = []
+        for name in sorted((r for r in want if r.startswith("in")), key=lambda r: int(r[2:])):
+            lines += self._input(name, types[name], inputs[int(name[2:])])
+        for k, ins in enumerate(a.body):
+            if f"t{k}" in want:
+                lines += self._instr(f"t{k}", ins, types)
+        self.hoisted_at = tuple(self._put([self.regs[r][0]]) for r in needed)
+        self.table[0] = max(self._scratch, 1)
+        self.scratch = self.table[0]
+        self.source = "\n".join(["static void opg_prologue(const int64_t *tab, void *const *small, "
+                                 "float *scr)", "{", "    (void)tab; (void)small; (void)scr;"]
+                                + ["    " + s for s in lines] + ["}", ""])
+
+    # --- table helpers ------------------------------------------------------------------------
+    def _put(self, values: Sequence[int]) -> int:
+        at = len(self.table)
+        self.table += [int(v) for v in values]
+        return at
+
+    def _alloc(self, name: str, shape: tuple[int, ...]) -> int:
+        off = self._scratch
+        self._scratch += math.prod(shape)
+        self.regs[name] = (off, shape, _contig(shape))
+        return self._put([off])
+
+    def kernel_strides(self, reg: str, shape: Sequence[int]) -> list[int]:
+        """Element strides (in the scratch) of register ``reg`` broadcast to ``shape``."""
+        return self._view(reg, shape)
+
+    def _view(self, reg: str, shape: Sequence[int]) -> list[int]:
+        """Element strides of register ``reg`` broadcast (right-aligned) to ``shape``."""
+        _, rshape, rst = self.regs[reg]
+        pad = len(shape) - len(rshape)
+        return [0 if d < pad or rshape[d - pad] == 1 else rst[d - pad] for d in range(len(shape))]
+
+    # --- code -------------------------------------------------------------------------------
+    def _input(self, name: str, typ: tuple, x: np.ndarray) -> list[str]:
+        dtype, shape = typ
+        if any(s % x.itemsize for s in x.strides):
+            raise Unsupported("a per-channel input's strides are not a multiple of its element size")
+        if dtype not in FLOATS and dtype not in INT_C:
+            raise Unsupported(f"per-channel input {name} is {dtype.short}")
+        k = len(self.small)
+        self.small += (int(name[2:]),)
+        st = self._put([s // x.itemsize for s in x.strides])
+        if dtype in INT_C:
+            self._ints[name] = (k, dtype, st)
+            return []
+        at = self._alloc(name, tuple(shape))
+        sh = self._put(shape)
+        return [f"{{ /* {name}: {dtype.short}{list(shape)} */",
+                f"    const {IN_C[dtype]} *x = (const {IN_C[dtype]} *)small[{k}];",
+                f"    float *o = scr + tab[{at}];",
+                *self._loop(len(shape), sh, [st], f"o[e] = {LOAD[dtype].format('x[p[0]]')};"),
+                "}"]
+
+    def _loop(self, r: int, sh: int, strides: list[int], stmt: str) -> list[str]:
+        """An odometer loop over the ``r`` sizes at ``tab[sh]``; operand k at ``tab[strides[k]]``."""
+        nk = max(len(strides), 1)
+        st = ", ".join(f"tab + {s}" for s in strides) or "tab"
+        return [f"    int64_t n = 1, idx[{max(r, 1)}] = {{0}}, p[{nk}] = {{0}};",
+                f"    const int64_t *const st[{nk}] = {{{st}}};",
+                f"    for (int d = 0; d < {r}; ++d) n *= tab[{sh} + d];",
+                "    for (int64_t e = 0; e < n; ++e) {",
+                f"        {stmt}",
+                f"        opg_step({r}, tab + {sh}, idx, {nk}, p, st);",
+                "    }"]
+
+    def _instr(self, name: str, ins: Instr, types: dict) -> list[str]:
+        dtype, shape = types[name]
+        shape = tuple(shape)
+        if dtype not in FLOATS:
+            raise Unsupported(f"{ins.render(name)}: {dtype.short} register")
+        if ins.op == "fill":
+            off = self._scratch
+            self._scratch += 1
+            self.regs[name] = (off, shape, [0] * len(shape))
+            at = self._put([off])
+            bits = int(np.asarray(ins.value, dtype.np).astype(np.float32).view(np.uint32))
+            return [f"scr[tab[{at}]] = opg_f(0x{bits:08X}u);  /* {ins.render(name)} */"]
+        if ins.op == "view":
+            if ins.args[0] not in self.regs:
+                raise Unsupported(f"{ins.render(name)}: view of a register not in the prologue")
+            off, src_shape, src_st = self.regs[ins.args[0]]
+            if not any(src_st):  # a constant (fill) stays one element read with stride 0
+                self.regs[name] = (off, shape, [0] * len(shape))
+            elif src_st == _contig(src_shape):
+                self.regs[name] = (off, shape, _contig(shape))
+            else:
+                raise Unsupported(f"{ins.render(name)}: view of a non-contiguous register")
+            return []
+        if ins.op == "cast" and ins.args[0] in self._ints:
+            k, src, st = self._ints[ins.args[0]]
+            if dtype != DataType.FLOAT:
+                raise Unsupported(f"{ins.render(name)}: integer cast to {dtype.short}")
+            at = self._alloc(name, shape)
+            sh = self._put(shape)
+            return [f"{{ /* {ins.render(name)} */",
+                    f"    const {INT_C[src]} *x = (const {INT_C[src]} *)small[{k}];",
+                    f"    float *o = scr + tab[{at}];",
+                    *self._loop(len(shape), sh, [st], "o[e] = (float)x[p[0]];"), "}"]
+        if any(r not in self.regs for r in ins.args):
+            raise Unsupported(f"{ins.render(name)}: operand not in the prologue")
+        if ins.op == "sum":
+            return self._sum(name, ins, types, dtype, shape)
+        if ins.op != "cast" and ins.op not in C_OP:
+            raise Unsupported(f"{ins.render(name)}: {ins.op} in the prologue")
+        at = self._alloc(name, shape)
+        sh = self._put(shape)
+        sts = [self._put(self._view(r, shape)) for r in ins.args]
+        loads = [f"scr[tab[{self._put([self.regs[r][0]])}] + p[{k}]]" for k, r in enumerate(ins.args)]
+        expr = loads[0] if ins.op == "cast" else f" {C_OP[ins.op]} ".join(loads)
+        return [f"{{ /* {ins.render(name)} */",
+                f"    float *o = scr + tab[{at}];",
+                *self._loop(len(shape), sh, sts, f"o[e] = {ROUND[dtype].format(expr)};"), "}"]
+
+    def _sum(self, name: str, ins: Instr, types: dict, dtype: DataType, shape: tuple) -> list[str]:
+        src = tuple(ins.over) if ins.over is not None else tuple(types[ins.args[0]][1])
+        r = len(src)
+        if ins.shape is None:
+            kept = [1] * r
+        else:
+            kept = [o if o == n else 1 for o, n in zip(ins.shape, src)]
+        red = [n if k == 1 else 1 for n, k in zip(src, kept)]
+        at = self._alloc(name, shape)
+        ks, rs = self._put(kept), self._put(red)
+        xs = self._put(self._view(ins.args[0], src))
+        xo = self._put([self.regs[ins.args[0]][0]])
+        rnd = {DataType.FLOAT: 0, DataType.FLOAT16: 1, DataType.BF16: 2}[dtype]
+        return [f"opg_osum({r}, scr + tab[{xo}], tab + {ks}, tab + {rs}, tab + {xs}, scr + tab[{at}], "
+                f"{rnd});  /* {ins.render(name)} */"]
+
+
+def _closure(a: FusedAttrs, types: dict, needed: Sequence[str]) -> set[str]:
+    """The registers ``needed`` and every register their hoisted instructions read."""
+    want: set[str] = set()
+    stack = list(needed)
+    while stack:
+        r = stack.pop()
+        if r in want:
+            continue
+        want.add(r)
+        if r.startswith("t"):
+            stack += list(a.body[int(r[1:])].args)
+    return want
+
+
+def render_fused(p: Plan, prologue: str, nsmall: int, hoisted_at: Sequence[int]) -> str:
+    """:func:`.render.render` plus ``prologue`` (:attr:`Prologue.source`) and the entry
+    ``int opg_fused(ndim, shape, strides, block, run, tab, ptrs)``: ``ptrs`` lists the
+    ``nsmall`` inputs the prologue reads, the big inputs, then the output; hoisted register k is
+    read at scratch offset ``tab[hoisted_at[k]]``. Returns 1 when the scratch cannot be allocated."""
+    nb, nh = len(p.big), len(p.hoisted)
+    lines = [render(p), "#include <stdlib.h>", HELPERS, prologue,
+             "int opg_fused(int64_t ndim, const int64_t *shape, const int64_t *st, int64_t block,",
+             "              opg_run run, const int64_t *tab, void *const *ptrs)", "{",
+             "    float local[256];",
+             "    float *const scr = tab[0] <= 256 ? local : (float *)malloc((size_t)tab[0] * sizeof(float));",
+             "    if (scr == 0) return 1;",
+             "    opg_prologue(tab, ptrs, scr);",
+             f"    void *kp[{nb + nh + 1}];"]
+    lines += [f"    kp[{k}] = ptrs[{nsmall + k}];" for k in range(nb)]
+    lines += [f"    kp[{nb + k}] = scr + tab[{at}];" for k, at in enumerate(hoisted_at)]
+    lines += [f"    kp[{nb + nh}] = ptrs[{nsmall + nb}];",
+              "    opg_kernel(ndim, shape, (void *const *)kp, st, block, run);",
+              "    if (scr != local) free(scr);",
+              "    return 0;", "}", ""]
+    return "\n".join(lines)
+
+
+__all__ = ["HELPERS", "Prologue", "render_fused"]

@@ -1,0 +1,119 @@
+"""Benchmark a SyncBatchNorm training step (forward + backward of one layer: five op_api calls
+and two collectives, examples/capture_syncbn.py) replayed as one captured program against the
+same calls one by one, on the numpy and native backends, in one process (the collectives on the
+one-rank group, so that only opgraph's own work is timed). Reports kernel launches and
+collectives, bytes the kernels move (a store's destination counted once) against what the step
+must read and write, and time: variants interleaved, the first run of each not counted, medians
+and min-max, ratios to the calls one by one. Nothing is asserted.
+
+What the step must move: x is read before the all_gather (the statistics need all of it) and
+again after it, dy before the all_reduce (its sums) and after it (the input gradient); y and
+grad_input are written once — 6 tensors of x's size. Touching every tensor only once (4) would
+need the whole of x and dy kept across both collectives.
+
+    python benchmarks/bench_capture.py                # 32x64x28x28 and 8x64x56x56, fp32
+    python benchmarks/bench_capture.py --quick        # one small shape, fewer repeats
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import platform as host
+import statistics
+import time
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+import opgraph
+from opgraph.core.backend import BackendUnavailable, get
+
+ROOT = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("capture_syncbn", ROOT / "examples" / "capture_syncbn.py")
+example = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(example)
+
+SHAPES = [(32, 64, 28, 28), (8, 64, 56, 56)]
+QUICK_SHAPES = [(8, 32, 14, 14)]
+
+
+def backends_here() -> list[str]:
+    out = ["numpy"]
+    try:
+        get("native")
+        out.append("native")
+    except BackendUnavailable:
+        pass
+    return out
+
+
+def variants(shape: tuple[int, ...], backend: str) -> tuple[dict[str, Callable[[], None]], dict]:
+    """name -> one training step; and the captured programs' figures."""
+    inputs = example.make_inputs(shape)
+    out: dict[str, Callable[[], None]] = {}
+    figures = {}
+
+    def one_by_one() -> None:
+        with opgraph.use_backend(backend):
+            example.step_on(**inputs)
+
+    out["calls one by one"] = one_by_one  # at the current opt level (default 2)
+    for level in (1, 2):
+        with opgraph.use_backend(backend), opgraph.capture(level) as prog:
+            example.step_on(**inputs)
+        figures[level] = (prog.stats(), prog.stats_one_by_one())
+        out[f"program, level {level}"] = (lambda p: lambda: p.replay())(prog)
+    return out, figures
+
+
+def measure(fns: dict[str, Callable[[], None]], reps: int) -> dict[str, list[float]]:
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    for fn in fns.values():  # first run: compilation, caches
+        fn()
+    for _ in range(reps):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - start)
+    return times
+
+
+def report(shape: tuple[int, ...], reps: int) -> None:
+    x_bytes = int(np.prod(shape)) * 4
+    print(f"\nshape {'x'.join(map(str, shape))} fp32 (x = {x_bytes / 2**20:.1f} MiB); the step must "
+          f"move 6 x = {6 * x_bytes / 2**20:.1f} MiB")
+    first = True
+    for backend in backends_here():
+        fns, figures = variants(shape, backend)
+        if first:
+            for level, (s, one) in figures.items():
+                print(f"  level {level}: program {s.launches} launches + {s.collectives} "
+                      f"collectives, {s.bytes_moved / 2**20:.1f} MiB ({s.bytes_moved / (6 * x_bytes):.2f}"
+                      f"x the step's, {s.bytes_moved / (4 * x_bytes):.2f}x every tensor once); one "
+                      f"by one {one.launches} + {one.collectives}, {one.bytes_moved / 2**20:.1f} MiB "
+                      f"({one.bytes_moved / (6 * x_bytes):.2f}x)")
+            first = False
+        times = measure(fns, reps)
+        base = statistics.median(times["calls one by one"])
+        print(f"  {backend}:")
+        for name, ts in times.items():
+            med = statistics.median(ts)
+            print(f"    {name:<20} {med * 1e3:8.2f} ms  (min {min(ts) * 1e3:.2f}, max "
+                  f"{max(ts) * 1e3:.2f})  x{med / base:.2f}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--reps", type=int, default=9)
+    ap.add_argument("--quick", action="store_true", help="one small shape, 3 repeats")
+    args = ap.parse_args()
+    shapes, reps = (QUICK_SHAPES, 3) if args.quick else (SHAPES, args.reps)
+    print(f"bench_capture: {host.processor() or host.machine()}, Python {host.python_version()}, "
+          f"numpy {np.__version__}; {reps} interleaved repeats, medians")
+    for shape in shapes:
+        report(shape, reps)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,130 @@
+"""``opgraph capture FILE``: run FILE's ``step(shape, dtype)`` inside ``opgraph.capture()`` and
+show the program — the calls' graphs as one graph, optimised across them — with its launches,
+collectives and bytes next to the same calls one by one. ``examples/capture_syncbn.py`` is a
+SyncBatchNorm training step (forward + backward, two collectives).
+
+    opgraph capture examples/capture_syncbn.py --shape 8,16,14,14 --level 2
+    opgraph capture examples/capture_syncbn.py --format stats
+    opgraph capture examples/capture_syncbn.py --format json -o step.json
+    opgraph capture examples/capture_syncbn.py --format html -o step.html
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import math
+import os
+import time
+from typing import Any, Callable
+
+from l0ops.collectives import is_collective
+from opgraph.capture import CaptureError, Program, capture
+from opgraph.core.dtypes import DataType
+from .common import (CliError, check_memory, fmt_bytes, parse_backend, parse_dtype, parse_shape,
+                     write_output)
+
+FORMATS = ("text", "json", "dot", "table", "html", "stats")
+
+
+def load_step(path: str) -> Callable[..., Any]:
+    """The ``step`` function of the Python file ``path`` (CliError naming FILE otherwise)."""
+    if not os.path.isfile(path):
+        raise CliError(f"FILE {path!r}: no such file", code=2)
+    spec = importlib.util.spec_from_file_location(
+        "opgraph_capture_" + os.path.splitext(os.path.basename(path))[0], path)
+    if spec is None or spec.loader is None:
+        raise CliError(f"FILE {path!r}: not a Python file", code=2)
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as e:
+        raise CliError(f"FILE {path!r}: importing it failed: {type(e).__name__}: {e}") from None
+    step = getattr(module, "step", None)
+    if not callable(step):
+        raise CliError(f"FILE {path!r}: defines no function step(shape, dtype) making the calls",
+                       code=2)
+    return step
+
+
+def _capture(step: Callable[..., Any], shape: tuple, dtype: DataType, level: int) -> Program:
+    try:
+        with capture(level) as prog:
+            step(shape, dtype.np)
+    except CaptureError as e:
+        raise CliError(f"capture: {e}") from None
+    except Exception as e:  # the file's own failure, in one line
+        raise CliError(f"step() failed: {type(e).__name__}: {e}") from None
+    return prog
+
+
+def stats_table(step: Callable[..., Any], shape: tuple, dtype: DataType) -> str:
+    """Launches, collectives and bytes per level: the program and the calls one by one."""
+    rows = ["level  captured: launches  collectives  bytes moved   one by one: launches  "
+            "collectives  bytes moved"]
+    for level in (0, 1, 2):
+        prog = _capture(step, shape, dtype, level)
+        s, o = prog.stats(), prog.stats_one_by_one()
+        rows.append(f"{level:>5}  {s.launches:>18}  {s.collectives:>11}  {s.bytes_moved:>11}  "
+                    f"{o.launches:>21}  {o.collectives:>11}  {o.bytes_moved:>11}")
+    return "\n".join(rows) + "\n"
+
+
+def _kind(n: Any) -> str:
+    return "collective" if is_collective(n) else "free" if n.opdef.is_free(n) else "kernel"
+
+
+def run(args: argparse.Namespace) -> int:
+    shape = args.shape
+    if len(shape) < 2 or math.prod(shape) == 0:
+        raise CliError(f"--shape {','.join(map(str, shape))}: expected N,C[,...] with every dim "
+                       ">= 1", code=2)
+    check_memory(shape, math.prod(shape) * args.dtype.np.itemsize * 8, "the step's tensors")
+    step = load_step(args.file)
+    if args.format == "stats":
+        return write_output(stats_table(step, shape, args.dtype), args.output)
+    prog = _capture(step, shape, args.dtype, args.level)
+    g = prog.graph if args.level == 0 else prog.compiled
+    if args.format == "json":
+        text = g.to_json()
+    elif args.format == "dot":
+        text = g.to_dot()
+    elif args.format == "html":
+        text = g.to_html()
+    elif args.format == "table":
+        text = "".join(f"%{n.outputs[0].name:<6} {n.op:<36} {_kind(n)}\n" for n in g.nodes)
+    else:
+        s, o = prog.stats(), prog.stats_one_by_one()
+        head = (f"// {len(prog.calls)} op_api calls and {s.collectives} collectives captured from "
+                f"{args.file}, level {args.level}: {s.launches} launches + {s.collectives} "
+                f"collectives, {fmt_bytes(s.bytes_moved)} moved (one by one: {o.launches} + "
+                f"{o.collectives}, {fmt_bytes(o.bytes_moved)})\n")
+        text = head + str(g) + "\n"
+    if args.run:
+        prog.replay(backend=args.run)  # the first run compiles for the backend
+        start = time.perf_counter()
+        prog.replay(backend=args.run)
+        text += f"// replayed on {args.run}: {(time.perf_counter() - start) * 1e3:.2f} ms\n"
+    return write_output(text, args.output, f"{len(g.nodes)} nodes")
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "capture", help="capture the op_api calls of a Python file's step() as one program",
+        description="Imports FILE, runs its step(shape, dtype) inside opgraph.capture() and "
+                    "prints the program graph (the calls chained, optimised across them) with "
+                    "its launches, collectives and bytes next to the calls one by one.")
+    p.add_argument("file", metavar="FILE", help="a .py file defining step(shape, dtype), e.g. "
+                                                "examples/capture_syncbn.py")
+    p.add_argument("--shape", type=parse_shape, default=(8, 16, 14, 14), help="N,C[,...] "
+                   "(default 8,16,14,14)")
+    p.add_argument("--dtype", type=parse_dtype, default=DataType.FLOAT, help="default float32")
+    p.add_argument("--level", type=int, choices=(0, 1, 2), default=2,
+                   help="0 as recorded, 1 what CANN launches, 2 fused across the calls (default)")
+    p.add_argument("--format", choices=FORMATS, default="text",
+                   help="text (default), json, dot, table (one row per node), html (the "
+                        "viewer page: opgraph view's drawing) or stats (levels 0-2 side by side)")
+    p.add_argument("--run", type=parse_backend, metavar="BACKEND",
+                   help="also replay the program on BACKEND and print the time")
+    p.add_argument("-o", "--output", metavar="FILE", help="write to FILE instead of stdout")
+    p.set_defaults(func=run)
+    return p

@@ -1,0 +1,135 @@
+"""The native backend's C prologue (the hoisted per-channel part of a fused body): bit-identical
+to the numpy interpreter (:func:`l0ops.primitives.run_fused`) for casts, rounding arithmetic,
+fill, view and ordered sums (several blocks, keepdims, NaN/Inf/-0.0), int32/int64 counters,
+strided per-channel inputs and per-channel data larger than the on-stack scratch; bodies it does
+not cover fall back to numpy hoisting with the same bits; a new size reuses the compiled code."""
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from backends import native
+from backends.native import build
+from l0ops.primitives import FusedAttrs, Instr, run_fused
+from opgraph.core.dtypes import DataType as D
+
+import reference as R
+
+pytestmark = pytest.mark.skipif(not native.available(), reason=native.availability()[1])
+
+NP = {D.FLOAT: np.float32, D.FLOAT16: np.float16, D.BF16: ml_dtypes.bfloat16}
+
+
+def I(op, *args, dtype=D.FLOAT, **kw):  # noqa: E743 - short name for body listings
+    return Instr(op=op, args=args, dtype=dtype, **kw)
+
+
+def check(a: FusedAttrs, inputs, fused: bool = True):
+    """run_fused_native == run_fused bit for bit; the launch used the C prologue iff ``fused``."""
+    expected = run_fused(a, inputs)
+    got = native.run_fused_native(a, inputs)
+    R.assert_bits_equal(got, expected)
+    launches = [ln for ln in native._LAUNCHES.values() if ln.attrs is a]
+    assert launches and all(ln.fused == fused for ln in launches)
+    return got
+
+
+def bn_body(dt: D, counter=D.INT32):
+    """The BatchNormElemtBackward shape of body: counter sum, divisions, views, rounding."""
+    return (I("cast", "in0"), I("sum", "t0"), I("cast", "in1"), I("div", "t2", "t1"),
+            I("view", "t3", shape=(1, 4, 1)), I("cast", "t4", dtype=dt),
+            I("view", "in2", dtype=dt, shape=(1, 4, 1)), I("mul", "t6", "t6", dtype=dt),
+            I("mul", "t7", "t5", dtype=dt), I("sub", "in3", "t8", dtype=dt))
+
+
+@pytest.mark.parametrize("counter", [np.int32, np.int64])
+@pytest.mark.parametrize("dt", [D.FLOAT, D.FLOAT16, D.BF16])
+def test_batch_norm_like_body(dt, counter):
+    rng = np.random.default_rng(1)
+    t = NP[dt]
+    a = FusedAttrs(shape=(3, 4, 50), body=bn_body(dt), result="t9", out_dtype=dt)
+    ins = [np.array([7, 9, 11], counter), rng.standard_normal(4).astype(t),
+           rng.standard_normal(4).astype(t), rng.standard_normal((3, 4, 50)).astype(t)]
+    check(a, ins)
+
+
+def test_sum_over_several_blocks_keepdims_and_special_values():
+    """Sums over 2·32768+5 elements per channel (three blocks, a short last one) of values with
+    very different magnitudes, where the order of the additions shows in the bits."""
+    rng = np.random.default_rng(2)
+    C, n = 3, 2 * 32768 + 5
+    x = rng.uniform(0.5, 1.5, (C, n)).astype(np.float32)  # every addition rounds
+    x[1] *= (10.0 ** rng.integers(-6, 7, n)).astype(np.float32)
+    y = x[1].copy()
+    x[0, 5], x[1, 7], x[2, :] = np.inf, -0.0, -0.0
+    body = (I("sum", "in0", shape=(C, 1)), I("view", "t0", shape=(C, 1)), I("add", "in1", "t1"))
+    a = FusedAttrs(shape=(C, 8), body=body, result="t2", out_dtype=D.FLOAT)
+    got = check(a, [x, np.zeros((C, 8), np.float32)])
+    assert np.isinf(got[0]).all() and np.array_equal(R.bits(got[2]), R.bits(np.zeros(8, np.float32) - 0.0))
+    whole = (I("sum", "in0"), I("mul", "in1", "t0"))
+    check(FusedAttrs(shape=(C, 8), body=whole, result="t1", out_dtype=D.FLOAT),
+          [y[:40000].reshape(8, 5000), np.ones((C, 8), np.float32)])
+
+
+def test_sum_of_a_broadcast_register_over_a_wider_shape():
+    body = (I("view", "in0", shape=(1, 3, 1)), I("sum", "t0", shape=(1, 3, 1), over=(5, 3, 7)),
+            I("mul", "in1", "t1", dtype=D.FLOAT))
+    a = FusedAttrs(shape=(5, 3, 7), body=body, result="t2", out_dtype=D.FLOAT)
+    check(a, [np.float32([0.1, 0.2, 0.3]), np.ones((5, 3, 7), np.float32)])
+
+
+def test_fill_and_views_of_a_constant():
+    body = (I("fill", value=0.1, dtype=D.FLOAT16, shape=(1, 2, 1)), I("view", "t0", dtype=D.FLOAT16, shape=(2, 1)),
+            I("cast", "in0", dtype=D.FLOAT16), I("add", "t2", "t1", dtype=D.FLOAT16))
+    a = FusedAttrs(shape=(2, 9), body=body, result="t3", out_dtype=D.FLOAT16)
+    check(a, [np.linspace(-3, 3, 18, dtype=np.float32).reshape(2, 9)])
+
+
+def test_strided_and_large_per_channel_inputs():
+    """Channel parameters read through negative and non-unit strides, and 3000 channels (the
+    scratch no longer fits on the stack)."""
+    rng = np.random.default_rng(3)
+    C = 3000
+    body = (I("view", "in0", shape=(C, 1)), I("view", "in1", shape=(C, 1)), I("mul", "t0", "t1"),
+            I("sub", "in2", "t2"))
+    a = FusedAttrs(shape=(C, 33), body=body, result="t3", out_dtype=D.FLOAT)
+    w = rng.standard_normal(2 * C).astype(np.float32)
+    check(a, [w[::-2], w[1::2], rng.standard_normal((C, 33)).astype(np.float32)])
+
+
+def test_unsupported_prologue_falls_back_to_numpy_hoisting():
+    body = (I("sqrt", "in0"), I("view", "t0", shape=(3, 1)), I("mul", "in1", "t1"))
+    a = FusedAttrs(shape=(3, 40), body=body, result="t2", out_dtype=D.FLOAT)
+    check(a, [np.float32([1, 2, 3]), np.ones((3, 40), np.float32)], fused=False)
+
+
+def test_new_size_reuses_the_compiled_code():
+    a = FusedAttrs(shape=(5, 4, 30), body=bn_body(D.FLOAT), result="t9", out_dtype=D.FLOAT)
+    b = FusedAttrs(shape=(2, 4, 70), body=bn_body(D.FLOAT), result="t9", out_dtype=D.FLOAT)
+    rng = np.random.default_rng(4)
+
+    def ins(shape):
+        return [np.int32([3, 4]), *(rng.standard_normal(4).astype(np.float32) for _ in range(2)),
+                rng.standard_normal(shape).astype(np.float32)]
+    check(a, ins(a.shape))
+    before = build.stats["compiles"]
+    check(b, ins(b.shape))
+    assert build.stats["compiles"] == before
+
+
+def test_same_arrays_with_new_values_and_a_different_output():
+    """The remembered pointers belong to the array objects: new values in the same arrays are
+    read, and another output array is written."""
+    rng = np.random.default_rng(5)
+    a = FusedAttrs(shape=(3, 4, 50), body=bn_body(D.FLOAT), result="t9", out_dtype=D.FLOAT)
+    ins = [np.int32([3, 4]), *(rng.standard_normal(4).astype(np.float32) for _ in range(2)),
+           rng.standard_normal((3, 4, 50)).astype(np.float32)]
+    out1 = np.empty((3, 4, 50), np.float32)
+    native.run_fused_native(a, ins, out1)
+    ins[1][:] = rng.standard_normal(4)
+    ins[3][:] = rng.standard_normal((3, 4, 50))
+    out2 = np.empty((3, 4, 50), np.float32)
+    native.run_fused_native(a, ins, out2)
+    R.assert_bits_equal(out2, run_fused(a, ins))
+    assert not np.array_equal(out1, out2)
