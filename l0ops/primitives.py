@@ -325,6 +325,9 @@ class Program:
         hoisted_names = [f"in{k}" for k, _ in self.small] + [name for name, _, _ in self.hoisted]
         self.align = [(n, (1,) * (rank - len(self.types[n][1])) + self.types[n][1])
                       for n in hoisted_names if 0 < len(self.types[n][1]) < rank]
+        # chunks slice the registers of the iteration space's rank; one of a higher rank (a big
+        # input the body views into this space) cannot be sliced: run those bodies whole
+        self.chunkable = all(len(self.types[r][1]) <= rank for r in self.live_reads)
 
     def _plan_flat(self, a: FusedAttrs, sigs: Sequence["_Sig"]) -> None:
         """The whole body as one straight line over a register list (inputs first, then t0,
@@ -435,7 +438,7 @@ def run_fused(a: FusedAttrs, inputs: Sequence[np.ndarray], out: "np.ndarray | No
     terms) are hoisted and computed once; the rest never allocates a full-size temporary."""
     prog = program(a, inputs)
     full = prog.full
-    if math.prod(full) <= FLAT_ELEMS:  # small: no hoisting, no chunks
+    if math.prod(full) <= FLAT_ELEMS or not prog.chunkable:  # small: no hoisting, no chunks
         res = prog.run_flat(inputs)
         if out is None:
             return np.ascontiguousarray(np.broadcast_to(res, full))

@@ -570,3 +570,24 @@ def test_cli_commands_work_or_fail_in_one_line(cmd, capsys):
     code = cli_main(["dump", "aclnnBatchNormElemt", "--platform", "Ascend950", "--eps", "0.5"])
     out, _ = capsys.readouterr()
     assert code == 0 and "BatchNormV3" in out and "value=0.5" in out
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 4, 5, 6, 7, 8), (2, 3, 2, 3, 4, 5, 6, 7)])
+@pytest.mark.parametrize("backend", ["numpy", "native"])
+def test_ranks_7_and_8_at_level_2_run_in_chunks_or_whole_bit_equal_to_level_0(shape, backend):
+    """The 910B folds the trailing dims into one (ResizeFromND): the fused body views its input
+    into a lower-rank iteration space larger than one chunk, which must still run."""
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal(shape).astype(np.float32)
+    c = [(rng.random(3) + 0.5).astype(np.float32) for _ in range(4)]
+    got = {}
+    for level in (0, 2):
+        out = np.zeros_like(x)
+        with opgraph.platform("Ascend910B"), opgraph.opt_level(level), opgraph.use_backend(backend):
+            st, ws, ex = aclnnBatchNormElemtGetWorkspaceSize(*map(opgraph.tensor, (x, *c)), 1e-5, opgraph.tensor(out))
+            assert st == 0 and aclnnBatchNormElemt(bytearray(ws) if ws else None, ws, ex) == 0, aclnn.aclGetRecentErrMsg()
+        got[level] = out
+    assert np.array_equal(got[0].view(np.uint32), got[2].view(np.uint32))
+    ch = lambda v: v.reshape(1, 3, *[1] * (len(shape) - 2)).astype(np.float64)
+    want = (x - ch(c[2])) * ch(c[3]) * ch(c[0]) + ch(c[1])  # (x - mean) * invstd * weight + bias
+    assert np.allclose(got[2], want, rtol=1e-5, atol=1e-5)

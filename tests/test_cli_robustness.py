@@ -62,6 +62,8 @@ HOSTILE = [
     (["demo", "--dtype", "complex64"], "--dtype"),
     (["demo", "--platform", "Ascend310P", "--no-graph"], "--platform"),  # no kernel there
     (["demo", "--platform", "Ascend910", "--dtype", "bf16", "--no-graph"], "--platform"),
+    (["run", "aclnnSyncBatchNormGatherStats", "--shape", "3,2,2"], "--shape"),  # N,C only
+    (["dump", "aclnnSyncBatchNormGatherStats", "--shape", "3,2,2,2"], "--shape"),
 ] + [([cmd, OP, "--shape", shape], "--shape") for cmd in RECORDING for shape in (
     "4611686018427387904,0",  # empty, but numpy cannot describe it
     "99999999999999999999999,0",

@@ -134,9 +134,12 @@ def build_case(args: argparse.Namespace, seed: "int | None" = None) -> Case:
         raise CliError(f"{spec.name} has no input generator (make_inputs), so the CLI cannot "
                        "make its arguments")
     cfg = input_config(args, spec)
-    check_memory(args.shape, spec.bytes_for(cfg), f"the {args.dtype.short} inputs and outputs")
     seed = getattr(args, "seed", 0) if seed is None else seed
-    arrays = spec.make_inputs(cfg, np.random.default_rng(seed))
+    try:  # the generator refuses a shape or option combination it cannot build
+        check_memory(args.shape, spec.bytes_for(cfg), f"the {args.dtype.short} inputs and outputs")
+        arrays = spec.make_inputs(cfg, np.random.default_rng(seed))
+    except ValueError as e:
+        raise CliError(f"--shape: {spec.name}: {e}", code=2) from None
     backend = getattr(args, "backend", "numpy")
     level = args.level
     if level is None:  # ascend-sim simulates CANN's kernels, which exist up to level 1

@@ -107,15 +107,24 @@ def chrome_trace(profile: Profile, title: str) -> dict:
 
 
 def errors(out: np.ndarray, ref: np.ndarray) -> tuple[float, float]:
-    """``(max |out − ref|, max |out − ref| / max |ref|)``; (0, 0) for empty arrays.
+    """``(max |out − ref|, max |out − ref| / max |ref|)`` over the finite reference values; a
+    position where both are NaN, or both the same infinity, agrees; (0, 0) when nothing is left.
 
     >>> errors(np.float32([1, 2]), np.float64([1, 2.5]))
     (0.5, 0.2)
+    >>> errors(np.float32([np.nan, np.inf, 1]), np.float64([np.nan, np.inf, 1]))
+    (0.0, 0.0)
+    >>> errors(np.float32([1, 2]), np.float64([np.nan, 2]))
+    (nan, nan)
     """
-    if out.size == 0:
+    o, r = out.astype(np.float64).ravel(), np.asarray(ref, np.float64).ravel()
+    same = (np.isnan(o) & np.isnan(r)) | (np.isinf(r) & (o == r))
+    o, r = o[~same], r[~same]
+    if o.size == 0:
         return 0.0, 0.0
-    diff = float(np.max(np.abs(out.astype(np.float64) - ref)))
-    scale = float(np.max(np.abs(ref)))
+    diff = float(np.max(np.abs(o - r)))
+    finite = r[np.isfinite(r)]
+    scale = float(np.max(np.abs(finite))) if finite.size else 0.0
     return diff, (diff / scale if scale > 0 else diff)
 
 
