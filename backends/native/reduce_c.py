@@ -7,11 +7,14 @@ order), the big inputs and then the per-kept float32 registers in ``ptrs``, each
 element offset per kept index (``koff[i*K + k]``) and strides along the reduced dims
 (``rstr[i*nr + d]``) and ``out`` (``S*K`` sums); it returns 1 if it cannot allocate its
 ``S*K*nblocks`` per-block sums, else 0.
+
 Work items are (kept index, block), shared out by the thread team of :mod:`.team` (``run``;
 NULL or fewer than :data:`PARALLEL_MIN` elements: the caller alone); each owns its 64 lane
 accumulators and folds them, so the order never depends on the threads. Where every big input
 is contiguous along the innermost reduced dim the lanes are updated ``OPG_W`` at a time (AVX2: 8,
-AVX-512: 16) — lane ``l`` still adds its elements one after another, as the order requires.
+AVX-512: 16), whole 64-lane chunks with the accumulators in registers — lane ``l`` still adds
+its elements one after another, as the order requires. When the kept indices are the contiguous
+ones (channels_last), items are (block, ``OPG_KC`` kept indices) and run across them instead.
 The caller folds the blocks.
 
     >>> from l0ops.primitives import Instr
