@@ -11,8 +11,13 @@ again after it, dy before the all_reduce (its sums) and after it (the input grad
 grad_input are written once — 6 tensors of x's size. Touching every tensor only once (4) would
 need the whole of x and dy kept across both collectives.
 
+With ``--ranks N`` (needs torch) the same comparison runs through ``opgraph.torch.SyncBatchNorm``
+on N gloo processes: the layer's forward + backward (autograd, torch.distributed's exchange)
+against its step captured and replayed (the collectives inside the program); rank 0's figures.
+
     python benchmarks/bench_capture.py                # 32x64x28x28 and 8x64x56x56, fp32
     python benchmarks/bench_capture.py --quick        # one small shape, fewer repeats
+    python benchmarks/bench_capture.py --ranks 2      # the torch layer on 2 gloo processes
 """
 from __future__ import annotations
 
@@ -103,16 +108,56 @@ def report(shape: tuple[int, ...], reps: int) -> None:
                   f"{max(ts) * 1e3:.2f})  x{med / base:.2f}")
 
 
+def rank_bench(rank: int, world: int, shape: tuple[int, ...], reps: int) -> dict:
+    """On each rank: the SyncBatchNorm layer eager vs its captured step replayed (interleaved)."""
+    torch = importlib.import_module("torch")
+    ot = importlib.import_module("opgraph.torch")
+    mine = torch.arange(shape[0]).tensor_split(world)[rank]
+    g = torch.Generator().manual_seed(rank)
+    x = torch.randn(len(mine), *shape[1:], generator=g)
+    dy = torch.randn(x.shape, generator=g)
+    fns: dict[str, Callable[[], None]] = {}
+    for backend in backends_here():
+        bn = ot.SyncBatchNorm(shape[1], backend=backend)
+
+        def eager(bn=bn) -> None:
+            xe = x.clone().requires_grad_()
+            torch.autograd.grad(bn(xe), (xe, bn.weight, bn.bias), dy)
+
+        xc = x.clone().requires_grad_()
+        with opgraph.capture(2) as prog:
+            torch.autograd.grad(bn(xc), (xc, bn.weight, bn.bias), dy)
+        fns[f"{backend}: layer eager"] = eager
+        fns[f"{backend}: program replay"] = prog.replay
+    times = measure(fns, reps)
+    return {k: (statistics.median(v), min(v), max(v)) for k, v in times.items()}
+
+
+def report_ranks(world: int, shape: tuple[int, ...], reps: int) -> None:
+    ot = importlib.import_module("opgraph.torch")
+    res = ot.run_ranks(rank_bench, world, (shape, reps), timeout=600.0)[0]
+    print(f"\nopgraph.torch.SyncBatchNorm on {world} gloo ranks, batch {'x'.join(map(str, shape))} "
+          "split over them, fp32, rank 0 (forward + backward):")
+    for name, (med, lo, hi) in res.items():
+        base = res[name.split(":")[0] + ": layer eager"][0]
+        print(f"    {name:<26} {med * 1e3:8.2f} ms  (min {lo * 1e3:.2f}, max {hi * 1e3:.2f})  "
+              f"x{med / base:.2f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--reps", type=int, default=9)
     ap.add_argument("--quick", action="store_true", help="one small shape, 3 repeats")
+    ap.add_argument("--ranks", type=int, default=0,
+                    help="also the torch layer on this many gloo processes (needs torch)")
     args = ap.parse_args()
     shapes, reps = (QUICK_SHAPES, 3) if args.quick else (SHAPES, args.reps)
     print(f"bench_capture: {host.processor() or host.machine()}, Python {host.python_version()}, "
           f"numpy {np.__version__}; {reps} interleaved repeats, medians")
     for shape in shapes:
         report(shape, reps)
+        if args.ranks:
+            report_ranks(args.ranks, shape, reps)
 
 
 if __name__ == "__main__":

@@ -57,6 +57,7 @@ class _Pass:
     koff: np.ndarray
     rstr: np.ndarray
     stores: tuple = ()      # per sum: (register, dtype to round to or None, shape)
+    cols: bool = False      # the channels_last kernel (items across contiguous kept indices)
 
     def __post_init__(self) -> None:
         self.ptr_array = ctypes.c_void_p * (len(self.big) + len(self.kept))
@@ -192,8 +193,11 @@ def _make_pass(body, batch, full, types, inputs, full_shape, raxes, K) -> _Pass:
         koff[i] = sum(grid[j] * st[d] for j, d in enumerate(kdims)) if kdims else 0
         rst.append([st[d] for d in raxes])
     rshape, rstr = collapse_reduced([full_shape[d] for d in raxes], rst or [[0] * len(raxes)])
+    # channels_last: kept indices contiguous in every big input, the reduced dims strided
+    cols = bool(big) and any(st[-1] != 1 for st in rstr) and K > 1 and all(
+        np.array_equal(row - row[0], np.arange(K)) for row in koff)
     src = render_pass([(r, types[r][0]) for r in big], kept,
-                      [(f"t{i}", body[i]) for i in live_idx], [body[j].args[0] for j in batch])
+                      [(f"t{i}", body[i]) for i in live_idx], [body[j].args[0] for j in batch], cols)
     fn = build.load(src).fn
     if fn.argtypes is None:
         fn.argtypes, fn.restype = _ARGTYPES, ctypes.c_int
@@ -201,7 +205,7 @@ def _make_pass(body, batch, full, types, inputs, full_shape, raxes, K) -> _Pass:
                     types[f"t{j}"][1]) for j in batch)
     return _Pass(tuple(batch), tuple(int(r[2:]) for r in big), tuple(kept), fn,
                  np.asarray(rshape, np.int64), koff, np.ascontiguousarray(rstr, np.int64).reshape(-1),
-                 stores)
+                 stores, cols)
 
 
 def plan_for(a: FusedReduceAttrs, inputs: Sequence[np.ndarray]) -> _Plan:

@@ -7,11 +7,14 @@ order), the big inputs and then the per-kept float32 registers in ``ptrs``, each
 element offset per kept index (``koff[i*K + k]``) and strides along the reduced dims
 (``rstr[i*nr + d]``) and ``out`` (``S*K`` sums); it returns 1 if it cannot allocate its
 ``S*K*nblocks`` per-block sums, else 0.
+
 Work items are (kept index, block), shared out by the thread team of :mod:`.team` (``run``;
 NULL or fewer than :data:`PARALLEL_MIN` elements: the caller alone); each owns its 64 lane
 accumulators and folds them, so the order never depends on the threads. Where every big input
 is contiguous along the innermost reduced dim the lanes are updated ``OPG_W`` at a time (AVX2: 8,
-AVX-512: 16) — lane ``l`` still adds its elements one after another, as the order requires.
+AVX-512: 16), whole 64-lane chunks with the accumulators in registers — lane ``l`` still adds
+its elements one after another, as the order requires. When the kept indices are the contiguous
+ones (channels_last), items are (block, ``OPG_KC`` kept indices) and run across them instead.
 The caller folds the blocks.
 
     >>> from l0ops.primitives import Instr
@@ -36,6 +39,7 @@ PARALLEL_MIN = 32768  # K * R below this: one thread
 FOLD = f"""#include <stdlib.h>
 #define OPG_LANES {LANES}
 #define OPG_BLOCK {BLOCK}
+#define OPG_KC 64  /* kept indices per work item of a channels_last pass */
 /* l0ops.ordered's tree: with n = ceil(m/2), a[j] += a[j + n] for j < m - n; m = n; ... */
 static void opg_fold(float *a, int64_t m, int64_t stride) {{
     while (m > 1) {{
@@ -47,27 +51,78 @@ static void opg_fold(float *a, int64_t m, int64_t stride) {{
 """
 
 
-def _scalar(big, live, sums, load) -> list[str]:
-    """Statements for one element at lane ``l``: ``load(i)`` reads big input ``i``."""
-    out = [f"const float r_{r} = {LOAD[d].format(load(i))};" for i, (r, d) in enumerate(big)]
+def _scalar(big, live, sums, load, acc: str = "acc[{}][l]", pre: Sequence[str] = ()) -> list[str]:
+    """Statements for one element at lane ``l``: ``load(i)`` reads big input ``i``; ``acc``
+    spells sum ``s``'s accumulator; ``pre`` statements come first."""
+    out = list(pre) + [f"const float r_{r} = {LOAD[d].format(load(i))};" for i, (r, d) in enumerate(big)]
     for dst, ins in live:
         args = [f"r_{x}" for x in ins.args]
         expr = args[0] if ins.op == "cast" else f" {C_OP[ins.op]} ".join(args)
         out.append(f"const float r_{dst} = {ROUND[ins.dtype].format(expr)};")
-    out += [f"acc[{s}][l] += r_{x};" for s, x in enumerate(sums)]
+    out += [f"{acc.format(s)} += r_{x};" for s, x in enumerate(sums)]
     return out
 
 
-def _vector(big, live, sums) -> list[str]:
-    """Statements for ``OPG_W`` consecutive elements ``q<i>[j...]`` at lanes ``l...``."""
-    out = [f"const opg_v v_{r} = {V_LOAD[d].format(f'q{i}')};" for i, (r, d) in enumerate(big)]
+def _vector(big, live, sums, acc: str = "acc[{}][l]", pre: Sequence[str] = ()) -> list[str]:
+    """Statements for ``OPG_W`` consecutive elements ``q<i>[j...]``, added to ``OPG_W``
+    consecutive accumulators from ``acc`` (lanes ``l...``, or kept indices ``j...``)."""
+    out = list(pre) + [f"const opg_v v_{r} = {V_LOAD[d].format(f'q{i}')};" for i, (r, d) in enumerate(big)]
     for dst, ins in live:
         args = [f"v_{x}" for x in ins.args]
         expr = args[0] if ins.op == "cast" else f"{V_OP[ins.op]}({', '.join(args)})"
         out.append(f"const opg_v v_{dst} = {V_ROUND[ins.dtype].format(expr)};")
-    out += [f"opg_v_st_f32(&acc[{s}][l], opg_v_add(opg_v_ld_f32(&acc[{s}][l]), v_{x}));"
+    out += [f"opg_v_st_f32(&{acc.format(s)}, opg_v_add(opg_v_ld_f32(&{acc.format(s)}), v_{x}));"
             for s, x in enumerate(sums)]
     return out
+
+
+def _cols_items(big, kept, live, sums) -> list[str]:
+    """The work items of a pass whose kept indices are contiguous in every big input (and the
+    reduced dims strided: channels_last): item (block, chunk of ``OPG_KC`` kept indices) walks
+    the block's rows in order; each row adds ``OPG_W`` kept indices at a time to their own lane
+    ``l`` (lanes are per kept index, so each still adds its elements one after another)."""
+    nb, S = len(big), len(sums)
+    pad = " " * 16
+    kept_s = [f"const float r_{r} = g{j}[j];" for j, r in enumerate(kept)]
+    kept_v = [f"const opg_v v_{r} = opg_v_ld_f32(&g{j}[j]);" for j, r in enumerate(kept)]
+    L = ["    const int64_t nkc = (K + OPG_KC - 1) / OPG_KC;",
+         "    for (int64_t w = w_begin; w < w_end; ++w) {",
+         "        const int64_t blk = w / nkc, k0 = (w % nkc) * OPG_KC;",
+         "        const int64_t kn = K - k0 < OPG_KC ? K - k0 : OPG_KC;",
+         f"        float acc[{S}][OPG_LANES][OPG_KC] __attribute__((aligned(64)));",
+         f"        for (int s = 0; s < {S}; ++s) for (int l = 0; l < OPG_LANES; ++l)",
+         "            for (int e = 0; e < OPG_KC; ++e) acc[s][l][e] = -0.0f;",
+         "        const int64_t r1 = (blk + 1) * OPG_BLOCK < R ? (blk + 1) * OPG_BLOCK : R;"]
+    L += [f"        const float *const g{j} = h{j} + k0;" for j in range(len(kept))]
+    L += ["        int64_t r = blk * OPG_BLOCK;",
+          "        while (r < r1) {",
+          "            int64_t rest = r / inner;",
+          "            const int64_t t0 = r % inner;",
+          "            int64_t " + ", ".join(f"p{i} = koff[{i} * K + k0]" for i in range(nb)) + ";",
+          "            for (int64_t d = nr - 2; d >= 0; --d) {",
+          "                const int64_t idx = rest % rshape[d];",
+          "                rest /= rshape[d];",
+          "                " + " ".join(f"p{i} += idx * rstr[{i} * nr + d];" for i in range(nb)),
+          "            }",
+          "            const int64_t run = inner - t0 < r1 - r ? inner - t0 : r1 - r;"]
+    L += [f"            const int64_t s{i} = rstr[{i} * nr + nr - 1];" for i in range(nb)]
+    L += ["            for (int64_t t = 0; t < run; ++t) {",
+          "                const int64_t l = (r + t) & (OPG_LANES - 1);"]
+    L += [f"                const {C_TYPE[d]} *const q{i} = b{i} + p{i} + (t0 + t) * s{i};"
+          for i, (_, d) in enumerate(big)]
+    L += ["                int64_t j = 0;", "#if defined(OPG_VEC)",
+          "                for (; j + OPG_W <= kn; j += OPG_W) {"]
+    L += [pad + "    " + x for x in _vector(big, live, sums, "acc[{}][l][j]", kept_v)]
+    L += ["                }", "#endif", "                for (; j < kn; ++j) {"]
+    L += [pad + "    " + x for x in _scalar(big, live, sums, lambda i: f"q{i}[j]", "acc[{}][l][j]", kept_s)]
+    L += ["                }", "            }", "            r += run;", "        }",
+          "        const int64_t len = r1 - blk * OPG_BLOCK, m = len < OPG_LANES ? len : OPG_LANES;",
+          f"        for (int s = 0; s < {S}; ++s) for (int64_t e = 0; e < kn; ++e) {{",
+          "            opg_fold(&acc[s][0][e], m, OPG_KC);",
+          "            c->blocks[(s * K + k0 + e) * nblocks + blk] = acc[s][0][e];",
+          "        }",
+          "    }", "}", ""]
+    return L
 
 
 def _chunks(big, live, sums) -> list[str]:
@@ -93,10 +148,11 @@ def _chunks(big, live, sums) -> list[str]:
 
 
 def render_pass(big: Sequence[tuple[str, DataType]], kept: Sequence[str],
-                live: Sequence[tuple[str, Instr]], sums: Sequence[str]) -> str:
+                live: Sequence[tuple[str, Instr]], sums: Sequence[str], cols: bool = False) -> str:
     """C for one pass over ``big`` (register, dtype) computing the ``live`` instructions and
     adding the registers ``sums`` into their lanes; ``kept`` registers are per-kept-index
-    float32 values (``ptrs[len(big) + j][k]``)."""
+    float32 values (``ptrs[len(big) + j][k]``). ``cols``: every big input's kept indices are
+    contiguous (``koff[i*K + k] = koff[i*K] + k``); the items run across them (channels_last)."""
     nb, S = len(big), len(sums)
     pad = " " * 16
     L = [HELPERS, V_HELPERS, C_DECL, FOLD,
@@ -111,8 +167,10 @@ def render_pass(big: Sequence[tuple[str, DataType]], kept: Sequence[str],
     L += [f"    const float *const h{j} = (const float *)c->ptrs[{nb + j}];" for j in range(len(kept))]
     L += ["    const int64_t inner = rshape[nr - 1];",
           "    const int dense = " + " && ".join([f"rstr[{i} * nr + nr - 1] == 1" for i in range(nb)]
-                                              or ["1"]) + ";",
-          "    for (int64_t w = w_begin; w < w_end; ++w) {",
+                                              or ["1"]) + ";"]
+    if cols:
+        return _finish(L + _cols_items(big, kept, live, sums), S, "((K + OPG_KC - 1) / OPG_KC) * nblocks")
+    L += ["    for (int64_t w = w_begin; w < w_end; ++w) {",
           "        const int64_t k = w / nblocks, blk = w % nblocks;",
           f"        float acc[{S}][OPG_LANES] __attribute__((aligned(64)));",
           f"        for (int s = 0; s < {S}; ++s) for (int l = 0; l < OPG_LANES; ++l) acc[s][l] = -0.0f;",
@@ -156,14 +214,19 @@ def render_pass(big: Sequence[tuple[str, DataType]], kept: Sequence[str],
           "            opg_fold(acc[s], len < OPG_LANES ? len : OPG_LANES, 1);",
           "            c->blocks[(s * K + k) * nblocks + blk] = acc[s][0];",
           "        }",
-          "    }", "}", "",
-          "int opg_kernel(int64_t K, int64_t R, int64_t nr, const int64_t *rshape,",
+          "    }", "}", ""]
+    return _finish(L, S, "K * nblocks")
+
+
+def _finish(L: list[str], S: int, work: str) -> str:
+    """The entry point after the work items: share them out, fold the blocks."""
+    L = L + ["int opg_kernel(int64_t K, int64_t R, int64_t nr, const int64_t *rshape,",
           "               void *const *ptrs, const int64_t *koff, const int64_t *rstr,",
           "               int64_t nblocks, float *out, opg_run run)", "{",
           f"    float *const blocks = (float *)malloc(sizeof(float) * {S} * K * nblocks);",
           "    if (blocks == 0) return 1;",
           "    const struct opg_rctx c = {K, R, nr, nblocks, rshape, koff, rstr, ptrs, blocks};",
-          "    const int64_t work = K * nblocks;",
+          f"    const int64_t work = {work};",
           f"    if (run == 0 || work < 2 || K * R < {PARALLEL_MIN}) opg_items((void *)&c, 0, work);",
           "    else run(opg_items, (void *)&c, work, 1);",
           f"    for (int64_t sk = 0; sk < {S} * K; ++sk) {{",

@@ -237,11 +237,11 @@ static inline void opg_v_st_f16(uint16_t *p, opg_v x) { _mm_storeu_si128((__m128
 static inline __m256i opg_v_bf16_bits(opg_v x) {  /* the bf16 bits in the high half, RNE */
     const __m256i u = _mm256_castps_si256(x);
     const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-    const __m256i r = _mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7FFF)), lsb);
-    const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7FFFFFFF)),
-                                           _mm256_set1_epi32(0x7F800000));
-    const __m256i q = _mm256_or_si256(u, _mm256_set1_epi32(0x00400000));
-    return _mm256_and_si256(_mm256_blendv_epi8(r, q, nan), _mm256_set1_epi32((int)0xFFFF0000u));
+    const __m256 r = _mm256_castsi256_ps(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7FFF)), lsb));
+    const __m256 nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);   /* NaN lanes: quieted, truncated */
+    const __m256 q = _mm256_or_ps(x, _mm256_castsi256_ps(_mm256_set1_epi32(0x00400000)));
+    return _mm256_and_si256(_mm256_castps_si256(_mm256_blendv_ps(r, q, nan)),
+                            _mm256_set1_epi32((int)0xFFFF0000u));
 }
 static inline opg_v opg_v_rnd_bf16(opg_v x) { return _mm256_castsi256_ps(opg_v_bf16_bits(x)); }
 static inline opg_v opg_v_ld_bf16(const uint16_t *p) {
