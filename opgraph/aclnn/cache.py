@@ -15,14 +15,18 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Hashable, Optional
+from typing import Any, Callable, Hashable, Optional
 
 from opgraph.core.executor import CompiledProgram, Executor
 from opgraph.core.tensor import Tensor
 
 
-def cache_key(name: str, args: tuple, platform: Any, level: int) -> Optional[tuple]:
-    """The cache key, or None when an argument cannot be keyed (then nothing is cached)."""
+TensorMeta = Callable[[Tensor], Optional[Hashable]]
+
+
+def call_key(name: str, args: tuple, platform: Any, level: int, meta: TensorMeta) -> Optional[tuple]:
+    """``(name, per-argument metadata, aliasing, platform, level)`` with ``meta(tensor)`` for
+    each tensor (None from it, or an argument that is neither a tensor nor a number: no key)."""
     metas: list[Optional[Hashable]] = []
     first: dict[int, int] = {}
     alias = []
@@ -32,14 +36,26 @@ def cache_key(name: str, args: tuple, platform: Any, level: int) -> Optional[tup
             alias.append(i)
             continue
         if isinstance(a, Tensor):
-            # writability is part of it: phase 1 rejects an output it could not write
-            metas.append(("T", a.signature, a.storage.flags.writeable and not a.copied))
+            m = meta(a)
+            if m is None:
+                return None
+            metas.append(m)
         elif isinstance(a, (int, float, bool)):
             metas.append(("V", type(a).__name__, a))
         else:
             return None  # uncacheable argument
         alias.append(first.setdefault(id(a), i))
     return (name, tuple(metas), tuple(alias), platform, level)
+
+
+def _exact(t: Tensor) -> Hashable:
+    # writability is part of it: phase 1 rejects an output it could not write
+    return ("T", t.signature, t.storage.flags.writeable and not t.copied)
+
+
+def cache_key(name: str, args: tuple, platform: Any, level: int) -> Optional[tuple]:
+    """The cache key, or None when an argument cannot be keyed (then nothing is cached)."""
+    return call_key(name, args, platform, level, _exact)
 
 
 @dataclass(frozen=True)

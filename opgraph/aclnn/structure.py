@@ -32,7 +32,7 @@ from opgraph.core.memory import plan_memory
 from opgraph.core.resize import Resizer, graph_numbers, monomial
 from opgraph.core.serialize import graph_to_dict
 from opgraph.core.tensor import Tensor, row_major_strides, virtual_tensor
-from .cache import CachedOp, ExecutorCache
+from .cache import CachedOp, ExecutorCache, call_key
 
 # probe dims: primes far from the small constants graphs hold (axes, ranks, powers of two)
 PRIMES = tuple(p for p in range(11, 1000) if all(p % q for q in range(2, int(p ** 0.5) + 1)))
@@ -44,27 +44,16 @@ def structure_key(name: str, args: tuple, platform: Any, level: int
     """``(key, dims)``: the structure key (None when the call cannot take part) and the values
     of its independent dims, in order of first appearance."""
     classes: dict[int, int] = {}
-    metas: list[Optional[Hashable]] = []
-    first: dict[int, int] = {}
-    alias = []
-    for i, a in enumerate(args):
-        if a is None:
-            metas.append(None)
-            alias.append(i)
-            continue
-        if isinstance(a, Tensor):
-            if a.copied or a.strides != row_major_strides(a.shape):
-                return None, ()
-            dims = tuple(n if n <= 1 else -1 - classes.setdefault(n, len(classes)) for n in a.shape)
-            metas.append(("T", dims, int(a.dtype), int(a.format), bool(a.storage.flags.writeable)))
-        elif isinstance(a, (int, float, bool)):
-            metas.append(("V", type(a).__name__, a))
-        else:
-            return None, ()
-        alias.append(first.setdefault(id(a), i))
-    if len(classes) > len(PRIMES):
+
+    def meta(t: Tensor) -> Optional[Hashable]:
+        if t.copied or t.strides != row_major_strides(t.shape):
+            return None
+        dims = tuple(n if n <= 1 else -1 - classes.setdefault(n, len(classes)) for n in t.shape)
+        return ("T", dims, int(t.dtype), int(t.format), bool(t.storage.flags.writeable))
+    key = call_key(name, args, platform, level, meta)
+    if key is None or len(classes) > len(PRIMES):
         return None, ()
-    return (name, tuple(metas), tuple(alias), platform, level), tuple(classes)
+    return key, tuple(classes)
 
 
 def _probe_tensor(t: Tensor, dims: tuple[int, ...], primes: tuple[int, ...]) -> Tensor:
