@@ -1,8 +1,11 @@
-"""Collectives as l0 ops: AllGather and AllReduce (sum) over a named group of ranks. They are
-effects in all but name — every rank must issue them in the same order — so they never expand
-(no pass fuses them), carry ``seq`` (their place among the capture's collectives: two calls are
-never merged) and run through the implementation registered for ``group``
-(:mod:`opgraph.core.collective`). One node may move several tensors in one exchange.
+"""Collectives as l0 ops: AllGather and AllReduce (sum) over a named group of ranks. Every rank
+must issue them in the same order, so they never expand (no pass fuses them or moves work
+across them), carry ``seq`` (their place among the capture's collectives: CSE never merges two
+calls, and a compiled program is checked to keep their order) and run through the
+implementation registered for ``group`` (:mod:`opgraph.core.collective`). A capture stores every
+collective result no later call reads, so DCE drops one only when what reads it is dead — on
+every rank alike, since every rank captures the same calls. One node may move several tensors
+in one exchange.
 
     >>> import numpy as np
     >>> a = AllGather.make_attrs(group="local", world=1, seq=0)

@@ -240,3 +240,28 @@ def test_check_schedule_catches_reordered_collectives_and_reads_after_writes():
     g.outputs = [w, late]
     with pytest.raises(CaptureError, match=r"reads %x at node 2 after node 1 wrote it"):
         check_schedule(g, plan_memory(g))
+
+
+def test_a_collective_result_nobody_reads_is_stored():
+    x = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    with capture() as prog:
+        mean, _ = batch_norm_stats(x, 1e-5)
+        gathered, = all_gather(mean, group="mirror2")
+    assert [n.op for n in prog.compiled.nodes if n.op.startswith("All")] == ["AllGather"]
+    out = prog.replay()
+    assert gathered.tolist() == [[7.5, 11.5, 15.5]] * 2
+    assert any(np.shares_memory(a, gathered) for a in out.values())
+
+
+def test_capture_arguments_and_platforms():
+    with pytest.raises(ValueError, match="keep must be 'outputs' or 'all', got 'some'"):
+        capture(keep="some")
+    with pytest.raises(ValueError, match="opt level must be one of"):
+        capture(level=4)
+    x = np.ones((2, 3, 4), np.float32)
+    with pytest.raises(CaptureError, match="call #1 aclnnBatchNormStats runs on Ascend950, the "
+                                           "capture on Ascend910B"):
+        with capture():
+            batch_norm_stats(x, 1e-5)
+            with opgraph.platform("Ascend950"):
+                batch_norm_stats(x, 1e-5)

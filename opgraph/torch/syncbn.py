@@ -4,7 +4,8 @@ syncbn-family.md §8) with each primitive one op_api call (:mod:`opgraph.torch.k
 Forward per rank: batch_norm_stats → all_gather of [mean, invstd, count] → drop ranks with
 count < 1 → batch_norm_gather_stats_with_counts (running stats updated in place) →
 batch_norm_elemt. Backward: batch_norm_backward_reduce → all_reduce of [sum_dy, sum_dy_xmu] →
-batch_norm_backward_elemt. Without an initialised process group, with one rank, or in eval mode
+batch_norm_backward_elemt. On a one-rank group the collectives, which would return the rank's
+own values, are skipped. Without an initialised process group, with one rank, or in eval mode
 it is ordinary batch norm (``F.batch_norm``), as in torch. One difference: an empty rank sends
 float32 zeros, the dtype the other ranks' statistics have (torch sends the input's dtype, which
 gloo cannot gather together with float32 rows when the input is half precision).
@@ -76,9 +77,12 @@ class SyncBatchNormFunction(torch.autograd.Function):
             row = torch.cat([mean, invstd, count])
         else:  # an empty rank still takes part in the gather, with count 0 (dropped below)
             row = torch.zeros(2 * C + 1, dtype=STATS_DTYPE)
-        rows = [torch.empty_like(row) for _ in range(world_size)]
-        dist.all_gather(rows, row, process_group)
-        table = torch.stack(rows)
+        if world_size > 1:
+            rows = [torch.empty_like(row) for _ in range(world_size)]
+            dist.all_gather(rows, row, process_group)
+            table = torch.stack(rows)
+        else:  # one rank: the gather would return its own row
+            table = row[None]
         table = table[table[:, 2 * C] >= 1]                  # ranks with data only
         mean_all, invstd_all, count_all = table[:, :C], table[:, C:2 * C], table[:, 2 * C:]
         counts = count_all.reshape(-1)
@@ -91,7 +95,7 @@ class SyncBatchNormFunction(torch.autograd.Function):
         else:  # no rank has data: nothing to normalise, running stats untouched
             mean = invstd = torch.zeros(C, dtype=table.dtype)
         ctx.save_for_backward(input, weight, mean, invstd, count_all.to(torch.int32))
-        ctx.process_group, ctx.where = process_group, where
+        ctx.process_group, ctx.where, ctx.world_size = process_group, where, world_size
         if input.numel() == 0:
             return torch.empty_like(input)
         return K.batch_norm_elemt(input, weight, bias, mean, invstd, eps, **where)
@@ -111,7 +115,8 @@ class SyncBatchNormFunction(torch.autograd.Function):
                 **ctx.where)
             if need_input:
                 sums = torch.cat([sum_dy, sum_dy_xmu])
-                dist.all_reduce(sums, dist.ReduceOp.SUM, ctx.process_group)
+                if ctx.world_size > 1:  # one rank: the sum over ranks is its own
+                    dist.all_reduce(sums, dist.ReduceOp.SUM, ctx.process_group)
                 if weight is not None and weight.dtype != mean.dtype:
                     weight = weight.to(mean.dtype)
                 grad_input = K.batch_norm_backward_elemt(
@@ -121,7 +126,7 @@ class SyncBatchNormFunction(torch.autograd.Function):
                 grad_weight = None
             if weight is None or not need_bias:
                 grad_bias = None
-        elif need_input:  # take part in the all_reduce so that the peers are not blocked
+        elif need_input and ctx.world_size > 1:  # take part so that the peers are not blocked
             dist.all_reduce(torch.zeros(2 * C, dtype=mean.dtype), dist.ReduceOp.SUM,
                             ctx.process_group)
         return grad_input, grad_weight, grad_bias, None, None, None, None, None, None, None
