@@ -29,8 +29,7 @@ from typing import Any, Callable, Hashable, Optional
 
 from opgraph.core.executor import CompiledProgram, Executor
 from opgraph.core.memory import plan_memory
-from opgraph.core.resize import Resizer, graph_numbers, monomial
-from opgraph.core.serialize import graph_to_dict
+from opgraph.core.resize import Resizer, graph_numbers, monomial, same_graph
 from opgraph.core.tensor import Tensor, row_major_strides, virtual_tensor
 from .cache import CachedOp, ExecutorCache, call_key
 
@@ -76,9 +75,9 @@ class Template:
         self.sizes = {v: e for v, e in ((v, monomial(v, primes)) for v in ints) if e is not None}
         # checked (types inferred again) when made; then only mapped: reproduces() has shown
         # that the mapping gives the graphs recording and the passes give
-        self.resize_recorded = Resizer(self.recorded, self.sizes.__contains__, check=False)
+        self.resize_recorded = Resizer(self.recorded, self.sizes.__contains__)
         self.resize_compiled = (self.resize_recorded if self.compiled is self.recorded
-                                else Resizer(self.compiled, self.sizes.__contains__, check=False))
+                                else Resizer(self.compiled, self.sizes.__contains__))
 
     def size_map(self, dims: tuple[int, ...]) -> Callable[[int], int]:
         """Each probe size → its value at ``dims``."""
@@ -88,8 +87,9 @@ class Template:
     def at(self, dims: tuple[int, ...]) -> CachedOp:
         """The compiled program for these dims (the recorded graph is built on first access)."""
         f = self.size_map(dims)
-        compiled = self.resize_compiled(f)
-        recorded = compiled if self.compiled is self.recorded else (lambda: self.resize_recorded(f))
+        compiled = self.resize_compiled(f, check=False)
+        recorded = (compiled if self.compiled is self.recorded
+                    else (lambda: self.resize_recorded(f, check=False)))
         return CachedOp(CompiledProgram(recorded, compiled, plan_memory(compiled), self.level,
                                         self.platform), self.positions)
 
@@ -97,9 +97,8 @@ class Template:
         """Whether the template at ``dims`` gives exactly ``ex``'s recorded and compiled graphs."""
         assert ex.program is not None
         f = self.size_map(dims)
-        return (graph_to_dict(Resizer(self.recorded, self.sizes.__contains__)(f)) == graph_to_dict(ex.graph)
-                and graph_to_dict(Resizer(self.compiled, self.sizes.__contains__)(f))
-                == graph_to_dict(ex.program.compiled))
+        return (same_graph(self.resize_recorded(f), ex.graph)
+                and same_graph(self.resize_compiled(f), ex.program.compiled))
 
 
 def build_template(record: Callable[[tuple], "Executor | None"], args: tuple,

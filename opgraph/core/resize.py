@@ -164,13 +164,13 @@ class Resizer:
     ((2, 4, 5), (2, 4, 5))
     """
 
-    def __init__(self, g: Graph, is_size: Callable[[int], bool], check: bool = True):
-        self.graph, self.check = g, check
+    def __init__(self, g: Graph, is_size: Callable[[int], bool]):
+        self.graph = g
         self.inputs = [(v, _type_builder(v.type, is_size)) for v in g.inputs]
         self.attrs = [_builder(n.attrs, is_size) for n in g.nodes]
         self.outputs = [[_type_builder(v.type, is_size) for v in n.outputs] for n in g.nodes]
 
-    def __call__(self, f: Callable[[int], int]) -> Graph:
+    def __call__(self, f: Callable[[int], int], check: bool = True) -> Graph:
         g = self.graph
         out = type(g)(g.name, g.call)
         env: dict[str, Value] = {}
@@ -178,7 +178,7 @@ class Resizer:
             env[v.name] = out.add_input(v.name, v.type if b is None else b(f))
         for n, b, outs in zip(g.nodes, self.attrs, self.outputs):
             attrs = n.attrs if b is None else b(f)
-            types = None if self.check else [v.type if t is None else t(f)
+            types = None if check else [v.type if t is None else t(f)
                                              for v, t in zip(n.outputs, outs)]
             node = out.add_node(n.op, [env[v.name] for v in n.inputs], attrs, out_types=types,
                                 out_names=[v.name for v in n.outputs], source=n.source)
@@ -188,10 +188,20 @@ class Resizer:
         return out
 
 
+def same_graph(a: Graph, b: Graph) -> bool:
+    """Whether two graphs are the same program: inputs (names, types), nodes (ops, attrs, input
+    and output names and types) and outputs, in order."""
+    def sig(g: Graph) -> tuple:
+        return (g.name, g.call, [(v.name, v.type) for v in g.inputs],
+                [(n.op, n.attrs, [v.name for v in n.inputs], [(v.name, v.type) for v in n.outputs])
+                 for n in g.nodes], [v.name for v in g.outputs])
+    return sig(a) == sig(b)
+
+
 def resized(g: Graph, f: IntMap) -> Graph:
     """A copy of ``g`` with every size mapped by ``f`` (None keeps it); node output types are
     inferred again, so an inconsistent mapping fails as a type error, never silently."""
     return Resizer(g, lambda v: f(v) is not None)(lambda v: f(v))
 
 
-__all__ = ["Resizer", "graph_numbers", "map_ints", "monomial", "reciprocal_of", "resized"]
+__all__ = ["Resizer", "graph_numbers", "map_ints", "monomial", "reciprocal_of", "resized", "same_graph"]
