@@ -9,8 +9,9 @@ the OS has not scheduled (another process on the core, another thread team spinn
 its share instead of holding up the call, as a fork-join barrier would. Which thread runs an item
 never changes what the item computes: results are identical for any thread count.
 
-* Idle workers spin for ``$OPGRAPH_SPIN_US`` microseconds (default :data:`SPIN_US`) after a job,
-  then sleep on a condition variable; back-to-back calls find them awake.
+* Idle workers spin for ``$OPGRAPH_SPIN_US`` microseconds of their own CPU time (default
+  :data:`SPIN_US`) after a job, then sleep on a condition variable; back-to-back calls find them
+  awake.
 * One job at a time: a call made while the team is busy (another Python thread, a nested call)
   runs on its own thread, serially.
 * ``$OPGRAPH_NUM_THREADS`` (else the CPUs this process may use) sets the team size;
@@ -33,7 +34,7 @@ from typing import Any, Optional
 
 from . import build
 
-SPIN_US = 200  # idle workers poll this long for the next job before they sleep
+SPIN_US = 2000  # µs idle workers poll for the next job before they sleep (OpenMP runtimes spin ms too)
 
 C_DECL = """typedef void (*opg_body)(void *ctx, int64_t begin, int64_t end);
 typedef void (*opg_run)(opg_body body, void *ctx, int64_t n, int64_t grain);
@@ -61,9 +62,10 @@ static struct {
     _Atomic int sleepers, active, busy;
     _Atomic int64_t spin_ns;
     int workers;                     /* threads created (guarded by `mu`) */
+    uint32_t born[OPG_MAX_THREADS];  /* per worker: the generation before its first job */
     pthread_mutex_t mu;
     pthread_cond_t cv;
-} T = {.active = 1, .spin_ns = 200000, .mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+} T = {.active = 1, .spin_ns = 2000000, .mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
 
 static inline void opg_relax(void) {
 #if defined(__x86_64__) || defined(__i386__)
@@ -73,9 +75,11 @@ static inline void opg_relax(void) {
 #endif
 }
 
+/* This thread's CPU time: a worker that the OS deschedules keeps its spin budget, so it does
+   not fall asleep unseen and get woken onto the caller's CPU. */
 static int64_t opg_now(void) {
     struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
     return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
 }
 
@@ -98,7 +102,7 @@ static void opg_work(uint32_t gen) {
 
 static void *opg_worker(void *arg) {
     const int index = (int)(intptr_t)arg;    /* 1 .. workers; the caller is 0 */
-    uint32_t seen = (uint32_t)(atomic_load(&T.word) >> 32);
+    uint32_t seen = T.born[index];           /* the job being published when it was created */
     for (;;) {
         uint64_t w = atomic_load(&T.word);
         const int64_t until = opg_now() + atomic_load(&T.spin_ns);
@@ -141,6 +145,7 @@ static int opg_start(void) {
         pthread_attr_t attr;
         pthread_attr_init(&attr);
         pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        T.born[T.workers + 1] = (uint32_t)(atomic_load(&T.word) >> 32);  /* the job to come is new */
         const int bad = pthread_create(&t, &attr, opg_worker, (void *)(intptr_t)(T.workers + 1));
         pthread_attr_destroy(&attr);
         if (bad) break;
