@@ -20,7 +20,6 @@ import numpy as np
 from opgraph.core.dtypes import DataType
 from opgraph.core.opdef import Fidelity, OpAttrs, require
 from .define import define_op
-from .ordered import ordered_sum
 
 F32 = DataType.FLOAT
 f32 = np.float32
@@ -36,20 +35,24 @@ def _f(xs) -> list[np.ndarray]:
 
 
 # --- 910B ---------------------------------------------------------------------------------------
-def _gather_with_counts(xs, a: MomentumEpsAttrs) -> list[np.ndarray]:
+def _gather_with_counts(emit, args, a: MomentumEpsAttrs, ts):
     """vs = Σ_W ((1/invstd)² − eps + (mean − meanAll)²)·count; invstd = 1/sqrt(vs/countSum + eps);
-    runningVar = rv·(1 − m) + (vs/(countSum − 1))·m."""
-    mean, invstd, count, mean_all, count_sum, rv = _f(xs)
-    eps, m = f32(a.epsilon), f32(a.momentum)
-    r = f32(1) / invstd
-    v = r * r + (-eps)
-    d = mean - mean_all
-    t = (v + d * d) * count
-    vs = ordered_sum(t, (0,), keepdims=True)
-    inv = f32(1) / np.sqrt(vs / count_sum + eps)
-    unbiased = vs / (count_sum + f32(-1))
-    rv_new = rv * (f32(1) - m) + unbiased * m
-    return [inv.reshape(-1), rv_new]
+    runningVar = rv·(1 − m) + (vs/(countSum − 1))·m — each step a float32 primitive, so one
+    definition serves numpy, fusion and the native kernels."""
+    mean, invstd, count, mean_all, count_sum, rv = args
+    W, C = ts[0].shape
+    fill = lambda v: emit("fill", [], F32, value=float(f32(v)))
+    r = emit("div", [fill(1.0), invstd], F32)
+    v = emit("add", [emit("mul", [r, r], F32), fill(-f32(a.epsilon))], F32)
+    d = emit("sub", [mean, mean_all], F32)
+    t = emit("mul", [emit("add", [v, emit("mul", [d, d], F32)], F32), count], F32)
+    vs = emit("sum", [t], F32, shape=(1, C), over=(W, C))
+    std = emit("sqrt", [emit("add", [emit("div", [vs, count_sum], F32), fill(a.epsilon)], F32)], F32)
+    inv = emit("div", [fill(1.0), std], F32)
+    unbiased = emit("div", [vs, emit("add", [count_sum, fill(-1.0)], F32)], F32)
+    m = f32(a.momentum)
+    rv_new = emit("add", [emit("mul", [rv, fill(f32(1) - m)], F32), emit("mul", [unbiased, fill(m)], F32)], F32)
+    return emit("view", [inv], F32, shape=(C,)), rv_new
 
 
 def _gather_with_counts_infer(ts, a):
@@ -65,7 +68,7 @@ def _gather_with_counts_infer(ts, a):
 
 SyncBatchNormGatherStatsWithCounts = define_op(
     "SyncBatchNormGatherStatsWithCounts", attrs=MomentumEpsAttrs, num_inputs=6, kind="kernel",
-    infer=_gather_with_counts_infer, compute=_gather_with_counts,
+    infer=_gather_with_counts_infer, expand=_gather_with_counts,
     fidelity=(Fidelity("formula", "no public 910B source (prebuilt); the op order of a public TBE "
                        "copy, 1/x and sqrt correctly rounded, the sum over ranks in opgraph's "
                        "order", (2201, 1001)),),
