@@ -165,3 +165,26 @@ def test_partial_overlap_runs_on_numpy_exact_alias_in_c():
         opgraph.ops.batch_norm_elemt_backward(go, case.input, case.mean, case.invstd, case.weight,
                                               case.sumDy, case.sumDyXmu, case.counter, out=shifted)
     assert b.fallbacks["the output partly overlaps an input"] == 1
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("offset", [0, 1, 3])
+def test_streaming_stores_bit_identical(dtype, offset, threads):
+    """Outputs of at least STREAM_BYTES take the non-temporal store loop: its scalar peel up to
+    the vector alignment (output views starting ``offset`` elements into a buffer) and its tail
+    give numpy's bits, for 1 and 2 threads."""
+    dt = DTYPES[dtype]
+    n = render.STREAM_BYTES // dt.itemsize // 16 + 13
+    case = R.make_case((2, 8, n), dt, seed=5)
+    with opgraph.opt_level(2), opgraph.use_backend("numpy"):
+        expected = R.compute(case)
+    for k in (1, 2):
+        threads(k)
+        buf = np.full(case.input.size + 8, 7, dt)
+        out = buf[offset:offset + case.input.size].reshape(case.input.shape)
+        with opgraph.opt_level(2), opgraph.use_backend("native"):
+            got = opgraph.ops.batch_norm_elemt_backward(*case.arrays(), out=out)
+        assert got.nbytes >= render.STREAM_BYTES
+        R.assert_bits_equal(out, expected)
+        assert np.array_equal(R.bits(buf[:offset]), R.bits(np.full(offset, 7, dt)))
+        assert np.array_equal(R.bits(buf[offset + out.size:]), R.bits(np.full(8 - offset, 7, dt)))

@@ -45,6 +45,7 @@ C_OP = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
 BLOCK = 8192          # elements of the innermost dim per work item
 PARALLEL_MIN = 32768  # below this many elements the kernel runs on one thread
 GRAIN = 16384         # elements per claim of a parallel kernel (see :mod:`.team`)
+STREAM_BYTES = 8 << 20  # outputs this large are written with non-temporal (streaming) stores
 
 
 class Unsupported(ValueError):
@@ -182,6 +183,8 @@ V_LOAD = {F32: "opg_v_ld_f32(&{}[j])", F16: "opg_v_ld_f16(&{}[j])", BF16: "opg_v
 V_ROUND = {F32: "{}", F16: "opg_v_rnd_f16({})", BF16: "opg_v_rnd_bf16({})"}
 V_STORE = {F32: "opg_v_st_f32(&{}[j], {});", F16: "opg_v_st_f16(&{}[j], {});",
            BF16: "opg_v_st_bf16(&{}[j], {});"}
+V_NT = {F32: "opg_v_nt_f32(&{}[j], {});", F16: "opg_v_nt_f16(&{}[j], {});",
+        BF16: "opg_v_nt_bf16(&{}[j], {});"}
 
 V_HELPERS = r"""/* vcvtps2ph rounds to nearest even (imm 0) and keeps a NaN's top payload bits, quieted, like
    opg_rnd_f16; the bf16 rounding below is opg_st_bf16 on every lane. Stores take registers that
@@ -219,6 +222,9 @@ static inline opg_v opg_v_ld_bf16(const uint16_t *p) {
 static inline void opg_v_st_bf16(uint16_t *p, opg_v x) {  /* x already holds bf16 values */
     _mm256_storeu_si256((__m256i *)p, _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(x), 16)));
 }
+#define opg_v_nt_f32 opg_v_st_f32  /* AVX-512: ordinary stores */
+#define opg_v_nt_f16 opg_v_st_f16
+#define opg_v_nt_bf16 opg_v_st_bf16
 #elif defined(__AVX2__) && defined(__F16C__)
 #include <immintrin.h>
 #define OPG_VEC 1
@@ -252,6 +258,13 @@ static inline void opg_v_st_bf16(uint16_t *p, opg_v x) {
     const __m256i h = _mm256_srli_epi32(_mm256_castps_si256(x), 16);  /* x holds bf16 values */
     const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(h, h), 0xD8);
     _mm_storeu_si128((__m128i *)p, _mm256_castsi256_si128(packed));
+}
+/* non-temporal stores (the address is aligned to a whole vector of the output) */
+static inline void opg_v_nt_f32(float *p, opg_v x) { _mm256_stream_ps(p, x); }
+static inline void opg_v_nt_f16(uint16_t *p, opg_v x) { _mm_stream_si128((__m128i *)p, _mm256_cvtps_ph(x, 0)); }
+static inline void opg_v_nt_bf16(uint16_t *p, opg_v x) {
+    const __m256i h = _mm256_srli_epi32(_mm256_castps_si256(x), 16);
+    _mm_stream_si128((__m128i *)p, _mm256_castsi256_si128(_mm256_permute4x64_epi64(_mm256_packus_epi32(h, h), 0xD8)));
 }
 #endif
 """
@@ -312,6 +325,20 @@ def _vector_loop(p: Plan, scalar_h: bool) -> list[str]:
     return lines + flt + ["#endif"]
 
 
+def _stream_loop(p: Plan, load: Callable[[int, str], str]) -> list[str]:
+    """Float lanes with non-temporal stores (``c->stream``: outputs larger than the caches): a
+    scalar peel up to the output's vector alignment, the vector loop, ``jv`` left for the tail."""
+    nb, nh = len(p.big), len(p.hoisted)
+    q = f"q{nb + nh}"
+    blk = _simd_block(p, True, "OPG_W", "opg_v", lambda d, x: V_LOAD[d].format(x), "opg_v_set1({})",
+                      lambda o, a: f"{V_OP[o]}({', '.join(a)})", lambda d, e: V_ROUND[d].format(e))
+    blk.insert(-3, "    " + V_NT[p.out_dtype].format(q, f"v_{p.result}"))
+    at = blk.index("int64_t j = 0;") + 1
+    peel = [f"for (; j < n && ((uintptr_t)&{q}[j] & (OPG_W * sizeof(*{q}) - 1)); ++j) {{"]
+    peel += ["    " + t for t in _body(p, load)] + ["}"]
+    return ["#if defined(OPG_VEC)", "if (c->stream) {"] + blk[:at] + peel + blk[at:] + ["}"] + ["#endif"]
+
+
 @functools.lru_cache(maxsize=256)
 def render(p: Plan) -> str:
     """C source of ``void opg_kernel(ndim, shape, ptrs, strides, block, run)`` for plan ``p``.
@@ -326,7 +353,7 @@ def render(p: Plan) -> str:
     ctypes_ = [C_TYPE[d] for _, d in p.big] + ["float"] * nh + [C_TYPE[p.out_dtype]]
     out = [HELPERS, V_HELPERS, C_DECL, f"/* {len(p.live)} live instructions; result {p.result}: "
                                        f"{p.out_dtype.short} */",
-           "struct opg_ctx { int64_t ndim, nblk, block; const int64_t *shape, *st; void *const *ptrs; };",
+           "struct opg_ctx { int64_t ndim, nblk, block, stream; const int64_t *shape, *st; void *const *ptrs; };",
            "",
            "static void opg_items(void *vctx, int64_t w_begin, int64_t w_end)", "{",
            "    const struct opg_ctx *const c = (const struct opg_ctx *)vctx;",
@@ -362,20 +389,27 @@ def render(p: Plan) -> str:
 
     vec = needs_vector(p)
     out.append("        if (scalar_h) {")
-    out += _loop(p, dense_load(True), scalar_pre, simd=True, vector=_vector_loop(p, True) if vec else None)
+    stream = _stream_loop(p, dense_load(True))
+    normal = _vector_loop(p, True) if vec else []
+    out += _loop(p, dense_load(True), scalar_pre, simd=True,
+                 vector=stream[:-1] + (["else"] if normal else []) + normal + stream[-1:])
     out.append("        } else if (vector_h) {")
     out += _loop(p, dense_load(False), [], simd=True, vector=_vector_loop(p, False) if vec else None)
     out.append("        } else {")
     strided = [f"const int64_t i{k} = s{k}[ndim - 1];" for k in range(nops)]
     out += _loop(p, lambda k, r: f"q{k}[j * i{k}]", strided, simd=False)
-    out += ["        }", "    }", "}", "",
+    out += ["        }", "    }",
+            "#if defined(OPG_VEC)",
+            "    if (c->stream) _mm_sfence();  /* order the non-temporal stores before returning */",
+            "#endif", "}", "",
             "void opg_kernel(int64_t ndim, const int64_t *shape, void *const *ptrs,",
             "                const int64_t *st, int64_t block, opg_run run)", "{",
             "    const int64_t inner = shape[ndim - 1];",
             "    int64_t outer = 1;",
             "    for (int64_t d = 0; d + 1 < ndim; ++d) outer *= shape[d];",
             "    const int64_t nblk = (inner + block - 1) / block, work = outer * nblk;",
-            "    const struct opg_ctx c = {ndim, nblk, block, shape, st, ptrs};",
+            f"    const int64_t stream = outer * inner * (int64_t)sizeof({C_TYPE[p.out_dtype]}) >= {STREAM_BYTES};",
+            "    const struct opg_ctx c = {ndim, nblk, block, stream, shape, st, ptrs};",
             f"    if (run == 0 || work < 2 || outer * inner < {PARALLEL_MIN}) {{",
             "        opg_items((void *)&c, 0, work);",
             "        return;",
