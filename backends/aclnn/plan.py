@@ -13,16 +13,11 @@ the buffer it lives in) and the aclnn calls in order, each run with the two-phas
 """
 from __future__ import annotations
 
-import math
-from typing import Any, Callable, Literal, Mapping, Optional
+from typing import Literal, Optional
 
 from pydantic import BaseModel, Field
 
 from opgraph.core.dtypes import DataType, Format
-
-
-class LoweringError(ValueError):
-    """A graph cannot be lowered to aclnn calls; the message quotes the node's dump line."""
 
 
 # --- the plan data model -----------------------------------------------------------------------
