@@ -5,8 +5,6 @@ prototypes documented in the reference sheet (/work/shared/reference/aclnn-api.m
 §5.1)."""
 from __future__ import annotations
 
-import contextlib
-import io
 import os
 import re
 import shutil
@@ -19,22 +17,11 @@ import pytest
 
 from backends.aclnn.emit_cpp import HEADERS, PRELUDE, emit_cpp, literal
 from backends.aclnn.plan import CallPlan, TensorDesc, UserBuffer
-from opgraph.cli import main
+from cpp_helpers import FIXTURES, GXX, INCLUDE, compile_cpp, needs_gxx, precompiled_std, run_cli
 from opgraph.core.dtypes import DataType, dtype_of
 from opgraph.core.opapi import op_api_specs
 
-FIXTURES = Path(__file__).parent / "fixtures"
-INCLUDE = FIXTURES / "include"
-GXX = shutil.which("g++")
-needs_gxx = pytest.mark.skipif(GXX is None, reason="g++ not installed: cannot compile emitted C++")
-CXX = ["-std=c++17", "-Wall", "-Werror", "-I", str(INCLUDE), "-I", str(INCLUDE / "aclnn")]
 BNEB = "aclnnBatchNormElemtBackward"
-
-
-def compile_cpp(src: Path, *extra: str) -> str:
-    """g++ on ``src`` (``extra``: -fsyntax-only or -o/libraries); '' on success, else stderr."""
-    r = subprocess.run([GXX, *CXX, str(src), *extra], capture_output=True, text=True)
-    return "" if r.returncode == 0 else r.stderr
 
 
 # --- every CLI variant compiles ------------------------------------------------------------------
@@ -67,18 +54,6 @@ def grad_input_dtype(argv: list[str]) -> str:
     return "float32"  # the CLI default
 
 
-def precompiled_std(root: Path) -> list[str]:
-    """Flags using a precompiled header of the prelude's own standard #includes (a program
-    starts with exactly these, so nothing is masked; it makes each syntax check ~3x cheaper);
-    [] when g++ cannot build it."""
-    header = root / "prelude_std.h"
-    header.write_text("".join(line + "\n" for line in PRELUDE.splitlines()
-                              if line.startswith("#include <")))
-    r = subprocess.run([GXX, *CXX, "-x", "c++-header", str(header), "-o", f"{header}.gch"],
-                       capture_output=True)
-    return ["-include", str(header), "-Winvalid-pch"] if r.returncode == 0 else []
-
-
 @pytest.fixture(scope="module")
 def programs(tmp_path_factory) -> dict[str, tuple[str, str]]:
     """variant → (program text, '' if it compiled else the reason), compiled in parallel."""
@@ -89,14 +64,9 @@ def programs(tmp_path_factory) -> dict[str, tuple[str, str]]:
     for name, argv in VARIANTS.items():
         path = root / name / "prog.cpp"
         path.parent.mkdir()
-        log = io.StringIO()
-        try:
-            with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
-                rc = main(["emit-cpp", BNEB, *argv, "-o", str(path)])
-        except SystemExit as e:
-            rc = e.code
+        rc, log = run_cli(["emit-cpp", BNEB, *argv, "-o", str(path)])
         if rc != 0:
-            failures[name] = f"emit-cpp exited {rc}: {log.getvalue().strip()}"
+            failures[name] = f"emit-cpp exited {rc}: {log.strip()}"
         texts[name] = path.read_text() if path.exists() else ""
     todo = [n for n in VARIANTS if n not in failures]
     pch = precompiled_std(root)
