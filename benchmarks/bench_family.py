@@ -72,7 +72,7 @@ def c_floor(shape: tuple[int, ...], dtype: DataType) -> Optional[Callable[[], No
         from bench_elemt_backward import c_floor_variant
     except ImportError:
         return None
-    arrays = [np.zeros(shape, dtype.np) for _ in range(3)]
+    arrays = [np.ones(shape, dtype.np) for _ in range(3)]  # real pages (not the zero page)
     fn = c_floor_variant(arrays[:2], arrays[2])
     if fn is None:
         return None

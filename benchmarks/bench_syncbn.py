@@ -15,10 +15,17 @@ the module itself would fall back to plain batch norm there.
     python benchmarks/bench_syncbn.py                   # 8x64x28x28, 32x64x56x56; 3 dtypes; 1 rank
     python benchmarks/bench_syncbn.py --quick           # one small shape, fewer repeats
     python benchmarks/bench_syncbn.py --dtypes fp32 --ranks 1,2 --reps 15
+    python benchmarks/bench_syncbn.py --omp-passive      # torch's OpenMP threads sleep when idle
+
+torch's OpenMP workers spin for milliseconds after each parallel region (libgomp's default wait
+policy); on two cores one of them then holds a core that opgraph's thread team needs for the
+kernels that follow. ``--omp-passive`` sets ``OMP_WAIT_POLICY=PASSIVE`` for the rank processes
+(torch's threads sleep when idle), which is how to run opgraph next to torch on few cores.
 """
 from __future__ import annotations
 
 import argparse
+import os
 import platform as host
 import statistics
 import time
@@ -101,7 +108,7 @@ def c_floor(x: torch.Tensor) -> "Callable[[], None] | None":
         from bench_elemt_backward import c_floor_variant
     except ImportError:
         return None
-    arrays = [np.zeros(tuple(x.shape), f"u{x.element_size()}") for _ in range(3)]
+    arrays = [np.ones(tuple(x.shape), f"u{x.element_size()}") for _ in range(3)]  # real pages
     fn = c_floor_variant(arrays[:2], arrays[2])
     if fn is None:
         return None
@@ -154,12 +161,17 @@ def main() -> None:
     ap.add_argument("--dtypes", default="fp32,fp16,bf16", help="comma-separated: fp32, fp16, bf16")
     ap.add_argument("--ranks", default="1", help="comma-separated rank counts (default 1)")
     ap.add_argument("--backends", default="numpy,native", help="opgraph backends (default both)")
+    ap.add_argument("--omp-passive", action="store_true",
+                    help="OMP_WAIT_POLICY=PASSIVE in the rank processes (see above)")
     args = ap.parse_args()
+    if args.omp_passive:  # read by libgomp when the ranks' fork server imports torch
+        os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
     reps = args.reps or (5 if args.quick else 9)
     shapes = QUICK_SHAPES if args.quick else SHAPES
     cases = [(s, d) for s in shapes for d in args.dtypes.split(",")]
     print(f"opgraph {opgraph.__version__}, torch {torch.__version__}, {host.machine()}, "
-          f"{host.python_version()}; backends: {', '.join(backends_here())}; {reps} repeats")
+          f"{host.python_version()}; backends: {', '.join(backends_here())}; {reps} repeats; "
+          f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')}")
     for world in (int(n) for n in args.ranks.split(",")):
         results = run_ranks(measure, world, (cases, reps, tuple(args.backends.split(","))),
                             timeout=1800, pg_timeout=300)
