@@ -577,3 +577,14 @@ def test_pythonic_errors(change, status, name):
     with pytest.raises(opgraph.AclnnError) as e:
         batch_norm_backward_reduce(*(a[n] for n in INPUTS), True, True, True)
     assert e.value.status == status and name in str(e.value)
+
+
+def test_pythonic_empty_input_on_910b_returns_zeros_not_uninitialised_memory():
+    """The 910B op_api records nothing for an empty input; the arrays the Pythonic function
+    creates must still hold defined values."""
+    x = np.zeros((0, 4, 5, 5), np.float32)
+    c = np.ones(4, np.float32)
+    with opgraph.platform("Ascend910B"):
+        for _ in range(3):  # fresh allocations each time: garbage would show up
+            sums = opgraph.ops.batch_norm_backward_reduce(x, x, c, c, c, True, True, True)
+            assert all(s is not None and s.shape == (4,) and not s.any() for s in sums)

@@ -35,9 +35,11 @@ def as_tensor(name: str, x: Any) -> Optional[Tensor]:
 
 
 def output(name: str, out: Any, shape: tuple[int, ...], dtype: DataType) -> tuple[Any, Tensor]:
-    """``(array to return, tensor to pass)`` for an output: ``out`` as given, or a new array."""
+    """``(array to return, tensor to pass)`` for an output: ``out`` as given, or a new zeroed
+    array (an op_api that writes nothing for an empty input, as the 910B family's do, returns
+    zeros, never uninitialised memory)."""
     if out is None:
-        out = np.empty(shape, dtype=dtype.np)
+        out = np.zeros(shape, dtype=dtype.np)
     t = as_tensor(name, out)
     assert t is not None
     return out, t
