@@ -32,7 +32,7 @@ from typing import Callable
 import numpy as np
 
 import opgraph
-from opgraph.core.backend import BackendUnavailable, get
+from bench_common import backends_here
 
 ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("capture_syncbn", ROOT / "examples" / "capture_syncbn.py")
@@ -42,15 +42,6 @@ _spec.loader.exec_module(example)
 SHAPES = [(32, 64, 28, 28), (8, 64, 56, 56)]
 QUICK_SHAPES = [(8, 32, 14, 14)]
 
-
-def backends_here() -> list[str]:
-    out = ["numpy"]
-    try:
-        get("native")
-        out.append("native")
-    except BackendUnavailable:
-        pass
-    return out
 
 
 def variants(shape: tuple[int, ...], backend: str) -> tuple[dict[str, Callable[[], None]], dict]:

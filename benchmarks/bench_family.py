@@ -30,6 +30,7 @@ from opgraph.cli.cases import Case, execute, record
 from opgraph.core.dtypes import DataType
 from opgraph.core.opapi import InputConfig, get_op_api
 from opgraph.core.status import Status
+from bench_common import held_floor
 
 OPS = {  # op_api -> tensor passes at least (None: statistics only, no big tensor)
     "aclnnBatchNormStats": 2, "aclnnBatchNormReduce": 1, "aclnnBatchNormReduceBackward": 2,
@@ -64,22 +65,6 @@ def call(case: Case) -> Callable[[], None]:
 
 def phase1(case: Case) -> Callable[[], None]:
     return lambda: record(case)
-
-
-def c_floor(shape: tuple[int, ...], dtype: DataType) -> Optional[Callable[[], None]]:
-    """The compiled 2-thread ``c = a + b`` of bench_elemt_backward (None when unavailable)."""
-    try:
-        from bench_elemt_backward import c_floor_variant
-    except ImportError:
-        return None
-    arrays = [np.ones(shape, dtype.np) for _ in range(3)]  # real pages (not the zero page)
-    fn = c_floor_variant(arrays[:2], arrays[2])
-    if fn is None:
-        return None
-
-    def floor(keep: list = arrays) -> None:  # fn holds raw pointers: ``keep`` holds the arrays
-        fn()
-    return floor
 
 
 def fmt(s: float) -> str:
@@ -147,7 +132,7 @@ def main() -> None:
     rows = []
     for shape in sizes:
         for dname in dnames:
-            floor = c_floor(shape, DTYPES[dname])
+            floor = held_floor(shape, DTYPES[dname].np)
             for op in ops:
                 row = bench(op, shape, dname, args.platform, reps, args.ranks, floor)
                 if row is not None:

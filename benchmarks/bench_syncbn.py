@@ -36,8 +36,8 @@ import torch
 import torch.distributed as dist
 
 import opgraph
-from opgraph.core.backend import BackendUnavailable, get
 from opgraph.torch import SyncBatchNormFunction, run_ranks
+from bench_common import backends_here, held_floor
 
 DTYPES = {"fp32": (torch.float32, None), "fp16": (torch.float16, None),
           "bf16": (torch.bfloat16, "Ascend950")}
@@ -46,15 +46,6 @@ FLOOR = "floor: 7 tensor passes"
 FLOOR_PASSES = 7  # forward: read x (stats), read x + write y; backward: read dy, x; read dy, x + write dx
 QUICK_SHAPES = [(8, 32, 14, 14)]
 
-
-def backends_here() -> list[str]:
-    out = ["numpy"]
-    try:
-        get("native")
-        out.append("native")
-    except BackendUnavailable:
-        pass
-    return out
 
 
 def variants(shape: tuple[int, ...], dtype: str, rank: int, world: int,
@@ -95,27 +86,11 @@ def variants(shape: tuple[int, ...], dtype: str, rank: int, world: int,
     out = {f"opgraph SyncBatchNorm, {be}": syncbn(be) for be in backends_here() if be in use}
     out["collectives alone"] = collectives
     out["torch BatchNorm2d"] = torch_bn
-    floor = c_floor(x)
+    floor = held_floor(tuple(x.shape), f"u{x.element_size()}")  # scaled to FLOOR_PASSES in report()
     if floor is not None:
         out[FLOOR] = floor
     return out
 
-
-def c_floor(x: torch.Tensor) -> "Callable[[], None] | None":
-    """bench_elemt_backward's compiled 2-thread c = a + b over ``x``'s size (3 tensor passes;
-    :func:`report` scales it to :data:`FLOOR_PASSES`); None when unavailable."""
-    try:
-        from bench_elemt_backward import c_floor_variant
-    except ImportError:
-        return None
-    arrays = [np.ones(tuple(x.shape), f"u{x.element_size()}") for _ in range(3)]  # real pages
-    fn = c_floor_variant(arrays[:2], arrays[2])
-    if fn is None:
-        return None
-
-    def floor(keep: list = arrays) -> None:  # fn holds raw pointers: ``keep`` holds the arrays
-        fn()
-    return floor
 
 
 def measure(rank: int, world: int, cases: list[tuple[tuple[int, ...], str]],
