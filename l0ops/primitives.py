@@ -307,8 +307,9 @@ class Program:
         self.hoisted: list[tuple[str, Callable, tuple[str, ...]]] = []
         self.live: list[tuple[str, Instr]] = []
         self.live_steps: list[tuple[str, Callable, tuple[str, ...]]] = []
+        fns = [compile_instr(ins, self.types) for ins in a.body]  # shared by both run paths
         for k, ins in enumerate(a.body):
-            name, fn = f"t{k}", compile_instr(ins, self.types)
+            name, fn = f"t{k}", fns[k]
             if ins.op != "fill" and (any(r in varying for r in ins.args) or self.types[name][1] == full):
                 varying.add(name)
                 self.live.append((name, ins))
@@ -320,7 +321,7 @@ class Program:
         # hoisted registers the live steps read (everything else they read is live or big)
         self.live_reads = sorted({r for _, ins in self.live for r in ins.args}
                                  - {name for name, _ in self.live} - {f"in{k}" for k in self.big})
-        self._plan_flat(a, sigs)
+        self._plan_flat(a, sigs, fns)
         rank = len(full)
         hoisted_names = [f"in{k}" for k, _ in self.small] + [name for name, _, _ in self.hoisted]
         self.align = [(n, (1,) * (rank - len(self.types[n][1])) + self.types[n][1])
@@ -329,14 +330,13 @@ class Program:
         # input the body views into this space) cannot be sliced: run those bodies whole
         self.chunkable = all(len(self.types[r][1]) <= rank for r in self.live_reads)
 
-    def _plan_flat(self, a: FusedAttrs, sigs: Sequence["_Sig"]) -> None:
+    def _plan_flat(self, a: FusedAttrs, sigs: Sequence["_Sig"], fns: Sequence[Callable]) -> None:
         """The whole body as one straight line over a register list (inputs first, then t0,
         t1, ...): what :meth:`run_flat` runs when the iteration space is one chunk."""
         index = {f"in{k}": k for k in range(len(sigs))}
         index.update({f"t{k}": len(sigs) + k for k in range(len(a.body))})
         self.narrow_inputs = tuple(sg.dtype in _NARROW for sg in sigs)
-        self.flat = tuple((compile_instr(ins, self.types), tuple(index[r] for r in ins.args))
-                          for ins in a.body)
+        self.flat = tuple((fn, tuple(index[r] for r in ins.args)) for fn, ins in zip(fns, a.body))
         self.flat_result = index[a.result]
 
     def run_flat(self, inputs: Sequence[np.ndarray]) -> np.ndarray:

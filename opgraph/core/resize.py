@@ -11,8 +11,6 @@ mean's scale, maybe folded to float32) maps to 1/n' the same way.
     (2, 1)
     >>> monomial(7, (11, 13)) is None
     True
-    >>> map_ints({"shape": (143, 2), "axes": [0], "eps": 1e-5}, {143: 60}.get)
-    {'shape': (60, 2), 'axes': [0], 'eps': 1e-05}
 """
 from __future__ import annotations
 
@@ -23,9 +21,6 @@ from pydantic import BaseModel
 
 from .ir import Graph, Value
 from .types import TensorType
-
-IntMap = Callable[[int], Optional[int]]  # a size's new value, or None to keep it
-
 
 def monomial(v: int, primes: tuple[int, ...]) -> Optional[tuple[int, ...]]:
     """The exponents of ``v`` over ``primes`` when ``v`` > 1 is a product of them, else None."""
@@ -39,20 +34,6 @@ def monomial(v: int, primes: tuple[int, ...]) -> Optional[tuple[int, ...]]:
             e += 1
         exps.append(e)
     return tuple(exps) if v == 1 else None
-
-
-def map_ints(obj: Any, f: IntMap) -> Any:
-    """``obj`` (nested dicts, lists, tuples) with each plain int ``v`` replaced by ``f(v)``
-    (kept when that is None); bools, enums, floats and strings are left alone."""
-    t = type(obj)
-    if t is int:
-        new = f(obj)
-        return obj if new is None else new
-    if t is dict:
-        return {k: map_ints(v, f) for k, v in obj.items()}
-    if t is list or t is tuple:
-        return t(map_ints(v, f) for v in obj)
-    return obj
 
 
 def graph_numbers(g: Graph) -> Iterator["int | float"]:
@@ -71,11 +52,6 @@ def graph_numbers(g: Graph) -> Iterator["int | float"]:
         yield from walk((v.type.shape, v.type.strides))
     for n in g.nodes:
         yield from walk(n.attrs.model_dump())
-
-
-def _type(t: TensorType, f: IntMap) -> TensorType:
-    return TensorType(map_ints(t.shape, f), t.dtype, t.format,
-                      None if t.strides is None else map_ints(t.strides, f))
 
 
 Builder = Callable[[Callable[[int], int]], Any]
@@ -150,7 +126,9 @@ def _type_builder(t: TensorType, is_size: Callable[[int], bool]) -> Optional[Bui
 
 
 class Resizer:
-    """:func:`resized` for one graph, with the walk over its types and attributes done once.
+    """A graph rebuilt at other sizes (``resizer(f)``: every size v becomes f(v); output types
+    inferred again, so an inconsistent mapping fails as a type error), the walk over its types
+    and attributes done once.
     ``check=False`` maps the output types too instead of inferring them again (for a graph
     whose mapping was already checked once).
 
@@ -198,10 +176,4 @@ def same_graph(a: Graph, b: Graph) -> bool:
     return sig(a) == sig(b)
 
 
-def resized(g: Graph, f: IntMap) -> Graph:
-    """A copy of ``g`` with every size mapped by ``f`` (None keeps it); node output types are
-    inferred again, so an inconsistent mapping fails as a type error, never silently."""
-    return Resizer(g, lambda v: f(v) is not None)(lambda v: f(v))
-
-
-__all__ = ["Resizer", "graph_numbers", "map_ints", "monomial", "reciprocal_of", "resized", "same_graph"]
+__all__ = ["Resizer", "graph_numbers", "monomial", "reciprocal_of", "same_graph"]
