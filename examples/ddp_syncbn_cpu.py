@@ -126,7 +126,7 @@ def main(argv: list[str]) -> int:
             rank, world = dist.get_rank(), dist.get_world_size()
             result = train(rank, world, args)
         finally:
-            dist.destroy_process_group()
+            ot.leave_group()  # collects DDP's reference cycle first: exits cleanly
         if rank == 0:
             report(result, args, world, time.perf_counter() - start)
         return 0

@@ -2,9 +2,11 @@
 deaths, hangs and dead peers end in a RankError within a bounded time, every process stopped."""
 from __future__ import annotations
 
+import gc
 import multiprocessing
 import os
 import time
+import weakref
 
 import pytest
 
@@ -12,7 +14,7 @@ torch = pytest.importorskip("torch", reason="torch is not installed (pip install
 
 import torch.distributed as dist  # noqa: E402
 
-from opgraph.torch import RankError, run_ranks  # noqa: E402
+from opgraph.torch import RankError, leave_group, run_ranks  # noqa: E402
 
 
 def who(rank, world, tag):
@@ -43,6 +45,20 @@ def skip_a_collective_on_1(rank, world):
         dist.all_reduce(torch.zeros(3))  # rank 1 never joins: gloo times out
     else:
         time.sleep(30)                   # alive, but elsewhere
+
+
+def ddp_freed_by_leave_group(rank, world):
+    gc.disable()                    # no collection but leave_group's
+    try:
+        model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 2))
+        model(torch.ones(1, 2)).sum().backward()
+        alive = weakref.ref(model)
+        del model                   # only a reference cycle still holds it (and the group)
+        held_before = alive() is not None
+        leave_group()
+        return held_before, alive() is None, dist.is_initialized()
+    finally:
+        gc.enable()
 
 
 def no_children_left():
@@ -82,6 +98,13 @@ def test_a_collective_without_its_peer_times_out():
     with pytest.raises(RankError, match="rank 0 failed(.|\n)*[Tt]imed out"):
         run_ranks(skip_a_collective_on_1, 2, timeout=60, pg_timeout=2)
     assert 2 <= time.monotonic() - start < 20     # pg_timeout, not the 30 s nap nor the 60 s
+    assert no_children_left()
+
+
+def test_leave_group_frees_ddp_before_leaving():
+    # a DDP model left in its reference cycle would keep the group (and its gloo threads) alive
+    # until interpreter exit, where tearing them down can abort the process
+    assert run_ranks(ddp_freed_by_leave_group, 2, timeout=60) == [(True, True, False)] * 2
     assert no_children_left()
 
 

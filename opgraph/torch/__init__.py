@@ -22,10 +22,10 @@ except ImportError as e:  # the optional dependency is missing: say what to inst
 from .kernels import (PRIMITIVES, batch_norm_backward_elemt, batch_norm_backward_reduce,
                       batch_norm_elemt, batch_norm_gather_stats_with_counts, batch_norm_stats,
                       register_cpu_kernels)
-from .launch import RankError, free_port, init_gloo, run_ranks
+from .launch import RankError, free_port, init_gloo, leave_group, run_ranks
 from .syncbn import SyncBatchNorm, SyncBatchNormFunction, convert_sync_batchnorm
 
 __all__ = ["PRIMITIVES", "RankError", "SyncBatchNorm", "SyncBatchNormFunction",
            "batch_norm_backward_elemt", "batch_norm_backward_reduce", "batch_norm_elemt",
            "batch_norm_gather_stats_with_counts", "batch_norm_stats", "convert_sync_batchnorm",
-           "free_port", "init_gloo", "register_cpu_kernels", "run_ranks"]
+           "free_port", "init_gloo", "leave_group", "register_cpu_kernels", "run_ranks"]

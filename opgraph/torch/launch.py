@@ -9,6 +9,7 @@ raises :class:`RankError` with its traceback, and the collectives time out inste
 from __future__ import annotations
 
 import datetime
+import gc
 import multiprocessing
 import os
 import pickle
@@ -62,15 +63,31 @@ def init_gloo(rank: int, world_size: int, port: int, timeout: float = 30.0) -> N
                             timeout=datetime.timedelta(seconds=timeout))
 
 
+def leave_group() -> None:
+    """Leave the default process group, if this process is in one, so that it can exit cleanly.
+
+    Unreachable objects are collected first: a ``DistributedDataParallel`` model can sit in a
+    reference cycle that holds the group (the example's does), so without this the group outlives
+    ``destroy_process_group`` and its gloo threads are torn down at interpreter exit, where a
+    still-running ``std::thread`` aborts the process ("terminate called without an active
+    exception"; measured 9 runs in 45 of the torchrun example before this).
+
+        >>> leave_group()            # not in a group: nothing to do
+        >>> dist.is_initialized()
+        False
+    """
+    gc.collect()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
 def _rank_main(fn: RankFn, rank: int, world_size: int, port: int, args: Sequence[Any],
                conn: Any, pg_timeout: float, threads: int) -> None:
     """The body of one spawned rank: join the group, run ``fn``, send back its result — before
     leaving the group, so that a failing rank reports before its peers notice it is gone."""
-    joined = False
     try:
         torch.set_num_threads(threads)
         init_gloo(rank, world_size, port, pg_timeout)
-        joined = True
         message = ("ok", fn(rank, world_size, *args))
     except BaseException:  # noqa: BLE001 — everything goes back to the parent as text
         message = ("error", traceback.format_exc())
@@ -80,8 +97,7 @@ def _rank_main(fn: RankFn, rank: int, world_size: int, port: int, args: Sequence
         conn.send_bytes(pickle.dumps(message))
         conn.close()
     finally:
-        if joined:
-            dist.destroy_process_group()
+        leave_group()
 
 
 def run_ranks(fn: RankFn, world_size: int, args: Sequence[Any] = (), *, timeout: float = 120.0,
