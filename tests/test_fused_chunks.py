@@ -1,0 +1,109 @@
+"""The numpy interpreter's chunked paths (:func:`l0ops.primitives.run_fused`): whole, C-order
+chunks, chunks within one channel, channels_last and strided operands, per-thread scratch buffers
+reused across bodies and sizes — every path bit-identical to the body evaluated directly in its
+dtype with numpy / ml_dtypes arithmetic (one rounding per operation)."""
+from __future__ import annotations
+
+import threading
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from l0ops import primitives as P
+from l0ops.primitives import FusedAttrs, Instr
+from opgraph.core.dtypes import DataType as D
+
+NP = {D.FLOAT: np.float32, D.FLOAT16: np.float16, D.BF16: ml_dtypes.bfloat16}
+# (limit, channel_limit, whole_limit): one whole chunk; C-order chunks; chunks within a channel
+PATHS = [(1 << 30, 1 << 30, 1 << 30), (700, 1 << 30, 0), (1 << 30, 900, 0), (50, 50, 0)]
+
+
+def I(op, *args, dtype=D.FLOAT, **kw):  # noqa: E743 - short name for body listings
+    return Instr(op=op, args=args, dtype=dtype, **kw)
+
+
+def body(dt: D, c: int) -> FusedAttrs:
+    """((x - a) - y·b)·a per element, a (float32, cast to dt) and b per channel."""
+    return (I("view", "in0", shape=(1, c, 1, 1)), I("cast", "t0", dtype=dt),
+            I("view", "in1", dtype=dt, shape=(1, c, 1, 1)), I("sub", "in2", "t1", dtype=dt),
+            I("mul", "in3", "t2", dtype=dt), I("sub", "t3", "t4", dtype=dt),
+            I("mul", "t5", "t1", dtype=dt))
+
+
+def direct(dt: D, a, b, x, y):
+    t = NP[dt]
+    a4, b4 = a.astype(t).reshape(1, -1, 1, 1), b.reshape(1, -1, 1, 1)
+    return ((x - a4) - y * b4) * a4
+
+
+def operands(dt: D, shape, layout: str, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    t = NP[dt]
+    n, c, h, w = shape
+    a = rng.standard_normal(c).astype(np.float32)
+    b = rng.standard_normal(c).astype(t)
+
+    def big():
+        if layout == "channels_last":
+            return rng.standard_normal((n, h, w, c)).astype(t).transpose(0, 3, 1, 2)
+        if layout == "strided":
+            return rng.standard_normal((n, c, h, 2 * w)).astype(t)[..., ::2]
+        return rng.standard_normal(shape).astype(t)
+    return a, b, big(), big()
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last", "strided"])
+@pytest.mark.parametrize("dt", [D.FLOAT, D.FLOAT16, D.BF16])
+@pytest.mark.parametrize("limits", PATHS, ids=["whole", "c-order", "per-channel", "tiny"])
+def test_every_chunking_gives_the_direct_bits(dt, layout, limits):
+    shape = (3, 5, 9, 130)  # a channel's run (9·130) is longer than MIN_RUN
+    assert shape[2] * shape[3] >= P.MIN_RUN
+    a, b, x, y = operands(dt, shape, layout)
+    attrs = FusedAttrs(shape=shape, body=body(dt, shape[1]), result="t6", out_dtype=dt)
+    expected = direct(dt, a, b, x, y)
+    limit, channel_limit, whole_limit = limits
+    got = P.run_fused(attrs, [a, b, x, y], limit=limit, channel_limit=channel_limit,
+                      whole_limit=whole_limit)
+    assert got.dtype == expected.dtype
+    assert np.array_equal(got.view(np.uint8), np.ascontiguousarray(expected).view(np.uint8))
+    out = np.full(shape, 7, NP[dt])  # written in place, every element
+    P.run_fused(attrs, [a, b, x, y], out=out, limit=limit, channel_limit=channel_limit,
+                whole_limit=whole_limit)
+    assert np.array_equal(out.view(np.uint8), np.ascontiguousarray(expected).view(np.uint8))
+
+
+def test_chunks_within_a_channel_only_where_memory_is_channel_major():
+    shape = (2, 3, 40, 40)
+    per_channel = [np.ones((1, 3, 1, 1), np.float32)]
+    nchw = np.zeros(shape, np.float32)
+    nhwc = np.zeros((2, 40, 40, 3), np.float32).transpose(0, 3, 1, 2)
+    assert P._per_block_dims(shape, per_channel, [nchw, nchw]) == (1,)
+    assert P._per_block_dims(shape, per_channel, [nchw, nhwc]) == ()
+    assert P._per_block_dims((2, 3, 4, 4), per_channel, [np.zeros((2, 3, 4, 4))]) == ()  # short run
+
+
+def test_scratch_buffers_carry_nothing_between_bodies_sizes_and_threads():
+    """Two bodies and two sizes alternate on two threads; each result stays the direct one."""
+    cases = []
+    for k, (dt, shape) in enumerate([(D.FLOAT, (2, 4, 8, 160)), (D.FLOAT, (3, 4, 8, 150)),
+                                     (D.FLOAT16, (2, 4, 8, 160))]):
+        a, b, x, y = operands(dt, shape, "contiguous", seed=k)
+        attrs = FusedAttrs(shape=shape, body=body(dt, shape[1]), result="t6", out_dtype=dt)
+        cases.append((attrs, [a, b, x, y], direct(dt, a, b, x, y)))
+    failures: list[str] = []
+
+    def work(order):
+        for _ in range(5):
+            for k in order:
+                attrs, ins, expected = cases[k]
+                got = P.run_fused(attrs, ins, limit=300, channel_limit=700, whole_limit=0)
+                if not np.array_equal(got.view(np.uint8), expected.view(np.uint8)):
+                    failures.append(f"case {k}")
+    threads = [threading.Thread(target=work, args=(o,)) for o in ([0, 1, 2], [2, 1, 0])]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not any(t.is_alive() for t in threads)
+    assert failures == []
