@@ -7,7 +7,10 @@ compiler and flags, on the native thread team with 2 threads (the memory floor: 
 tensors, write one, at the speed this machine's two cores allow).
 
 Variants run interleaved in one process; we report medians, the spread (min–max) and ratios to
-the floors, to torch.compile and to level 0 measured in the same run. Also: per-call latency for
+the floors, to torch.compile and to level 0 measured in the same run. Each sample is the
+per-call time of a burst (at least 5 ms) after one untimed call: runtimes that spin after a call
+(torch's OpenMP workers, opgraph's native team) otherwise tax whichever variant runs next — a
+single timed call after torch.compile measured the fp16 native kernel at 11.6 ms, not 3.8. Also: per-call latency for
 the small shape (the first call of a structure, a new shape of it, a cached call) and peak extra memory (tracemalloc).
 
     python benchmarks/bench_elemt_backward.py            # full run (a few minutes)
@@ -155,6 +158,19 @@ def _ratio(med: float, base: "float | None", width: int = 6) -> str:
     return f"{med / base:{width}.2f}×" if base else " " * width + "-"
 
 
+def steady_time(fn: Callable[[], None], min_seconds: float = 0.005) -> float:
+    """Seconds per call of ``fn`` in a burst of calls lasting at least ``min_seconds``, after
+    one untimed call (which absorbs whatever the previous variant left spinning)."""
+    fn()
+    calls, start = 0, time.perf_counter()
+    while True:
+        fn()
+        calls += 1
+        elapsed = time.perf_counter() - start
+        if elapsed >= min_seconds:
+            return elapsed / calls
+
+
 def bench_shape(shape, dname, reps: int, only: "set[str] | None" = None) -> None:
     """One table: every variant (or those whose name contains a word of ``only``; the floors
     always run) interleaved ``reps`` times, medians and ratios within this run."""
@@ -179,9 +195,7 @@ def bench_shape(shape, dname, reps: int, only: "set[str] | None" = None) -> None
     times: dict[str, list[float]] = {k: [] for k in variants}
     for _ in range(reps):  # interleaved
         for name, fn in variants.items():
-            t0 = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - t0)
+            times[name].append(steady_time(fn))
     med = {k: statistics.median(v) for k, v in times.items()}
     floor, traffic = med["floor np.add"], med["floor raw bits"]
     cf, tc, l0 = (med.get(k) for k in ("floor C 2 threads", "torch.compile", "opgraph L0 numpy"))
@@ -245,7 +259,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="skip the largest shape, fewer repeats")
     ap.add_argument("--reps", type=int, default=None)
-    ap.add_argument("--dtypes", default="fp32,fp16,bf16")
+    ap.add_argument("--dtypes", default="fp32,fp16,bf16", help="comma-separated: fp32,fp16,bf16")
     ap.add_argument("--shapes", default=None, help="e.g. 8,64,28,28;32,64,56,56 (default: all)")
     ap.add_argument("--only", default=None,
                     help="comma-separated words: run only variants whose name contains one "
@@ -257,6 +271,9 @@ def main() -> None:
     if args.shapes:
         shapes = [tuple(int(n) for n in s.split(",")) for s in args.shapes.split(";")]
     only = set(args.only.split(",")) if args.only else None
+    unknown = [d for d in args.dtypes.split(",") if d not in DTYPES]
+    if unknown:
+        ap.error(f"--dtypes: unknown {', '.join(unknown)} (choose from {', '.join(DTYPES)})")
     print(f"machine: {host.machine()} {_cpu_name()} python {host.python_version()} "
           f"numpy {np.__version__}; opgraph {opgraph.__version__}")
     from backends.native import build, team

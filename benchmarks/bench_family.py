@@ -2,8 +2,8 @@
 bit-faithful reference) against the native backend, as whole two-phase calls (phase 1 on a cache
 hit + phase 2), on each op_api's own random valid inputs (its ``make_inputs``).
 
-Per op_api, size and dtype the variants run interleaved in one process; we report medians, the
-spread, native's speed-up over numpy, native's phase 1 alone (a cache hit: what the call costs
+Per op_api, size and dtype the variants run interleaved in one process (each sample a burst
+after an untimed call, ``bench_elemt_backward.steady_time``); we report medians, the spread, native's speed-up over numpy, native's phase 1 alone (a cache hit: what the call costs
 besides the kernels), and native against the memory floor: ``c = a + b`` over raw bits compiled
 with the native backend's compiler on its thread team (``bench_elemt_backward.c_floor_variant``;
 3 tensor passes), scaled to the tensor passes the op_api needs at least (stats 2 reads, reduce 1,
@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import platform as host
 import statistics
-import time
 from typing import Callable, Optional
 
 import numpy as np
@@ -31,6 +30,7 @@ from opgraph.core.dtypes import DataType
 from opgraph.core.opapi import InputConfig, get_op_api
 from opgraph.core.status import Status
 from bench_common import held_floor
+from bench_elemt_backward import steady_time
 
 OPS = {  # op_api -> tensor passes at least (None: statistics only, no big tensor)
     "aclnnBatchNormStats": 2, "aclnnBatchNormReduce": 1, "aclnnBatchNormReduceBackward": 2,
@@ -85,12 +85,11 @@ def bench(op: str, shape: tuple[int, ...], dname: str, platform: Optional[str], 
     if floor is not None and OPS[op]:
         variants["floor"] = floor
     times: dict[str, list[float]] = {k: [] for k in variants}
-    for i in range(reps + 1):
+    for name, fn in variants.items():  # compiles kernels and fills the caches
+        fn()
+    for _ in range(reps):
         for name, fn in variants.items():
-            start = time.perf_counter()
-            fn()
-            if i:  # the first round compiles kernels and fills the caches
-                times[name].append(time.perf_counter() - start)
+            times[name].append(steady_time(fn))
     med = {k: statistics.median(v) for k, v in times.items()}
     at_floor = med["floor"] * OPS[op] / 3 if "floor" in med else None
     return {"op": op[5:], "size": "x".join(map(str, shape)), "dtype": dname, "soc": soc, "med": med,
