@@ -11,10 +11,10 @@ bits as native half arithmetic).
 """
 from __future__ import annotations
 
-import numpy as np
 
 from opgraph.core.dtypes import DataType
 from opgraph.core.opdef import Fidelity, L0Error, require
+from opgraph.core.types import broadcast_shape
 from .define import define_op
 
 F32, F16, BF16 = DataType.FLOAT, DataType.FLOAT16, DataType.BF16
@@ -23,7 +23,7 @@ EXACT = (Fidelity("bit-faithful", "IEEE 754: one rounding to the result dtype"),
 
 def _shape(op: str, ts) -> tuple[int, ...]:
     try:
-        return tuple(np.broadcast_shapes(*(t.shape for t in ts)))
+        return broadcast_shape(*(tuple(t.shape) for t in ts))
     except ValueError:
         raise L0Error(f"{op}: shapes {[list(t.shape) for t in ts]} do not broadcast") from None
 

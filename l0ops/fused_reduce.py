@@ -22,7 +22,7 @@ import numpy as np
 
 from opgraph.core.dtypes import dtype_of
 from opgraph.core.opdef import Fidelity, OpAttrs, require
-from opgraph.core.types import TensorType
+from opgraph.core.types import TensorType, broadcast_shape
 from .define import define_op
 from .expansion import evaluate_body
 from .primitives import Instr, body_types
@@ -51,7 +51,7 @@ def _infer(ts, a: FusedReduceAttrs):
 
 def _broadcasts(src, shape) -> bool:
     try:
-        return np.broadcast_shapes(tuple(src), tuple(shape)) == tuple(shape)
+        return broadcast_shape(tuple(src), tuple(shape)) == tuple(shape)
     except ValueError:
         return False
 

@@ -29,7 +29,7 @@ import numpy as np
 
 from opgraph.core.dtypes import DataType, dtype_of
 from opgraph.core.opdef import DType, L0Error, OpAttrs, require
-from opgraph.core.types import TensorType
+from opgraph.core.types import TensorType, broadcast_shape
 from .ordered import sum_plan
 
 F32, F16, BF16, F64 = DataType.FLOAT, DataType.FLOAT16, DataType.BF16, DataType.DOUBLE
@@ -152,7 +152,7 @@ def reg_types(a: FusedAttrs, in_types: Sequence[TensorType]) -> RegTypes:
     regs = body_types(a.body, in_types)
     require(a.result in regs, "FusedElementwise", f"result register {a.result} is undefined")
     try:
-        ok = np.broadcast_shapes(regs[a.result][1], a.shape) == tuple(a.shape)
+        ok = broadcast_shape(regs[a.result][1], tuple(a.shape)) == tuple(a.shape)
     except ValueError:
         ok = False
     require(ok, "FusedElementwise", f"result shape {list(regs[a.result][1])} does not broadcast "
@@ -198,7 +198,7 @@ def _check_body(body: Sequence[Instr], in_types: Sequence[TensorType]) -> RegTyp
             out = tuple(ins.shape) if ins.shape is not None else ()
             over = tuple(ins.over) if ins.over is not None else src_shape
             try:
-                ok = np.broadcast_shapes(src_shape, over) == over
+                ok = broadcast_shape(src_shape, over) == over
             except ValueError:
                 ok = False
             if not ok or (out and (len(out) != len(over)
@@ -210,7 +210,7 @@ def _check_body(body: Sequence[Instr], in_types: Sequence[TensorType]) -> RegTyp
         if ins.op not in ("cast", "eq", "where") and any(regs[r][0] != ins.dtype for r in ins.args):
             fail(k, ins, f"operand dtypes differ from {ins.dtype.short}")
         try:
-            regs[f"t{k}"] = (ins.dtype, tuple(np.broadcast_shapes(*(regs[r][1] for r in ins.args))))
+            regs[f"t{k}"] = (ins.dtype, broadcast_shape(*(regs[r][1] for r in ins.args)))
         except ValueError:
             fail(k, ins, "operand shapes do not broadcast")
     return regs

@@ -107,3 +107,24 @@ class RecordedCall:
 
     def kinds(self) -> tuple[str, ...]:
         return tuple(k for _, k, _ in self.args)
+
+
+def broadcast_shape(*shapes: "tuple[int, ...]") -> tuple[int, ...]:
+    """The shape numpy broadcasting gives ``shapes`` (right-aligned; a dim of 1 stretches);
+    ``ValueError`` when they do not broadcast. ``np.broadcast_shapes`` without its arrays: a
+    fused body's type check runs it per instruction, and a new size of a known structure
+    checks its body anew.
+
+        >>> broadcast_shape((4, 1, 3), (2, 1), ())
+        (4, 2, 3)
+    """
+    rank = max((len(s) for s in shapes), default=0)
+    out = [1] * rank
+    for s in shapes:
+        for i, n in enumerate(s, rank - len(s)):
+            if n != out[i]:
+                if out[i] == 1:
+                    out[i] = n
+                elif n != 1:
+                    raise ValueError(f"shapes {[list(s) for s in shapes]} do not broadcast")
+    return tuple(out)
