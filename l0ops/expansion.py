@@ -78,8 +78,8 @@ def evaluate_body(body: Body, results: Sequence[str], inputs: Sequence[np.ndarra
         d = in_types[k].dtype
         regs[f"in{k}"] = np.asarray(x).astype(np.float32) if d in (DataType.FLOAT16, DataType.BF16) \
             else np.asarray(x)
-    for k, ins in enumerate(body):
-        regs[f"t{k}"] = compile_instr(ins, types)(*[regs[r] for r in ins.args])
+    for name, fn, args in _compiled(body, in_types, types):
+        regs[name] = fn(*[regs[r] for r in args])
     out = []
     for r in results:
         d, shape = types[r]
@@ -87,6 +87,23 @@ def evaluate_body(body: Body, results: Sequence[str], inputs: Sequence[np.ndarra
         out.append(np.array(np.broadcast_to(cast_array(v.astype(d.np) if v.dtype != d.np else v, d),
                                             shape)))
     return out
+
+
+_COMPILED: dict = {}
+
+
+def _compiled(body: Body, in_types: Sequence[TensorType], types: dict) -> list[tuple[str, Callable, tuple[str, ...]]]:
+    """``body`` as (register, numpy callable, operands), compiled once per body and input
+    types (a cached call evaluates, it does not compile again)."""
+    key = (id(body), tuple((t.dtype, t.shape) for t in in_types))
+    hit = _COMPILED.get(key)
+    if hit is not None and hit[0] is body:
+        return hit[1]
+    steps = [(f"t{k}", compile_instr(ins, types), ins.args) for k, ins in enumerate(body)]
+    if len(_COMPILED) > 4096:
+        _COMPILED.clear()
+    _COMPILED[key] = (body, steps)
+    return steps
 
 
 def expansion_compute(expand: ExpandFn) -> Callable[[list, OpAttrs], list]:
