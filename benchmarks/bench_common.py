@@ -1,16 +1,39 @@
-"""Pieces the benchmarks share: which backends run here, and the compiled memory floor.
+"""Pieces the benchmarks share: which backends run here, the compiled memory floor, steady
+per-call timing and arrays on huge pages.
 
     >>> "numpy" in backends_here()
     True
 """
 from __future__ import annotations
 
+import ctypes
+import mmap
+import time
 from typing import Callable, Optional
 
 import numpy as np
 
-from bench_elemt_backward import c_floor_variant
+from backends.native import build, render, team
 from opgraph.core.backend import BackendUnavailable, get
+
+
+def steady_malloc() -> None:
+    """Keep freed memory in the process (glibc): large temporaries (numpy's, torch's) then
+    reuse pages already mapped, as in a long-running process, instead of a fresh mmap and a
+    page fault per 4 KiB on every call until glibc's adaptive threshold happens to rise — which
+    moved the same numpy BatchNormStats call between 0.86 and 2.6 ms depending on what the
+    benchmark had freed before. A no-op where glibc's ``mallopt`` is missing."""
+    try:
+        libc = ctypes.CDLL(None)
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    mallopt(-3, 1 << 30)  # M_MMAP_THRESHOLD: allocations below 1 GiB come from the heap
+    mallopt(-1, 1 << 30)  # M_TRIM_THRESHOLD: keep up to 1 GiB of freed heap
+
+
+steady_malloc()
 
 
 def backends_here() -> list[str]:
@@ -24,10 +47,76 @@ def backends_here() -> list[str]:
     return out
 
 
+C_FLOOR = r"""#include <stdint.h>
+{decl}
+struct opg_abc {{ const {t} *a, *b; {t} *c; }};
+static void opg_add(void *ctx, int64_t begin, int64_t end) {{
+    const struct opg_abc *p = (const struct opg_abc *)ctx;
+    for (int64_t i = begin; i < end; ++i) p->c[i] = ({t})(p->a[i] + p->b[i]);
+}}
+void opg_kernel(opg_run run, const void *a, const void *b, void *c, int64_t n, int64_t grain) {{
+    const struct opg_abc p = {{(const {t} *)a, (const {t} *)b, ({t} *)c}};
+    run(opg_add, (void *)&p, n, grain);
+}}
+"""
+
+
+def c_floor_variant(arrays, out) -> "Callable[[], None] | None":
+    """``c = a + b`` over the raw bits as compiled C on the native thread team (None without a
+    C compiler). Same compiler, flags and threads as the native kernels."""
+    if not build.availability()[0]:
+        return None
+    src = C_FLOOR.format(decl=team.C_DECL, t=f"uint{out.itemsize * 8}_t")
+    fn = build.load(src).fn
+    fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 2
+    fn.restype = None
+    a, b = np.ascontiguousarray(arrays[0]), np.ascontiguousarray(arrays[1])
+    run, n, grain = team.runner(), out.size, render.GRAIN
+    pa, pb, pc = a.ctypes.data, b.ctypes.data, out.ctypes.data
+    return lambda: fn(run, pa, pb, pc, n, grain)
+
+
+def steady_time(fn: Callable[[], None], min_seconds: float = 0.005) -> float:
+    """Seconds per call of ``fn`` in a burst of calls lasting at least ``min_seconds``, after
+    one untimed call (which absorbs whatever the previous variant left spinning)."""
+    fn()
+    calls, start = 0, time.perf_counter()
+    while True:
+        fn()
+        calls += 1
+        elapsed = time.perf_counter() - start
+        if elapsed >= min_seconds:
+            return elapsed / calls
+
+
+def on_huge_pages(a: np.ndarray) -> np.ndarray:
+    """A dense copy of ``a`` (same memory order) in fresh anonymous memory advised onto huge pages (where the
+    kernel offers them). On this VM a streaming kernel over 4 KiB pages ran 2.3-2.8x slower
+    than over huge pages (nested paging makes TLB misses dear), and whether numpy's or torch's
+    allocator hands out either depends on what the process freed before — so every array a
+    benchmark times goes through here.
+
+        >>> on_huge_pages(np.arange(3, dtype=np.float32)).tolist()
+        [0.0, 1.0, 2.0]
+    """
+    nbytes = max(a.nbytes, 1)
+    buf = mmap.mmap(-1, nbytes)
+    if hasattr(mmap, "MADV_HUGEPAGE"):
+        try:
+            buf.madvise(mmap.MADV_HUGEPAGE)
+        except OSError:
+            pass
+    flat = np.frombuffer(buf, dtype=a.dtype, count=a.size)
+    strides = np.empty_like(a).strides  # the layout of ``a`` (channels_last stays so), dense
+    out = np.lib.stride_tricks.as_strided(flat, a.shape, strides)
+    out[...] = a
+    return out
+
+
 def held_floor(shape: tuple[int, ...], dtype: "np.dtype | str") -> Optional[Callable[[], None]]:
     """bench_elemt_backward's compiled 2-thread ``c = a + b`` over ``shape`` (3 tensor passes)
     on arrays it keeps alive (the kernel holds raw pointers); None without a C compiler."""
-    arrays = [np.ones(shape, dtype) for _ in range(3)]  # real pages, not the shared zero page
+    arrays = [on_huge_pages(np.ones(shape, dtype)) for _ in range(3)]
     fn = c_floor_variant(arrays[:2], arrays[2])
     if fn is None:
         return None

@@ -10,8 +10,12 @@ Variants run interleaved in one process; we report medians, the spread (min–ma
 the floors, to torch.compile and to level 0 measured in the same run. Each sample is the
 per-call time of a burst (at least 5 ms) after one untimed call: runtimes that spin after a call
 (torch's OpenMP workers, opgraph's native team) otherwise tax whichever variant runs next — a
-single timed call after torch.compile measured the fp16 native kernel at 11.6 ms, not 3.8. Also: per-call latency for
-the small shape (the first call of a structure, a new shape of it, a cached call) and peak extra memory (tracemalloc).
+single timed call after torch.compile measured the fp16 native kernel at 11.6 ms, not 3.8.
+Every variant reads the same input arrays and writes the same output array (torch through
+``out=`` / ``copy_``, which inductor stores into directly), all on huge pages
+(``bench_common.on_huge_pages``): on this VM 4 KiB pages made the same kernel up to 2.8x slower.
+Also: per-call latency for the small shape (the first call of a structure, a new shape of it,
+a cached call) and peak extra memory (tracemalloc).
 
     python benchmarks/bench_elemt_backward.py            # full run (a few minutes)
     python benchmarks/bench_elemt_backward.py --quick    # smaller shapes, fewer repeats
@@ -20,7 +24,6 @@ the small shape (the first call of a structure, a new shape of it, a cached call
 from __future__ import annotations
 
 import argparse
-import ctypes
 import platform as host
 import statistics
 import time
@@ -35,6 +38,7 @@ from opgraph.aclnn import aclnnBatchNormElemtBackward as phase2
 from opgraph.aclnn import aclnnBatchNormElemtBackwardGetWorkspaceSize as phase1
 from opgraph.aclnn.cache import EXECUTOR_CACHE
 from opgraph.aclnn.structure import STRUCTURE_CACHE
+from bench_common import c_floor_variant, on_huge_pages, steady_time
 
 DTYPES = {"fp32": np.float32, "fp16": np.float16, "bf16": ml_dtypes.bfloat16}
 SHAPES = [(1, 2, 4), (8, 64, 28, 28), (32, 64, 56, 56)]
@@ -47,7 +51,7 @@ def make_inputs(shape, dt, seed=0):
     arr += [rng.standard_normal(C).astype(dt), (rng.random(C) + 0.5).astype(dt),
             rng.standard_normal(C).astype(dt), rng.standard_normal(C).astype(dt),
             rng.standard_normal(C).astype(dt), np.full(2, 7, np.int32)]
-    return arr, np.empty(shape, dt)
+    return [on_huge_pages(a) for a in arr], on_huge_pages(np.zeros(shape, dt))
 
 
 def opgraph_variant(level: int, backend: str, arrays, out) -> Callable[[], None]:
@@ -85,36 +89,6 @@ def floor_variant(arrays, out, raw_bits: bool) -> Callable[[], None]:
     return lambda: np.add(a, b, out=o)
 
 
-C_FLOOR = r"""#include <stdint.h>
-{decl}
-struct opg_abc {{ const {t} *a, *b; {t} *c; }};
-static void opg_add(void *ctx, int64_t begin, int64_t end) {{
-    const struct opg_abc *p = (const struct opg_abc *)ctx;
-    for (int64_t i = begin; i < end; ++i) p->c[i] = ({t})(p->a[i] + p->b[i]);
-}}
-void opg_kernel(opg_run run, const void *a, const void *b, void *c, int64_t n, int64_t grain) {{
-    const struct opg_abc p = {{(const {t} *)a, (const {t} *)b, ({t} *)c}};
-    run(opg_add, (void *)&p, n, grain);
-}}
-"""
-
-
-def c_floor_variant(arrays, out) -> "Callable[[], None] | None":
-    """``c = a + b`` over the raw bits as compiled C on the native thread team (None without a
-    C compiler). Same compiler, flags and threads as the native kernels."""
-    from backends.native import build, render, team
-    if not build.availability()[0]:
-        return None
-    src = C_FLOOR.format(decl=team.C_DECL, t=f"uint{out.itemsize * 8}_t")
-    fn = build.load(src).fn
-    fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 2
-    fn.restype = None
-    a, b = np.ascontiguousarray(arrays[0]), np.ascontiguousarray(arrays[1])
-    run, n, grain = team.runner(), out.size, render.GRAIN
-    pa, pb, pc = a.ctypes.data, b.ctypes.data, out.ctypes.data
-    return lambda: fn(run, pa, pb, pc, n, grain)
-
-
 def torch_variants(arrays, out) -> dict[str, Callable[[], None]]:
     try:
         import torch
@@ -123,23 +97,30 @@ def torch_variants(arrays, out) -> dict[str, Callable[[], None]]:
     torch.set_num_threads(2)
     tdt = {np.dtype(np.float32): torch.float32, np.dtype(np.float16): torch.float16,
            np.dtype(ml_dtypes.bfloat16): torch.bfloat16}[np.dtype(arrays[0].dtype)]
-    ts = [torch.from_numpy(a.astype(np.float32)).to(tdt) if a.dtype != np.int32 else torch.from_numpy(a)
-          for a in arrays]
+    def shared(a: np.ndarray) -> "torch.Tensor":  # torch views the benchmark's own arrays
+        if a.dtype == ml_dtypes.bfloat16:
+            return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+        return torch.from_numpy(a)
+    ts = [shared(a) for a in arrays]
+    dst = shared(out)
     go, x, mu, inv, w, sdy, sdx, cnt = ts
     b = (1, -1) + (1,) * (go.dim() - 2)
 
-    def f(go, x, mu, inv, w, sdy, sdx, cnt):
+    def f(go, x, mu, inv, w, sdy, sdx, cnt, out=None):
         total = cnt.float().sum()
         md, mdx = (sdy / total).view(b), (sdx / total).view(b)
         i = inv.view(b)
-        return ((go - md) - (x - mu.view(b)) * (i * i * mdx)) * i * w.view(b)
+        return torch.mul(((go - md) - (x - mu.view(b)) * (i * i * mdx)) * i, w.view(b), out=out)
 
-    res = {"torch eager": lambda: f(*ts)}
+    def into(go, x, mu, inv, w, sdy, sdx, cnt, dst):  # writes the caller's output, as opgraph does
+        dst.copy_(f(go, x, mu, inv, w, sdy, sdx, cnt))
+
+    res = {"torch eager": lambda: f(*ts, out=dst)}
     try:
         torch._dynamo.reset()  # a fresh compile per shape and dtype (no recompile limit)
-        cf = torch.compile(f, dynamic=False)
-        cf(*ts)
-        res["torch.compile"] = lambda: cf(*ts)
+        cf = torch.compile(into, dynamic=False)
+        cf(*ts, dst)
+        res["torch.compile"] = lambda: cf(*ts, dst)
     except Exception as e:  # compile toolchain missing: report, don't fail
         print(f"  (torch.compile unavailable: {type(e).__name__}: {str(e).splitlines()[0][:80]})")
     return res
@@ -156,19 +137,6 @@ def peak_extra_bytes(fn: Callable[[], None]) -> int:
 
 def _ratio(med: float, base: "float | None", width: int = 6) -> str:
     return f"{med / base:{width}.2f}×" if base else " " * width + "-"
-
-
-def steady_time(fn: Callable[[], None], min_seconds: float = 0.005) -> float:
-    """Seconds per call of ``fn`` in a burst of calls lasting at least ``min_seconds``, after
-    one untimed call (which absorbs whatever the previous variant left spinning)."""
-    fn()
-    calls, start = 0, time.perf_counter()
-    while True:
-        fn()
-        calls += 1
-        elapsed = time.perf_counter() - start
-        if elapsed >= min_seconds:
-            return elapsed / calls
 
 
 def bench_shape(shape, dname, reps: int, only: "set[str] | None" = None) -> None:

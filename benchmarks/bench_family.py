@@ -3,9 +3,10 @@ bit-faithful reference) against the native backend, as whole two-phase calls (ph
 hit + phase 2), on each op_api's own random valid inputs (its ``make_inputs``).
 
 Per op_api, size and dtype the variants run interleaved in one process (each sample a burst
-after an untimed call, ``bench_elemt_backward.steady_time``); we report medians, the spread, native's speed-up over numpy, native's phase 1 alone (a cache hit: what the call costs
+after an untimed call, ``bench_common.steady_time``; every array on huge pages,
+``bench_common.on_huge_pages``); we report medians, the spread, native's speed-up over numpy, native's phase 1 alone (a cache hit: what the call costs
 besides the kernels), and native against the memory floor: ``c = a + b`` over raw bits compiled
-with the native backend's compiler on its thread team (``bench_elemt_backward.c_floor_variant``;
+with the native backend's compiler on its thread team (``bench_common.c_floor_variant``;
 3 tensor passes), scaled to the tensor passes the op_api needs at least (stats 2 reads, reduce 1,
 backward reduce 2, elemt 1 read + 1 write, elemt backward 2 + 1). The gather op_apis work on
 [ranks, C] statistics: ``--ranks`` rows, C from the size. bfloat16 statistics exist on the 950
@@ -29,8 +30,7 @@ from opgraph.cli.cases import Case, execute, record
 from opgraph.core.dtypes import DataType
 from opgraph.core.opapi import InputConfig, get_op_api
 from opgraph.core.status import Status
-from bench_common import held_floor
-from bench_elemt_backward import steady_time
+from bench_common import held_floor, on_huge_pages, steady_time
 
 OPS = {  # op_api -> tensor passes at least (None: statistics only, no big tensor)
     "aclnnBatchNormStats": 2, "aclnnBatchNormReduce": 1, "aclnnBatchNormReduceBackward": 2,
@@ -50,7 +50,8 @@ def make_case(op: str, shape: tuple[int, ...], dtype: DataType, platform: str, b
     if "ranks" in options:
         options["ranks"] = ranks
     cfg = InputConfig(tuple(shape), dtype, options)
-    arrays = spec.make_inputs(cfg, np.random.default_rng(0))
+    arrays = {name: on_huge_pages(a) if isinstance(a, np.ndarray) else a
+              for name, a in spec.make_inputs(cfg, np.random.default_rng(0)).items()}
     return Case(spec, arrays, platform, 2, backend, dict(spec.formats(cfg)))
 
 
