@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 import threading
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -166,35 +166,37 @@ def _check_body(body: Sequence[Instr], in_types: Sequence[TensorType]) -> RegTyp
     def fail(k: int, ins: Instr, msg: str):
         raise L0Error(f"FusedElementwise: t{k} ({ins.render(f't{k}')}): {msg}")
 
-    for k, ins in enumerate(body):
-        if ins.op not in PRIMS:
-            fail(k, ins, f"unknown primitive {ins.op!r}")
-        for r in ins.args:
+    for k, ins in enumerate(body):  # fields read once: pydantic attribute access is not free
+        op, args, dtype = ins.op, ins.args, ins.dtype
+        if op not in PRIMS:
+            fail(k, ins, f"unknown primitive {op!r}")
+        for r in args:
             if r not in regs:
                 fail(k, ins, f"register {r} used before definition")
-        arity = _ARITY.get(ins.op, 2)
-        if len(ins.args) != arity:
-            fail(k, ins, f"{ins.op} takes {arity} operands")
-        if ins.op == "fill":
+        arity = _ARITY.get(op, 2)
+        if len(args) != arity:
+            fail(k, ins, f"{op} takes {arity} operands")
+        if op == "fill":
             if ins.value is None:
                 fail(k, ins, "fill needs a value")
-            regs[f"t{k}"] = (ins.dtype, tuple(ins.shape or ()))
+            regs[f"t{k}"] = (dtype, tuple(ins.shape or ()))
             continue
-        src_dtype, src_shape = regs[ins.args[0]]
-        if ins.op == "eq":
-            if ins.dtype != DataType.BOOL or regs[ins.args[1]][0] != src_dtype:
+        src_dtype, src_shape = regs[args[0]]
+        if op == "eq":
+            if dtype != DataType.BOOL or regs[args[1]][0] != src_dtype:
                 fail(k, ins, "eq compares two operands of one dtype into a bool register")
-        elif ins.op == "where":
-            if src_dtype != DataType.BOOL or any(regs[r][0] != ins.dtype for r in ins.args[1:]):
+        elif op == "where":
+            if src_dtype != DataType.BOOL or any(regs[r][0] != dtype for r in args[1:]):
                 fail(k, ins, "where takes a bool condition and two operands of its dtype")
-        elif ins.op in ("view", "sum") and src_dtype != ins.dtype:
-            fail(k, ins, f"{ins.op} keeps the dtype")
-        if ins.op == "view":
-            if ins.shape is None or math.prod(ins.shape) != math.prod(src_shape):
+        elif op in ("view", "sum") and src_dtype != dtype:
+            fail(k, ins, f"{op} keeps the dtype")
+        if op == "view":
+            shape = ins.shape
+            if shape is None or math.prod(shape) != math.prod(src_shape):
                 fail(k, ins, f"view must keep the element count of {list(src_shape)}")
-            regs[f"t{k}"] = (ins.dtype, tuple(ins.shape))
+            regs[f"t{k}"] = (dtype, tuple(shape))
             continue
-        if ins.op == "sum":
+        if op == "sum":
             out = tuple(ins.shape) if ins.shape is not None else ()
             over = tuple(ins.over) if ins.over is not None else src_shape
             try:
@@ -205,12 +207,13 @@ def _check_body(body: Sequence[Instr], in_types: Sequence[TensorType]) -> RegTyp
                                    or any(o not in (1, n) for o, n in zip(out, over)))):
                 fail(k, ins, f"sum of {list(src_shape)} over {list(over)} to {list(out)}: the register "
                              "must broadcast to the summed shape, whose rank the result keeps")
-            regs[f"t{k}"] = (ins.dtype, out)
+            regs[f"t{k}"] = (dtype, out)
             continue
-        if ins.op not in ("cast", "eq", "where") and any(regs[r][0] != ins.dtype for r in ins.args):
-            fail(k, ins, f"operand dtypes differ from {ins.dtype.short}")
+        operands = [regs[r] for r in args]
+        if op not in ("cast", "eq", "where") and any(d != dtype for d, _ in operands):
+            fail(k, ins, f"operand dtypes differ from {dtype.short}")
         try:
-            regs[f"t{k}"] = (ins.dtype, broadcast_shape(*(regs[r][1] for r in ins.args)))
+            regs[f"t{k}"] = (dtype, broadcast_shape(*(shape for _, shape in operands)))
         except ValueError:
             fail(k, ins, "operand shapes do not broadcast")
     return regs
@@ -318,6 +321,9 @@ def _blocks(shape: tuple[int, ...], limit: int):
             yield tuple(outer) + (slice(s, min(s + step, shape[k])),)
 
 
+_PLAN_LOCK = threading.Lock()
+
+
 class Program:
     """A fused body compiled for given operand (dtype, shape)s: every instruction as a numpy
     callable, split into the ``hoisted`` part (does not vary over the iteration space: small
@@ -325,7 +331,33 @@ class Program:
 
     def __init__(self, a: FusedAttrs, sigs: Sequence["_Sig"]):
         self.types = reg_types(a, sigs)
-        full = self.full = tuple(a.shape)
+        self.full = tuple(a.shape)
+        self.result, self.result_dtype, self.out_dtype = a.result, self.types[a.result][0], a.out_dtype
+        fns = [compile_instr(ins, self.types) for ins in a.body]  # shared by both run paths
+        self._plan_flat(a, sigs, fns)
+        self._pending = (a, sigs, fns)  # the chunked path's plan: built on first use
+
+    def __getattr__(self, name: str) -> Any:
+        """The chunked path's plan (:meth:`_plan_chunks`), built when first asked for: a small
+        tensor (a new size of a known structure, say) only ever runs :meth:`run_flat`. It is
+        planned on a staging object and published at once, so another thread never reads it
+        half built."""
+        if name.startswith("__") or self.__dict__.get("_pending") is None:
+            raise AttributeError(name)
+        with _PLAN_LOCK:
+            pending = self.__dict__.get("_pending")
+            if pending is not None:
+                staged = object.__new__(Program)
+                staged.__dict__.update({k: self.__dict__[k] for k in
+                                        ("types", "full", "result", "result_dtype", "out_dtype")})
+                staged._plan_chunks(*pending)
+                self.__dict__.update({k: v for k, v in staged.__dict__.items()
+                                      if k not in self.__dict__})
+                self.__dict__["_pending"] = None
+        return getattr(self, name)
+
+    def _plan_chunks(self, a: FusedAttrs, sigs: Sequence["_Sig"], fns: Sequence[Callable]) -> None:
+        full = self.full
         self.big = [k for k, sg in enumerate(sigs) if sg.shape == full]
         self.small = [(k, sg.dtype in _NARROW) for k, sg in enumerate(sigs) if sg.shape != full]
         self.big_narrow = [(k, sigs[k].dtype in _NARROW) for k in self.big]
@@ -333,7 +365,6 @@ class Program:
         self.hoisted: list[tuple[str, Callable, tuple[str, ...]]] = []
         self.live: list[tuple[str, Instr]] = []
         self.live_steps: list[tuple[str, Callable, tuple[str, ...]]] = []
-        fns = [compile_instr(ins, self.types) for ins in a.body]  # shared by both run paths
         for k, ins in enumerate(a.body):
             name, fn = f"t{k}", fns[k]
             if ins.op != "fill" and (any(r in varying for r in ins.args) or self.types[name][1] == full):
@@ -342,12 +373,10 @@ class Program:
                 self.live_steps.append((name, fn, ins.args))
             else:
                 self.hoisted.append((name, fn, ins.args))
-        self.result, self.result_dtype, self.out_dtype = a.result, self.types[a.result][0], a.out_dtype
         self._plan_in_place(a)
         # hoisted registers the live steps read (everything else they read is live or big)
         self.live_reads = sorted({r for _, ins in self.live for r in ins.args}
                                  - {name for name, _ in self.live} - {f"in{k}" for k in self.big})
-        self._plan_flat(a, sigs, fns)
         rank = len(full)
         hoisted_names = [f"in{k}" for k, _ in self.small] + [name for name, _, _ in self.hoisted]
         self.align = [(n, (1,) * (rank - len(self.types[n][1])) + self.types[n][1])

@@ -107,3 +107,25 @@ def test_scratch_buffers_carry_nothing_between_bodies_sizes_and_threads():
         t.join(timeout=60)
     assert not any(t.is_alive() for t in threads)
     assert failures == []
+
+
+def test_the_chunked_plan_is_built_once_on_first_use_and_never_seen_half_built():
+    shape = (2, 4, 8, 160)
+    a, b, x, y = operands(D.FLOAT, shape, "contiguous")
+    attrs = FusedAttrs(shape=shape, body=body(D.FLOAT, shape[1]), result="t6", out_dtype=D.FLOAT)
+    prog = P.Program(attrs, [P._Sig(D.FLOAT, v.shape) for v in (a, b, x, y)])
+    assert prog.__dict__["_pending"] is not None           # run_flat alone needs no chunk plan
+    seen: list = []
+    barrier = threading.Barrier(4)
+
+    def read():
+        barrier.wait()
+        seen.append((prog.steps, prog.hoisted, prog.live_reads, prog.chunkable))
+    threads = [threading.Thread(target=read) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert len(seen) == 4 and all(s[0] is seen[0][0] and s[1] is seen[0][1] for s in seen)
+    assert [name for _, _, name, _, _ in seen[0][0]] == ["t3", "t4", "t5", "t6"]
+    assert seen[0][3] is True and prog.__dict__["_pending"] is None

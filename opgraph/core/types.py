@@ -118,6 +118,8 @@ def broadcast_shape(*shapes: "tuple[int, ...]") -> tuple[int, ...]:
         >>> broadcast_shape((4, 1, 3), (2, 1), ())
         (4, 2, 3)
     """
+    if len(shapes) == 2 and shapes[0] == shapes[1]:
+        return tuple(shapes[0])
     rank = max((len(s) for s in shapes), default=0)
     out = [1] * rank
     for s in shapes:
