@@ -1,0 +1,49 @@
+"""The benchmarks still run: each one, at its smallest setting, exits 0 and prints the rows it
+exists for. Nothing here is timed or compares speeds (the benchmarks do that, not the tests)."""
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+HAS_TORCH = importlib.util.find_spec("torch") is not None
+
+
+def run(script: str, *args: str) -> str:
+    p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), *args], cwd=ROOT,
+                       capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert p.returncode == 0, p.stdout + p.stderr
+    return p.stdout
+
+
+def test_bench_elemt_backward_prints_its_table_and_refuses_an_unknown_dtype():
+    out = run("bench_elemt_backward.py", "--shapes", "1,2,4", "--dtypes", "fp32", "--reps", "1",
+              "--only", "native", "--no-latency")
+    assert "fp32 [1, 2, 4]" in out and "floor np.add" in out and "floor raw bits" in out
+    p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_elemt_backward.py"),
+                        "--dtypes", "float16"], cwd=ROOT, capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 2 and "--dtypes: unknown float16" in p.stderr
+
+
+def test_bench_family_prints_a_row_per_op_api():
+    out = run("bench_family.py", "--quick", "--ops", "Stats", "--reps", "1")
+    for op in ("BatchNormStats ", "BatchNormGatherStatsWithCounts", "SyncBatchNormGatherStats"):
+        assert op in out
+
+
+def test_bench_capture_compares_the_program_with_the_calls():
+    out = run("bench_capture.py", "--quick", "--reps", "1")
+    assert "calls one by one" in out and "program, level 2" in out
+
+
+@pytest.mark.skipif(not HAS_TORCH, reason="torch is not installed (pip install 'opgraph[torch]')")
+def test_bench_syncbn_runs_the_layer_against_torch():
+    out = run("bench_syncbn.py", "--quick", "--reps", "1", "--dtypes", "fp32")
+    assert "opgraph SyncBatchNorm" in out and "torch BatchNorm2d" in out
