@@ -114,8 +114,10 @@ def sum_plan(shape: tuple[int, ...], axes: tuple[int, ...], keepdims: bool,
         return general
     steps = _fold_steps(R)  # one lane per element: only the tree, on a fresh copy
 
+    identity = perm == tuple(range(ndim))
+
     def small(x: np.ndarray) -> np.ndarray:
-        a = np.array(np.transpose(x, perm), dtype=dtype, order="C").reshape(rows)
+        a = np.array(x if identity else np.transpose(x, perm), dtype=dtype, order="C").reshape(rows)
         for m, n in steps:
             a[..., : m - n] += a[..., n:m]
         return a[..., 0].reshape(final)

@@ -398,8 +398,14 @@ class Program:
         """The result of the whole body, instruction by instruction on whole arrays (numpy
         broadcasting right-aligns the per-channel terms): the fast path for small tensors."""
         regs = [x.astype(np.float32) if narrow else x for x, narrow in zip(inputs, self.narrow_inputs)]
-        for fn, args in self.flat:
-            regs.append(fn(*[regs[i] for i in args]))
+        append = regs.append
+        for fn, args in self.flat:  # unary and binary steps without building an argument list
+            if len(args) == 2:
+                append(fn(regs[args[0]], regs[args[1]]))
+            elif len(args) == 1:
+                append(fn(regs[args[0]]))
+            else:
+                append(fn(*[regs[i] for i in args]))
         return _finish(regs[self.flat_result], self.result_dtype, self.out_dtype)
 
     def _plan_in_place(self, a: FusedAttrs) -> None:
