@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from backends import native
+
 ROOT = Path(__file__).resolve().parents[1]
 HAS_TORCH = importlib.util.find_spec("torch") is not None
 
@@ -32,12 +34,17 @@ def test_bench_elemt_backward_prints_its_table_and_refuses_an_unknown_dtype():
     assert p.returncode == 2 and "--dtypes: unknown float16" in p.stderr
 
 
+NEEDS_NATIVE = pytest.mark.skipif(not native.available(), reason=native.availability()[1])
+
+
+@NEEDS_NATIVE
 def test_bench_family_prints_a_row_per_op_api():
     out = run("bench_family.py", "--quick", "--ops", "Stats", "--reps", "1")
     for op in ("BatchNormStats ", "BatchNormGatherStatsWithCounts", "SyncBatchNormGatherStats"):
         assert op in out
 
 
+@NEEDS_NATIVE
 def test_bench_capture_compares_the_program_with_the_calls():
     out = run("bench_capture.py", "--quick", "--reps", "1")
     assert "calls one by one" in out and "program, level 2" in out
