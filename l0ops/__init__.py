@@ -11,7 +11,8 @@ its modules import one another by module path, so either package may be imported
 """
 from opgraph.core.opdef import DType, Fidelity, L0Error, OpAttrs, OpDef, all_ops, get_op, require
 from .define import define_op
-from .primitives import FusedAttrs, Instr, cast_array, run_fused
+from .primitives import FusedAttrs, Instr, cast_array
+from .interpreter import run_fused
 from .basic import BroadcastTo, Cast, Contiguous, Fill, RealDiv, UnsqueezeNd, ViewCopy
 from .reduce import ReduceMean, ReduceMeanWithCount, ReduceStdWithMean, ReduceSum, ReduceVar
 from .arith import Add, Div, Mul, OnesLike, Pow, Sub

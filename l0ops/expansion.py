@@ -3,7 +3,7 @@ on whole arrays (reductions included), and the numpy semantics derived from it â
 steps are written once, in its ``expand``.
 
 An expansion returns one register per output (a tuple for multi-output ops). A body without a
-reduction of full-size data runs chunk by chunk (:func:`l0ops.primitives.run_fused`); one with
+reduction of full-size data runs chunk by chunk (:func:`l0ops.interpreter.run_fused`); one with
 such a reduction is evaluated on whole arrays, in order (:func:`evaluate_body`).
 
     >>> import numpy as np
@@ -22,7 +22,8 @@ import numpy as np
 from opgraph.core.dtypes import DataType, dtype_of
 from opgraph.core.opdef import ExpandFn, OpAttrs
 from opgraph.core.types import TensorType
-from .primitives import FusedAttrs, Instr, body_types, cast_array, compile_instr, run_fused
+from .interpreter import run_fused
+from .primitives import FusedAttrs, Instr, body_types, cast_array, compile_instr
 
 Body = tuple[Instr, ...]
 

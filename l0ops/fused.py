@@ -15,7 +15,8 @@ from __future__ import annotations
 from opgraph.core.opdef import Fidelity, require
 from opgraph.core.types import TensorType
 from .define import define_op
-from .primitives import FusedAttrs, Instr, body_lines, reg_types, run_fused
+from .interpreter import run_fused
+from .primitives import FusedAttrs, Instr, body_lines, reg_types
 
 __all__ = ["FusedAttrs", "FusedElementwise", "Instr"]
 

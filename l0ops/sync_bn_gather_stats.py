@@ -26,7 +26,6 @@ f16/bf16 data is widened exactly and the four results are rounded once (RINT) to
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Optional
 

@@ -1,4 +1,4 @@
-"""The numpy interpreter's chunked paths (:func:`l0ops.primitives.run_fused`): whole, C-order
+"""The numpy interpreter's chunked paths (:func:`l0ops.interpreter.run_fused`): whole, C-order
 chunks, chunks within one channel, channels_last and strided operands, per-thread scratch buffers
 reused across bodies and sizes — every path bit-identical to the body evaluated directly in its
 dtype with numpy / ml_dtypes arithmetic (one rounding per operation)."""
@@ -10,8 +10,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from l0ops import primitives as P
-from l0ops.primitives import FusedAttrs, Instr
+from l0ops import interpreter as P
+from l0ops.primitives import FusedAttrs, Instr, Sig
 from opgraph.core.dtypes import DataType as D
 
 NP = {D.FLOAT: np.float32, D.FLOAT16: np.float16, D.BF16: ml_dtypes.bfloat16}
@@ -113,7 +113,7 @@ def test_the_chunked_plan_is_built_once_on_first_use_and_never_seen_half_built()
     shape = (2, 4, 8, 160)
     a, b, x, y = operands(D.FLOAT, shape, "contiguous")
     attrs = FusedAttrs(shape=shape, body=body(D.FLOAT, shape[1]), result="t6", out_dtype=D.FLOAT)
-    prog = P.Program(attrs, [P._Sig(D.FLOAT, v.shape) for v in (a, b, x, y)])
+    prog = P.Program(attrs, [Sig(D.FLOAT, v.shape) for v in (a, b, x, y)])
     assert prog.__dict__["_pending"] is not None           # run_flat alone needs no chunk plan
     seen: list = []
     barrier = threading.Barrier(4)

@@ -17,7 +17,8 @@ import opgraph
 import reference as R
 from backends import native
 from backends.native import build
-from l0ops.primitives import FusedAttrs, Instr, run_fused
+from l0ops.interpreter import run_fused
+from l0ops.primitives import FusedAttrs, Instr
 from opgraph.core.dtypes import DataType as D
 from opgraph.core.ir import Graph, TensorType
 

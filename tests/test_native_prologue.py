@@ -1,5 +1,5 @@
 """The native backend's C prologue (the hoisted per-channel part of a fused body): bit-identical
-to the numpy interpreter (:func:`l0ops.primitives.run_fused`) for casts, rounding arithmetic,
+to the numpy interpreter (:func:`l0ops.interpreter.run_fused`) for casts, rounding arithmetic,
 fill, view and ordered sums (several blocks, keepdims, NaN/Inf/-0.0), int32/int64 counters,
 strided per-channel inputs and per-channel data larger than the on-stack scratch; bodies it does
 not cover fall back to numpy hoisting with the same bits; a new size reuses the compiled code."""
@@ -11,7 +11,8 @@ import pytest
 
 from backends import native
 from backends.native import build
-from l0ops.primitives import FusedAttrs, Instr, run_fused
+from l0ops.interpreter import run_fused
+from l0ops.primitives import FusedAttrs, Instr
 from opgraph.core.dtypes import DataType as D
 
 import reference as R

@@ -120,7 +120,7 @@ def test_level2_is_one_fused_kernel_with_zero_workspace():
 def test_per_channel_terms_are_hoisted():
     ex, _, _ = record(shape=(2, 3, 40, 50))
     node = passes.optimize(ex.graph, 2).nodes[0]
-    h = l0ops.primitives.Hoisted(node.attrs, [ex.bindings[v.name].view() for v in node.inputs[:-1]])
+    h = l0ops.interpreter.Hoisted(node.attrs, [ex.bindings[v.name].view() for v in node.inputs[:-1]])
     live_ops = [ins.op for _, ins in h.live]
     assert live_ops.count("mul") == 3 and live_ops.count("sub") == 3  # invstd²·meanDyXmu hoisted
     assert all(ins.op not in ("sum", "div", "view") for _, ins in h.live)
@@ -303,7 +303,7 @@ def test_chunked_fused_execution_matches_level0_and_leaves_inputs_alone(dtype):
     """A shape several chunks large: the chunk loop, temporaries reused in place and the direct
     store into the output give level 0's bits and never write an input."""
     import ml_dtypes
-    from l0ops.primitives import CHUNK_ELEMS
+    from l0ops.interpreter import CHUNK_ELEMS
     dt = ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype
     shape = (3, 5, 70, 130)
     assert np.prod(shape) > 3 * CHUNK_ELEMS

@@ -29,7 +29,8 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from l0ops.primitives import FusedAttrs, Hoisted, program
+from l0ops.interpreter import Hoisted, program
+from l0ops.primitives import FusedAttrs
 from opgraph.core.backend import LoweringTable
 from ..numpy_backend import NUMPY_LOWERINGS, NumpyBackend
 from . import build, render, team
@@ -169,7 +170,7 @@ def _launch(a: FusedAttrs, inputs: Sequence[np.ndarray], out: np.ndarray) -> _La
 
 def run_fused_native(a: FusedAttrs, inputs: Sequence[np.ndarray],
                      out: Optional[np.ndarray] = None) -> np.ndarray:
-    """Like :func:`l0ops.primitives.run_fused`, as a compiled kernel (bit-identical results).
+    """Like :func:`l0ops.interpreter.run_fused`, as a compiled kernel (bit-identical results).
     Raises :class:`Unsupported` for a body it does not render or an output that partly overlaps
     an input the kernel reads. Everything but the per-channel values and the data pointers is
     prepared once per (body, operand layouts)."""

@@ -13,7 +13,8 @@ the same structure reuses the compiled code. Anything else raises :class:`Unsupp
 backend evaluates the hoisted part in numpy instead.
 
     >>> import numpy as np
-    >>> from l0ops.primitives import FusedAttrs, Instr, program
+    >>> from l0ops.interpreter import program
+    >>> from l0ops.primitives import FusedAttrs, Instr
     >>> from opgraph.core.dtypes import DataType as D
     >>> body = (Instr(op="cast", args=("in0",), dtype=D.FLOAT), Instr(op="sum", args=("t0",), dtype=D.FLOAT),
     ...         Instr(op="div", args=("in1", "t1"), dtype=D.FLOAT), Instr(op="mul", args=("in2", "t2"), dtype=D.FLOAT))

@@ -1,6 +1,6 @@
 """Render the per-element part of a FusedElementwise body as one C kernel.
 
-:func:`plan` splits a body with :class:`l0ops.primitives.Hoisted` (the per-channel part is evaluated
+:func:`plan` splits a body with :class:`l0ops.interpreter.Hoisted` (the per-channel part is evaluated
 once in numpy) and checks that the rest is float arithmetic the kernel supports; :func:`render`
 turns the plan into C source. The kernel makes one pass over the data:
 
@@ -15,7 +15,8 @@ turns the plan into C source. The kernel makes one pass over the data:
   and 0 or 1 (hoisted registers), and a generic strided loop otherwise.
 
     >>> import numpy as np
-    >>> from l0ops.primitives import FusedAttrs, Hoisted, Instr
+    >>> from l0ops.interpreter import Hoisted
+    >>> from l0ops.primitives import FusedAttrs, Instr
     >>> from opgraph.core.dtypes import DataType as D
     >>> a = FusedAttrs(shape=(2, 2), body=(Instr(op="sub", args=("in0", "in1"), dtype=D.FLOAT16),),
     ...                result="t0", out_dtype=D.FLOAT16)
@@ -31,7 +32,8 @@ import functools
 from dataclasses import dataclass
 from typing import Callable
 
-from l0ops.primitives import FusedAttrs, Hoisted, Instr
+from l0ops.interpreter import Hoisted
+from l0ops.primitives import FusedAttrs, Instr
 from opgraph.core.dtypes import DataType
 from .team import C_DECL
 
