@@ -344,3 +344,17 @@ def test_executor_records_its_platform():
     assert ex.platform.soc == "Ascend950"
     kernel = [n for n in ex.graph.nodes if n.op == "SyncBatchNormBackwardElemt"]
     assert len(kernel) == 1 and kernel[0].attrs.arch == 3510
+
+
+def test_c_contiguous_array_with_an_odd_size_one_stride_is_viewed_with_row_major_strides():
+    """numpy lets a size-1 dim of a C-contiguous array carry any stride (here -16 bytes); the
+    tensor is still a view of the caller's memory, with canonical strides, and writable."""
+    a = np.zeros((1, 4), np.float32)[::-1]
+    assert a.flags.c_contiguous and a.strides[0] < 0
+    t = opgraph.tensor(a)
+    assert t.strides == (4, 1) and not t.copied and t.writeable
+    t.storage[:] = [1, 2, 3, 4]
+    assert a.tolist() == [[1.0, 2.0, 3.0, 4.0]]
+    b = np.zeros((2, 3), np.float32)[:, None, :]  # a new axis: stride 0
+    assert b.flags.c_contiguous and b.strides[1] == 0
+    assert opgraph.tensor(b).signature == opgraph.tensor(np.zeros((2, 1, 3), np.float32)).signature

@@ -130,11 +130,16 @@ class Tensor:
         guarantees them (flat contiguous storage, Python-int shape/strides >= 0 in bounds,
         offset 0), with ``view`` (the array itself, as a new view object) as its live view."""
         t = object.__new__(cls)
-        for name, value in (("storage", storage), ("dtype", dtype_of(storage.dtype)),
-                            ("shape", shape), ("strides", strides), ("offset", 0),
-                            ("format", fmt), ("storage_shape", storage_shape),
-                            ("copied", copied), ("_view", view)):
-            object.__setattr__(t, name, value)
+        put = object.__setattr__  # the slots one by one: __setattr__ refuses (immutability)
+        put(t, "storage", storage)
+        put(t, "dtype", dtype_of(storage.dtype))
+        put(t, "shape", shape)
+        put(t, "strides", strides)
+        put(t, "offset", 0)
+        put(t, "format", fmt)
+        put(t, "storage_shape", storage_shape)
+        put(t, "copied", copied)
+        put(t, "_view", view)
         return t
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -299,10 +304,11 @@ def tensor(array: "np.ndarray | Sequence", format: "Format | str" = "ND", dtype:
     # a new array that owns its memory is a copy the caller does not hold (a list, a scalar, a
     # dtype conversion); an array that is the caller's or views other memory is not
     copied = a is not array and a.flags.owndata
-    if not _wrappable(a):
+    flags = a.flags
+    if not flags.c_contiguous and not _wrappable(a):  # C-contiguous: wrappable as it is
         a, copied = np.ascontiguousarray(a), True
+        flags = a.flags
     item = a.itemsize
-    strides = tuple(s // item for s in a.strides)
     if a.size == 0:
         return Tensor(np.empty(0, a.dtype), a.shape, row_major_strides(a.shape), 0, format,
                       copied=copied)
@@ -311,7 +317,10 @@ def tensor(array: "np.ndarray | Sequence", format: "Format | str" = "ND", dtype:
     if a.ndim > MAX_RANK:
         raise ValueError(f"shape {a.shape} has rank {a.ndim} > {MAX_RANK}")
     fmt = Format.ND if format == "ND" else format_of(format)
-    if a.flags.c_contiguous:  # the hot path: a flat view, no as_strided
+    strides = tuple(s // item for s in a.strides)
+    if flags.c_contiguous:  # the hot path: a flat view, no as_strided, row-major strides
+        if 1 in a.shape:  # numpy may give a size-1 dim any stride, even a negative one
+            strides = row_major_strides(a.shape)
         return Tensor._unchecked(a.reshape(-1), a.shape, strides, fmt, a.shape, copied, a.view())
     span = 1 + sum((n - 1) * s for n, s in zip(a.shape, strides))
     storage = np.lib.stride_tricks.as_strided(a, shape=(span,), strides=(item,),
