@@ -43,7 +43,6 @@ SHAPES = [(32, 64, 28, 28), (8, 64, 56, 56)]
 QUICK_SHAPES = [(8, 32, 14, 14)]
 
 
-
 def variants(shape: tuple[int, ...], backend: str) -> tuple[dict[str, Callable[[], None]], dict]:
     """name -> one training step; and the captured programs' figures."""
     inputs = example.make_inputs(shape)

@@ -90,8 +90,8 @@ def steady_time(fn: Callable[[], None], min_seconds: float = 0.005) -> float:
 
 
 def on_huge_pages(a: np.ndarray) -> np.ndarray:
-    """A dense copy of ``a`` (same memory order) in fresh anonymous memory advised onto huge pages (where the
-    kernel offers them). On this VM a streaming kernel over 4 KiB pages ran 2.3-2.8x slower
+    """A dense copy of ``a`` (same memory order) in fresh anonymous memory advised onto huge
+    pages (where the kernel offers them). On this VM a streaming kernel over 4 KiB pages ran 2.3-2.8x slower
     than over huge pages (nested paging makes TLB misses dear), and whether numpy's or torch's
     allocator hands out either depends on what the process freed before — so every array a
     benchmark times goes through here.
@@ -114,7 +114,7 @@ def on_huge_pages(a: np.ndarray) -> np.ndarray:
 
 
 def held_floor(shape: tuple[int, ...], dtype: "np.dtype | str") -> Optional[Callable[[], None]]:
-    """bench_elemt_backward's compiled 2-thread ``c = a + b`` over ``shape`` (3 tensor passes)
+    """:func:`c_floor_variant` (compiled 2-thread ``c = a + b``) over ``shape`` (3 tensor passes)
     on arrays it keeps alive (the kernel holds raw pointers); None without a C compiler."""
     arrays = [on_huge_pages(np.ones(shape, dtype)) for _ in range(3)]
     fn = c_floor_variant(arrays[:2], arrays[2])

@@ -92,17 +92,12 @@ def floor_variant(arrays, out, raw_bits: bool) -> Callable[[], None]:
 def torch_variants(arrays, out) -> dict[str, Callable[[], None]]:
     try:
         import torch
+        from opgraph.torch.kernels import to_torch  # views the arrays (bfloat16 too), no copy
     except ImportError:
         return {}
     torch.set_num_threads(2)
-    tdt = {np.dtype(np.float32): torch.float32, np.dtype(np.float16): torch.float16,
-           np.dtype(ml_dtypes.bfloat16): torch.bfloat16}[np.dtype(arrays[0].dtype)]
-    def shared(a: np.ndarray) -> "torch.Tensor":  # torch views the benchmark's own arrays
-        if a.dtype == ml_dtypes.bfloat16:
-            return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
-        return torch.from_numpy(a)
-    ts = [shared(a) for a in arrays]
-    dst = shared(out)
+    ts = [to_torch(a) for a in arrays]  # torch reads the benchmark's own arrays
+    dst = to_torch(out)
     go, x, mu, inv, w, sdy, sdx, cnt = ts
     b = (1, -1) + (1,) * (go.dim() - 2)
 

@@ -31,7 +31,6 @@ import statistics
 import time
 from typing import Any, Callable
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -45,7 +44,6 @@ SHAPES = [(8, 64, 28, 28), (32, 64, 56, 56)]
 FLOOR = "floor: 7 tensor passes"
 FLOOR_PASSES = 7  # forward: read x (stats), read x + write y; backward: read dy, x; read dy, x + write dx
 QUICK_SHAPES = [(8, 32, 14, 14)]
-
 
 
 def variants(shape: tuple[int, ...], dtype: str, rank: int, world: int,
@@ -90,7 +88,6 @@ def variants(shape: tuple[int, ...], dtype: str, rank: int, world: int,
     if floor is not None:
         out[FLOOR] = floor
     return out
-
 
 
 def measure(rank: int, world: int, cases: list[tuple[tuple[int, ...], str]],

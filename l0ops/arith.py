@@ -11,7 +11,6 @@ bits as native half arithmetic).
 """
 from __future__ import annotations
 
-
 from opgraph.core.dtypes import DataType
 from opgraph.core.opdef import Fidelity, L0Error, require
 from opgraph.core.types import broadcast_shape

@@ -23,7 +23,7 @@ from opgraph.core.dtypes import DataType, dtype_of
 from opgraph.core.opdef import ExpandFn, OpAttrs
 from opgraph.core.types import TensorType
 from .interpreter import run_fused
-from .primitives import FusedAttrs, Instr, body_types, cast_array, compile_instr
+from .primitives import FusedAttrs, IdentityMemo, Instr, body_types, cast_array, compile_instr
 
 Body = tuple[Instr, ...]
 
@@ -90,21 +90,15 @@ def evaluate_body(body: Body, results: Sequence[str], inputs: Sequence[np.ndarra
     return out
 
 
-_COMPILED: dict = {}
+_COMPILED = IdentityMemo(limit=4096)
 
 
 def _compiled(body: Body, in_types: Sequence[TensorType], types: dict) -> list[tuple[str, Callable, tuple[str, ...]]]:
     """``body`` as (register, numpy callable, operands), compiled once per body and input
     types (a cached call evaluates, it does not compile again)."""
-    key = (id(body), tuple((t.dtype, t.shape) for t in in_types))
-    hit = _COMPILED.get(key)
-    if hit is not None and hit[0] is body:
-        return hit[1]
-    steps = [(f"t{k}", compile_instr(ins, types), ins.args) for k, ins in enumerate(body)]
-    if len(_COMPILED) > 4096:
-        _COMPILED.clear()
-    _COMPILED[key] = (body, steps)
-    return steps
+    return _COMPILED.get(body, tuple((t.dtype, t.shape) for t in in_types),
+                         lambda: [(f"t{k}", compile_instr(ins, types), ins.args)
+                                  for k, ins in enumerate(body)])
 
 
 def expansion_compute(expand: ExpandFn) -> Callable[[list, OpAttrs], list]:

@@ -20,8 +20,8 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from opgraph.core.dtypes import DataType, dtype_of
-from .primitives import (ARITH, BF16, F16, F32, FusedAttrs, Instr, Sig, cast_array, compile_instr,
-                         reg_types)
+from .primitives import (ARITH, BF16, F16, F32, FusedAttrs, IdentityMemo, Instr, Sig, cast_array,
+                         compile_instr, reg_types)
 
 CHUNK_ELEMS = 1 << 15  # 128 KiB float32 chunks: fewer Python steps, still cache-resident
 MIN_RUN = 1024  # per-channel terms are one value per chunk when each channel's run is this long
@@ -102,8 +102,7 @@ class Program:
             pending = self.__dict__.get("_pending")
             if pending is not None:
                 staged = object.__new__(Program)
-                staged.__dict__.update({k: self.__dict__[k] for k in
-                                        ("types", "full", "result", "result_dtype", "out_dtype")})
+                staged.__dict__.update(self.__dict__)
                 staged._plan_chunks(*pending)
                 self.__dict__.update({k: v for k, v in staged.__dict__.items()
                                       if k not in self.__dict__})
@@ -233,20 +232,13 @@ class Program:
         return res
 
 
-_PROGRAMS: dict = {}
+_PROGRAMS = IdentityMemo(limit=1024)
 
 
 def program(a: FusedAttrs, inputs: Sequence[np.ndarray]) -> Program:
     """The cached :class:`Program` of ``a`` for these operands' dtypes and shapes."""
-    key = (id(a),) + tuple((x.dtype, x.shape) for x in inputs)
-    hit = _PROGRAMS.get(key)
-    if hit is not None and hit[0] is a:
-        return hit[1]
-    prog = Program(a, [Sig(dtype_of(x.dtype), x.shape) for x in inputs])
-    if len(_PROGRAMS) > 1024:
-        _PROGRAMS.clear()
-    _PROGRAMS[key] = (a, prog)
-    return prog
+    return _PROGRAMS.get(a, tuple((x.dtype, x.shape) for x in inputs),
+                         lambda: Program(a, [Sig(dtype_of(x.dtype), x.shape) for x in inputs]))
 
 
 class Hoisted:

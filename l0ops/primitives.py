@@ -24,7 +24,8 @@ their numpy semantics from the same primitives (:mod:`l0ops.expansion`).
 from __future__ import annotations
 
 import math
-from typing import Callable, Sequence
+import threading
+from typing import Callable, Sequence, TypeVar
 
 import numpy as np
 
@@ -33,6 +34,7 @@ from opgraph.core.opdef import DType, L0Error, OpAttrs, require
 from opgraph.core.types import TensorType, broadcast_shape
 from .ordered import sum_plan
 
+T = TypeVar("T")
 F32, F16, BF16, F64 = DataType.FLOAT, DataType.FLOAT16, DataType.BF16, DataType.DOUBLE
 
 
@@ -121,7 +123,36 @@ class Sig:
         self.dtype, self.shape = dtype, tuple(shape)
 
 
-_TYPES_CACHE: dict = {}
+class IdentityMemo:
+    """Values made per (object, key): bounded (emptied when full) and safe under threads. An
+    entry holds its object, so the object's id cannot be reused while the entry lives. The
+    caches of compiled bodies, programs and plans, all keyed by an attrs object and operand types.
+
+        >>> memo, body = IdentityMemo(limit=8), ("x",)
+        >>> memo.get(body, (1,), lambda: [0]) is memo.get(body, (1,), lambda: [1])
+        True
+    """
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self._items: dict = {}
+        self._lock = threading.Lock()
+
+    def get(self, obj: object, key: tuple, make: Callable[[], T]) -> T:
+        """The value for (``obj``, ``key``), made by ``make()`` the first time."""
+        full = (id(obj), key)
+        hit = self._items.get(full)
+        if hit is not None and hit[0] is obj:
+            return hit[1]
+        value = make()
+        with self._lock:
+            if len(self._items) >= self.limit:
+                self._items.clear()
+            self._items[full] = (obj, value)
+        return value
+
+
+_TYPES = IdentityMemo(limit=4096)
 
 
 RegTypes = dict[str, tuple[DataType, tuple[int, ...]]]
@@ -130,15 +161,8 @@ RegTypes = dict[str, tuple[DataType, tuple[int, ...]]]
 def body_types(body: Sequence[Instr], in_types: Sequence[TensorType]) -> RegTypes:
     """dtype and (numpy-broadcast) shape of every register of ``body``; L0Error on a malformed
     body. Memoised per (body tuple, input types)."""
-    key = (id(body), tuple((t.dtype, t.shape) for t in in_types))
-    hit = _TYPES_CACHE.get(key)
-    if hit is not None and hit[0] is body:
-        return hit[1]
-    regs = _check_body(body, in_types)
-    if len(_TYPES_CACHE) > 4096:
-        _TYPES_CACHE.clear()
-    _TYPES_CACHE[key] = (body, regs)
-    return regs
+    return _TYPES.get(body, tuple((t.dtype, t.shape) for t in in_types),
+                      lambda: _check_body(body, in_types))
 
 
 def reg_types(a: FusedAttrs, in_types: Sequence[TensorType]) -> RegTypes:

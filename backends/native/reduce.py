@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import ctypes
 import math
-import threading
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -32,7 +31,7 @@ import numpy as np
 
 from l0ops.fused_reduce import FusedReduceAttrs
 from l0ops.ordered import BLOCK
-from l0ops.primitives import Instr, body_types, cast_array, compile_instr
+from l0ops.primitives import IdentityMemo, Instr, body_types, cast_array, compile_instr
 from opgraph.core.dtypes import DataType, dtype_of
 from opgraph.core.types import TensorType
 from . import build, team
@@ -77,9 +76,7 @@ class _Plan:
     kept_view: tuple[int, ...]      # kept registers broadcast to this shape, then flattened
 
 
-_PLANS: dict = {}
-_PLANS_LOCK = threading.Lock()
-_MAX_PLANS = 256
+_PLANS = IdentityMemo(limit=256)
 
 
 def _closure(body: Sequence[Instr], reg: str, full: set[str]) -> list[int]:
@@ -210,16 +207,8 @@ def _make_pass(body, batch, full, types, inputs, full_shape, raxes, K) -> _Pass:
 
 def plan_for(a: FusedReduceAttrs, inputs: Sequence[np.ndarray]) -> _Plan:
     """The cached plan of ``a`` for operands of these dtypes, shapes and strides."""
-    key = (id(a),) + tuple((x.dtype, x.shape, x.strides) for x in inputs)
-    hit = _PLANS.get(key)
-    if hit is not None and hit[0] is a:
-        return hit[1]
-    plan = _plan(a, inputs)
-    with _PLANS_LOCK:
-        if len(_PLANS) >= _MAX_PLANS:
-            _PLANS.clear()
-        _PLANS[key] = (a, plan)
-    return plan
+    return _PLANS.get(a, tuple((x.dtype, x.shape, x.strides) for x in inputs),
+                      lambda: _plan(a, inputs))
 
 
 def _run_pass(p: _Pass, plan: _Plan, inputs: Sequence[np.ndarray], values: dict) -> None:
