@@ -80,7 +80,6 @@ class NumpyExecutable(Executable):
                  lowerings: LoweringTable):
         self.backend, self.graph, self.plan, self.platform = backend, graph, plan, platform
         self.steps = [(node, lowerings.lower(node)) for node in graph.nodes]
-        self.frees = last_uses(graph)
         self.slots: dict[str, Slot] = {}
         for node in graph.nodes:
             for v in node.outputs:
@@ -88,6 +87,13 @@ class NumpyExecutable(Executable):
                     self.slots[v.name] = Slot(plan.offsets[v.name][0], v.dtype.np, v.shape, None)
                 elif v.name in plan.placed_in:
                     self.slots[v.name] = Slot(0, v.dtype.np, v.shape, plan.placed_in[v.name])
+        frees = last_uses(graph)
+        # per step: node, lowering, input names, (output name, slot or None)s, names dead after it
+        self.program = [(node, lower, tuple(v.name for v in node.inputs),
+                         tuple((v.name, self.slots.get(v.name)) for v in node.outputs),
+                         tuple(frees.get(i, ())))
+                        for i, (node, lower) in enumerate(self.steps)]
+        self.input_names = tuple(v.name for v in graph.inputs)
 
     def _place(self, slot: Slot, value: np.ndarray, arena: Optional[np.ndarray],
                bindings: Mapping[str, Tensor]) -> np.ndarray:
@@ -102,29 +108,35 @@ class NumpyExecutable(Executable):
             np.copyto(dst, value)
         return dst
 
+    quiet = True  # run() keeps numpy's floating-point warnings off: the NPU does not warn
+
     def run(self, bindings: Mapping[str, Tensor], workspace: Any = None) -> dict[str, np.ndarray]:
         """Run the graph; returns its outputs by value name."""
+        with np.errstate(all="ignore"):
+            return self.run_nodes(bindings, workspace)
+
+    def run_nodes(self, bindings: Mapping[str, Tensor], workspace: Any = None) -> dict[str, np.ndarray]:
+        """:meth:`run` under the caller's ``np.errstate``."""
         arena = None if workspace is None else memoryview(workspace).cast("B")
         if self.plan.size and (arena is None or arena.nbytes < self.plan.size):
             raise ValueError(f"workspace holds {0 if arena is None else arena.nbytes} bytes, the "
                              f"memory plan needs {self.plan.size}")
         env: dict[str, np.ndarray] = {}
-        for v in self.graph.inputs:
+        for name in self.input_names:
             try:
-                env[v.name] = bindings[v.name].view()
+                env[name] = bindings[name].view()
             except KeyError:
-                raise ValueError(f"graph input %{v.name} is not bound to a tensor") from None
+                raise ValueError(f"graph input %{name} is not bound to a tensor") from None
         profile = self.profile
-        for i, (node, lower) in enumerate(self.steps):
+        for node, lower, inputs, outputs, dead in self.program:
             if profile is not None:
                 start = time.perf_counter()
-            results = lower(self, node, [env[v.name] for v in node.inputs])
-            for v, r in zip(node.outputs, results):
-                slot = self.slots.get(v.name)
-                env[v.name] = r if slot is None else self._place(slot, np.asarray(r), arena, bindings)
+            results = lower(self, node, [env[name] for name in inputs])
+            for (name, slot), r in zip(outputs, results):
+                env[name] = r if slot is None else self._place(slot, np.asarray(r), arena, bindings)
             if profile is not None:
                 profile(node, start, time.perf_counter())
-            for name in self.frees.get(i, ()):
+            for name in dead:
                 env.pop(name, None)
         return {v.name: env[v.name] for v in self.graph.outputs}
 

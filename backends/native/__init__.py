@@ -25,14 +25,18 @@ import ctypes
 import math
 import weakref
 from collections import Counter
-from typing import Any, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 
 from l0ops.interpreter import Hoisted, program
 from l0ops.primitives import FusedAttrs
 from opgraph.core.backend import LoweringTable
-from ..numpy_backend import NUMPY_LOWERINGS, NumpyBackend
+from opgraph.core.ir import Graph
+from opgraph.core.memory import MemoryPlan
+from opgraph.core.platform import Platform
+from opgraph.core.tensor import Tensor
+from ..numpy_backend import NUMPY_LOWERINGS, NumpyBackend, NumpyExecutable
 from . import build, render, team
 from .build import NativeBuildError, availability
 from .prologue import Prologue, render_fused
@@ -258,6 +262,91 @@ NATIVE_LOWERINGS: LoweringTable = NUMPY_LOWERINGS.extend({"FusedElementwise": _l
                                                           "FusedReduce": _lower_reduce})
 
 
+class NativeExecutable(NumpyExecutable):
+    """A graph compiled for the native backend. When every node is a FusedElementwise that reads
+    the caller's tensors and stores into one of them (BatchNormElemt and BatchNormElemtBackward at
+    level 2), a run after the first launches the kernels straight from the bound tensors'
+    addresses: the operand layouts are fixed for a compiled program, so no numpy views and no
+    per-call layout lookup. Anything else — a first run, a kernel without a C prologue, an output
+    that partly overlaps an input, a kernel below ``min_fused_elements`` — takes the
+    node-by-node path."""
+
+    def __init__(self, *args: Any):
+        super().__init__(*args)
+        self.direct = self._direct_nodes()
+        self.launches: Optional[list[tuple[_Launch, tuple[str, ...]]]] = None
+        self.pointers: list[tuple[list[int], Any]] = []  # per node: the last addresses, pointers
+
+    def _direct_nodes(self) -> Optional[list[Any]]:
+        bound = {v.name for v in self.graph.inputs}
+        nodes = [node for node, _ in self.steps]
+        if not nodes or any(n.op != "FusedElementwise" or not n.attrs.store
+                            or any(v.name not in bound for v in n.inputs) for n in nodes):
+            return None
+        if [v.name for v in self.graph.outputs] != [n.outputs[0].name for n in nodes]:
+            return None
+        return nodes
+
+    def run(self, bindings: Mapping[str, Tensor], workspace: Any = None) -> dict[str, np.ndarray]:
+        if self.launches is not None:
+            out = self._run_direct(bindings)
+            if out is not None:
+                return out
+        out = super().run(bindings, workspace)
+        if self.direct is not None and self.launches is None:
+            self.launches = self._prepared(bindings)
+            self.pointers = [([], None)] * len(self.launches or ())
+            self.direct = None if self.launches is None else self.direct
+        return out
+
+    def _prepared(self, bindings: Mapping[str, Tensor]) -> Optional[list]:
+        """Each direct node's launch (what the run just used) and the names of the bindings
+        whose addresses its kernel takes, in order (the output last); None if one has no C
+        prologue."""
+        launches = []
+        for node in self.direct or ():
+            a: FusedAttrs = node.attrs
+            names = tuple(v.name for v in node.inputs)
+            views = [bindings[n].view() for n in names]
+            try:
+                ln = _launch(a, views[:-1], views[-1])
+            except Unsupported:
+                return None
+            if not ln.fused:
+                return None
+            order = list(ln.small) + list(ln.big) + [len(names) - 1]
+            launches.append((ln, tuple(names[k] for k in order)))
+        return launches
+
+    def _run_direct(self, bindings: Mapping[str, Tensor]) -> Optional[dict[str, np.ndarray]]:
+        """The direct launches, or None (nothing run) when one of them cannot be taken."""
+        assert self.launches is not None
+        smallest = self.backend.min_fused_elements
+        calls = []
+        for i, (ln, operands) in enumerate(self.launches):  # every check before any launch
+            if smallest and math.prod(ln.attrs.shape) < smallest:
+                return None
+            if ln.empty:
+                continue
+            addrs = [bindings[n].data_address for n in operands]
+            last = self.pointers[i]
+            if last[0] == addrs:
+                calls.append((ln, last[1]))
+                continue
+            try:
+                _check_overlap(ln, addrs[len(ln.small):-1], addrs[-1])
+            except Unsupported:
+                return None
+            ptrs = ln.ptrs(*addrs)
+            self.pointers[i] = (addrs, ptrs)
+            calls.append((ln, ptrs))
+        for ln, ptrs in calls:
+            if ln.fn(ln.ndim, ln.shape, ln.strides, render.BLOCK, team.runner(), ln.tab, ptrs):
+                raise MemoryError("native kernel: cannot allocate the per-channel scratch")
+        return {v.name: bindings[operands[-1]].view()
+                for v, (_, operands) in zip(self.graph.outputs, self.launches)}
+
+
 class NativeBackend(NumpyBackend):
     """NumpyBackend with FusedElementwise lowered to compiled C; ``fallbacks`` counts the fused
     nodes that ran on numpy, by reason. FusedReduce kernels smaller than ``min_elements`` and
@@ -269,6 +358,9 @@ class NativeBackend(NumpyBackend):
     min_elements = 4096
     min_fused_elements = 0
     lowerings = NATIVE_LOWERINGS
+
+    def compile(self, graph: Graph, memory_plan: MemoryPlan, platform: Platform) -> NativeExecutable:
+        return NativeExecutable(self, graph, memory_plan, platform, self.lowerings)
 
     def __init__(self) -> None:
         self.fallbacks: Counter[str] = Counter()

@@ -1,17 +1,21 @@
 """The executor cache: phase 1 with the same argument metadata reuses the compiled program.
 
-The key holds, per argument, the tensor metadata (shape, strides, dtype, format, writable) or
-None for a NULL, scalars by value, the aliasing pattern of the arguments, the platform and the
-opt level — everything phase 1 depends on except data pointers. Bounded (LRU, 256 entries by
+The key holds, per argument, the tensor metadata (shape, strides, dtype, format, as the
+tensor's interned :attr:`~opgraph.core.tensor.Tensor.signature_id`) or None for a NULL, scalars by value, which arguments are the same tensor, the platform and the
+opt level — everything phase 1 depends on except data pointers and whether the outputs are
+writable, which a hit checks (:meth:`CachedOp.writable`). Bounded (LRU, 256 entries by
 default; the least recently used entry is evicted) and thread-safe.
 
     >>> import numpy as np, opgraph
     >>> t = opgraph.tensor(np.zeros((2, 3), np.float32))
-    >>> cache_key("op", (t, None), opgraph.get_platform(), 2)[1]
-    (('T', ((2, 3), (3, 1), 0, 2), True), None)
+    >>> key = cache_key("op", (t, None, t, 0.5), opgraph.get_platform(), 2)
+    >>> key[3] == t.signature_id, key[4:]
+    (True, (None, ('=', 0), (<class 'float'>, 0.5, 1.0)))
 """
 from __future__ import annotations
 
+import math
+import operator
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -25,53 +29,74 @@ TensorMeta = Callable[[Tensor], Optional[Hashable]]
 
 
 def call_key(name: str, args: tuple, platform: Any, level: int, meta: TensorMeta) -> Optional[tuple]:
-    """``(name, per-argument metadata, aliasing, platform, level)`` with ``meta(tensor)`` for
-    each tensor (None from it, or an argument that is neither a tensor nor a number: no key)."""
-    metas: list[Optional[Hashable]] = []
-    first: dict[int, int] = {}
-    alias = []
+    """``(name, platform, level, one part per argument)``: ``meta(tensor)`` for a tensor's
+    first appearance, ``("=", i)`` for a tensor that is also argument ``i``, None for a NULL, a
+    number by type and value (a float with its sign, so -0.0 is not 0.0). None when ``meta``
+    gives None or an argument is neither a tensor nor a number (no key)."""
+    parts: list[Any] = [name, platform, level]
+    seen: dict[int, int] = {}
     for i, a in enumerate(args):
         if a is None:
-            metas.append(None)
-            alias.append(i)
-            continue
-        if isinstance(a, Tensor):
+            parts.append(None)
+        elif isinstance(a, Tensor):
+            j = seen.setdefault(id(a), i)
+            if j != i:
+                parts.append(("=", j))
+                continue
             m = meta(a)
             if m is None:
                 return None
-            metas.append(m)
+            parts.append(m)
+        elif type(a) is float:
+            parts.append((float, a, math.copysign(1.0, a)))
         elif isinstance(a, (int, float, bool)):
-            metas.append(("V", type(a).__name__, a))
+            parts.append((type(a), a))
         else:
             return None  # uncacheable argument
-        alias.append(first.setdefault(id(a), i))
-    return (name, tuple(metas), tuple(alias), platform, level)
-
-
-def _exact(t: Tensor) -> Hashable:
-    # writability is part of it: phase 1 rejects an output it could not write
-    return ("T", t.signature, t.storage.flags.writeable and not t.copied)
+    return tuple(parts)
 
 
 def cache_key(name: str, args: tuple, platform: Any, level: int) -> Optional[tuple]:
-    """The cache key, or None when an argument cannot be keyed (then nothing is cached)."""
-    return call_key(name, args, platform, level, _exact)
+    """The cache key, or None when an argument cannot be keyed (then nothing is cached). A
+    tensor is keyed by its signature's id; whether an output is writable is checked on a hit
+    (:meth:`CachedOp.writable`), not keyed."""
+    return call_key(name, args, platform, level, _SIGNATURE_ID)
+
+
+_SIGNATURE_ID = operator.attrgetter("signature_id")
+
+
+def written_inputs(graph: Any) -> list[str]:
+    """Names of the graph inputs (user tensors) some node writes: the op_api's outputs."""
+    written = {n.inputs[k].name for n in graph.nodes for k in n.opdef.written(n)}
+    return [v.name for v in graph.inputs if v.name in written]
 
 
 @dataclass(frozen=True)
 class CachedOp:
-    """What a cache hit reuses: the compiled program and which argument position binds each
-    graph input."""
+    """What a cache hit reuses: the compiled program, which argument position binds each
+    graph input, and the positions of the arguments it writes."""
 
     program: CompiledProgram
     positions: tuple[tuple[str, int], ...]
+    written: tuple[int, ...] = ()
 
     @classmethod
     def of(cls, ex: Executor, args: tuple) -> "CachedOp":
         pos = tuple((name, next(i for i, a in enumerate(args) if a is t))
                     for name, t in ex.bindings.items())
         assert ex.program is not None
-        return cls(ex.program, pos)
+        outs = set(written_inputs(ex.graph))
+        return cls(ex.program, pos, tuple(i for name, i in pos if name in outs))
+
+    def writable(self, args: tuple) -> bool:
+        """Whether phase 2 can write every output among ``args`` where the caller sees it
+        (if not, phase 1 records the call, which rejects it naming the output)."""
+        for i in self.written:
+            t = args[i]
+            if t.copied or not t.storage.flags.writeable:
+                return False
+        return True
 
     def instantiate(self, args: tuple) -> Executor:
         """A fresh single-use executor over the shared program, bound to ``args``."""

@@ -64,11 +64,11 @@ def _probe_tensor(t: Tensor, dims: tuple[int, ...], primes: tuple[int, ...]) -> 
 class Template:
     """A structure's probe graphs and the monomial of every size they hold."""
 
-    def __init__(self, probe: Executor, primes: tuple[int, ...], positions: tuple):
+    def __init__(self, probe: Executor, primes: tuple[int, ...], binding: CachedOp):
         assert probe.program is not None
         self.recorded, self.compiled = probe.graph, probe.program.compiled
         self.level, self.platform = probe.program.opt_level, probe.platform
-        self.positions = positions
+        self.positions, self.written = binding.positions, binding.written  # argument positions
         numbers = set(graph_numbers(self.recorded)) | set(graph_numbers(self.compiled))
         ints = {v for v in numbers if type(v) is int}
         ints |= {round(1 / v) for v in numbers if type(v) is float and 0 < v < 1}  # 1/n scales
@@ -91,7 +91,7 @@ class Template:
         recorded = (compiled if self.compiled is self.recorded
                     else (lambda: self.resize_recorded(f, check=False)))
         return CachedOp(CompiledProgram(recorded, compiled, plan_memory(compiled), self.level,
-                                        self.platform), self.positions)
+                                        self.platform), self.positions, self.written)
 
     def reproduces(self, ex: Executor, dims: tuple[int, ...]) -> bool:
         """Whether the template at ``dims`` gives exactly ``ex``'s recorded and compiled graphs."""
@@ -118,7 +118,7 @@ def build_template(record: Callable[[tuple], "Executor | None"], args: tuple,
         probe = record(tuple(probe_args))
         if probe is None:
             return None
-        template = Template(probe, primes, CachedOp.of(probe, tuple(probe_args)).positions)
+        template = Template(probe, primes, CachedOp.of(probe, tuple(probe_args)))
         return template if template.reproduces(ex, dims) else None
     except Exception:  # a structure the probe cannot stand for is simply not templated
         return None

@@ -31,8 +31,8 @@ from typing import Any, Callable, Concatenate, Optional, ParamSpec, Sequence
 import numpy as np
 
 from opgraph.core import capturing
-from opgraph.core.backend import BackendUnavailable
-from opgraph.core.config import current_backend, get_opt_level
+from opgraph.core.backend import BackendUnavailable, made
+from opgraph.core.config import current_backend, current_backend_ref, get_opt_level
 from opgraph.core.executor import CompiledProgram, Executor
 from opgraph.core.memory import plan_memory
 from opgraph.core.opapi import OpApiSpec, Param, register_op_api
@@ -42,7 +42,7 @@ from opgraph.core.status import AclnnError, Status
 from opgraph.core.tensor import Tensor
 from opgraph.core.types import RecordedCall
 from opgraph.passes import optimize
-from .cache import EXECUTOR_CACHE, CachedOp, cache_key
+from .cache import EXECUTOR_CACHE, CachedOp, cache_key, written_inputs
 from .structure import STRUCTURE_CACHE, UNTEMPLATED, Template, build_template, structure_key
 
 P = ParamSpec("P")
@@ -77,12 +77,6 @@ def check_not_null(**tensors: Any) -> None:
     for name, t in tensors.items():
         if t is None:
             raise AclnnError(Status.ACLNN_ERR_PARAM_NULLPTR, f"{name}: must not be NULL")
-
-
-def written_inputs(graph: Any) -> list[str]:
-    """Names of the graph inputs (user tensors) some node writes: the op_api's outputs."""
-    written = {n.inputs[k].name for n in graph.nodes for k in n.opdef.written(n)}
-    return [v.name for v in graph.inputs if v.name in written]
 
 
 def unwritable_reason(t: Tensor) -> "str | None":
@@ -177,15 +171,15 @@ def op_api(name: str, *, params: Sequence[Param], **spec: Any
                              f"{[p.name for p in params]}")
 
         def get_workspace_size(*args: Any) -> Phase1:
+            platform, level = get_platform(), get_opt_level()
+            key = cache_key(name, args, platform, level)
+            hit = EXECUTOR_CACHE.get(key) if key is not None else None
+            if hit is not None and hit.writable(args):  # the key fixes every argument's kind
+                return succeed(), hit.program.workspace_size, _captured(hit.instantiate(args), args)
             try:
                 _check_kinds(params, args)
             except AclnnError as e:
                 return fail(e.status, e.message), 0, None
-            platform, level = get_platform(), get_opt_level()
-            key = cache_key(name, args, platform, level)
-            hit = EXECUTOR_CACHE.get(key) if key is not None else None
-            if hit is not None:
-                return succeed(), hit.program.workspace_size, _captured(hit.instantiate(args), args)
             skey, dims = structure_key(name, args, platform, level)
             template = STRUCTURE_CACHE.get(skey) if skey is not None else None
             if isinstance(template, Template):  # a new shape of a known structure
@@ -273,24 +267,34 @@ def check_runnable(workspace: Any, workspace_size: Any, executor: Optional[Execu
 def run_executor(workspace: Any, workspace_size: int, executor: Optional[Executor],
                  stream: Any = None) -> Status:
     """Phase 2 (``CommonOpExecutorRun``): run the compiled program on the current backend, with
-    the caller's ``workspace`` as the arena the memory plan lays out."""
+    the caller's ``workspace`` as the arena the memory plan lays out. A backend that has built
+    this program's executable runs it without asking again whether it is available."""
     try:
         check_runnable(workspace, workspace_size, executor)
-        backend = current_backend()
+        assert executor is not None and executor.program is not None
+        program = executor.program
+        backend = made(current_backend_ref())
+        exe = program.built_executable(backend)
+        if exe is None:
+            backend = current_backend()
     except AclnnError as e:
         return fail(e.status, e.message)
     except BackendUnavailable as e:
         return fail(Status.ACLNN_ERR_RUNTIME_ERROR, str(e))
-    assert executor is not None and executor.program is not None
     executor.runs += 1
     recorder = capturing.active()
     if recorder is not None and recorder.on_phase2(executor):
         return succeed()  # deferred: the capture runs it as part of its program
-    if executor.program.compiled.nodes:
+    if program.compiled.nodes:
+        ws = None if not program.workspace_size else workspace
         try:
-            with np.errstate(all="ignore"):  # IEEE results are defined; the NPU does not warn
-                executor.program.executable(backend).run(
-                    executor.bindings, None if not executor.workspace_size else workspace)
+            if exe is None:
+                exe = program.executable(backend)
+            if exe.quiet:
+                exe.run(executor.bindings, ws)
+            else:
+                with np.errstate(all="ignore"):  # IEEE results are defined; the NPU does not warn
+                    exe.run(executor.bindings, ws)
         except Exception as e:  # a backend failure is a runtime error, never a raw traceback
             return fail(Status.ACLNN_ERR_RUNTIME_ERROR,
                         f"backend {backend.name!r} failed: {type(e).__name__}: {e}")

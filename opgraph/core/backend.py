@@ -46,7 +46,12 @@ class Executable:
     """A graph compiled by a backend. :meth:`run` binds graph input ``%name`` to
     ``bindings[name]`` (an :class:`opgraph.Tensor`), uses ``workspace`` (a writable buffer of at
     least the memory plan's size, or None when it is 0) as the arena for intermediates, and
-    writes the user tensors the graph writes."""
+    writes the user tensors the graph writes.
+
+    ``quiet`` is True when :meth:`run` keeps numpy's floating-point warnings off itself
+    (``np.errstate``, only where it runs numpy); otherwise phase 2 wraps the run in it."""
+
+    quiet = False
 
     def run(self, bindings: Mapping[str, Tensor], workspace: Any = None) -> Any:
         raise NotImplementedError
@@ -186,6 +191,13 @@ def get(name: Union[str, Backend]) -> Backend:
     if not ok:
         raise BackendUnavailable(f"backend {backend.name!r} is unavailable: {why}")
     return backend
+
+
+def made(ref: Union[str, Backend]) -> Optional[Backend]:
+    """The instance ``ref`` names if it has been made (``ref`` itself if it is a Backend), with
+    no availability check; None otherwise. Phase 2 uses it to find an executable it built
+    before (a backend that compiled a program can run it)."""
+    return ref if isinstance(ref, Backend) else _INSTANCES.get(ref)
 
 
 def status() -> dict[str, str]:

@@ -33,6 +33,11 @@ def get_backend_name() -> str:
     return ref if isinstance(ref, str) else ref.name
 
 
+def current_backend_ref() -> BackendRef:
+    """What phase 2 runs on, as set: a backend name or a Backend instance."""
+    return _backend.get()
+
+
 def current_backend() -> Backend:
     """The backend phase 2 runs on (BackendUnavailable if it cannot run here)."""
     return get(_backend.get())

@@ -72,6 +72,11 @@ class CompiledProgram:
                 self._executables[id(backend)] = hit
         return hit[1]
 
+    def built_executable(self, backend: Optional[Backend]) -> Optional[Executable]:
+        """``backend``'s executable if :meth:`executable` has built it, else None."""
+        hit = self._executables.get(id(backend))
+        return hit[1] if hit is not None and hit[0] is backend else None
+
     @property
     def kernel_count(self) -> int:
         """Kernels phase 2 launches (free nodes excluded)."""
@@ -138,6 +143,11 @@ class Executor:
 
     def output(self, *values: Value) -> None:
         self.graph.outputs = list(values)
+
+    def built_executable(self, backend: Optional[Backend]) -> Optional[Executable]:
+        """``backend``'s executable if :meth:`executable` has built it, else None."""
+        hit = self._executables.get(id(backend))
+        return hit[1] if hit is not None and hit[0] is backend else None
 
     @property
     def kernel_count(self) -> int:

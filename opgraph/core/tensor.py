@@ -17,6 +17,7 @@ Metadata is immutable after construction (so the bounds check made there stays t
 """
 from __future__ import annotations
 
+import itertools
 import math
 import operator
 from typing import Any, Sequence
@@ -85,7 +86,7 @@ class Tensor:
     """
 
     __slots__ = ("storage", "shape", "strides", "offset", "format", "storage_shape", "dtype",
-                 "copied", "_view", "_signature")
+                 "copied", "_view", "_signature", "_signature_id", "_address")
 
     def __init__(self, storage: np.ndarray, shape: Sequence[int], strides: Sequence[int],
                  offset: int = 0, format: "Format | str" = "ND",
@@ -183,7 +184,34 @@ class Tensor:
                                (self.shape, self.strides, int(self.dtype), int(self.format)))
             return self._signature
 
+    @property
+    def signature_id(self) -> int:
+        """A small int naming :attr:`signature` in this process (equal ints, equal signatures),
+        built once: phase 1's executor cache keys a tensor by it, so a cache probe hashes and
+        compares ints rather than nested tuples."""
+        try:
+            return self._signature_id
+        except AttributeError:
+            object.__setattr__(self, "_signature_id", _intern_signature(self.signature))
+            return self._signature_id
+
     # --- data -----------------------------------------------------------------------------
+    @property
+    def data_address(self) -> int:
+        """The address of the view's first element (``offset`` elements into ``storage``),
+        built once: a numpy array's buffer never moves, so compiled kernels can take it as is.
+
+        >>> a = np.zeros(4, np.float32); t = Tensor(a, (2,), (1,), offset=2)
+        >>> t.data_address - a.ctypes.data
+        8
+        """
+        try:
+            return self._address
+        except AttributeError:
+            base = self.storage.__array_interface__["data"][0]
+            object.__setattr__(self, "_address", base + self.offset * self.storage.itemsize)
+            return self._address
+
     def view(self) -> np.ndarray:
         """A live numpy view of the tensor (writes go to ``storage``); built once."""
         try:
@@ -207,6 +235,23 @@ class Tensor:
         return (f"Tensor({self.dtype.short}{list(self.shape)}, strides={list(self.strides)}, "
                 f"offset={self.offset}, format={self.format.name}"
                 f"{', copied' if self.copied else ''})")
+
+
+_SIGNATURE_IDS: dict[tuple, int] = {}
+_NEXT_ID = itertools.count(1)
+MAX_SIGNATURE_IDS = 1 << 16
+
+
+def _intern_signature(sig: tuple) -> int:
+    """The id of ``sig`` (a new one the first time). Ids are never reused, so two signatures
+    never share one; when the table is full it starts afresh (a signature seen before may then
+    get a second id, which only costs a cache miss)."""
+    got = _SIGNATURE_IDS.get(sig)
+    if got is None:
+        if len(_SIGNATURE_IDS) >= MAX_SIGNATURE_IDS:
+            _SIGNATURE_IDS.clear()
+        got = _SIGNATURE_IDS.setdefault(sig, next(_NEXT_ID))
+    return got
 
 
 def virtual_tensor(shape: Sequence[int], dtype: Any, format: "Format | str" = "ND",

@@ -1,0 +1,119 @@
+"""The native backend's direct launch (a cached program whose nodes are all stores of fused
+kernels over the caller's tensors runs them from the tensors' addresses) and the phase-1 key it
+sits behind: results stay bit-identical to the numpy backend, and every case the direct launch
+cannot take (an overlap, a size threshold, a first run) goes the node-by-node way."""
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+
+import opgraph
+import reference as R
+from backends import native
+from opgraph import aclnn
+from opgraph.aclnn.cache import EXECUTOR_CACHE, cache_key
+from opgraph.core import backend as backend_registry
+
+pytestmark = pytest.mark.skipif(not native.available(), reason=native.availability()[1])
+SHAPE = (2, 3, 4)
+
+
+def numpy_result(case: R.Case) -> np.ndarray:
+    with opgraph.use_backend("numpy"), opgraph.opt_level(2):
+        return R.compute(case)
+
+
+def executable_of(ex) -> native.NativeExecutable:
+    exe = ex.program.built_executable(backend_registry.get("native"))
+    assert isinstance(exe, native.NativeExecutable)
+    return exe
+
+
+@pytest.mark.parametrize("dtype", [R.F32, R.F16, R.BF16], ids=["f32", "f16", "bf16"])
+def test_repeated_calls_with_new_tensors_match_numpy(dtype):
+    """Each call gets new tensors (new data, new addresses) over the same cached program."""
+    EXECUTOR_CACHE.clear()
+    with opgraph.use_backend("native"), opgraph.opt_level(2):
+        for seed in range(4):
+            case = R.make_case(SHAPE, dtype, seed=seed)
+            out = np.zeros(SHAPE, case.out_dtype)
+            _, _, ex, _ = R.run_op(R.to_tensors(case), opgraph.tensor(out))
+            R.assert_bits_equal(out, numpy_result(case))
+    assert executable_of(ex).launches is not None  # the later calls took the direct launch
+
+
+def test_same_tensors_new_data_is_read_afresh():
+    """The pointer memo keeps addresses, not values: new data in the same buffers is read."""
+    case = R.make_case(SHAPE, R.F32, seed=1)
+    tensors, out = R.to_tensors(case), np.zeros(SHAPE, np.float32)
+    out_t = opgraph.tensor(out)
+    with opgraph.use_backend("native"), opgraph.opt_level(2):
+        for step in range(3):
+            tensors[0].view()[...] = np.float32(step + 1) * case.gradOut
+            R.run_op(tensors, out_t)
+            R.assert_bits_equal(out, numpy_result(case.with_(gradOut=tensors[0].view().copy())))
+
+
+def test_output_overlapping_an_input_takes_the_numpy_path():
+    """gradInput one element into gradOut's buffer: the kernel must not run over it."""
+    case = R.make_case(SHAPE, R.F32, seed=2)
+    n = int(np.prod(SHAPE))
+
+    def run(backend: str) -> np.ndarray:
+        buf = np.zeros(n + 1, np.float32)
+        buf[:n] = case.gradOut.reshape(-1)
+        tensors = R.to_tensors(case)
+        tensors[0] = opgraph.Tensor(buf, SHAPE, (12, 4, 1))
+        out_t = opgraph.Tensor(buf, SHAPE, (12, 4, 1), offset=1)
+        with opgraph.use_backend(backend), opgraph.opt_level(2):
+            R.run_op(R.to_tensors(case), opgraph.tensor(np.zeros(SHAPE, np.float32)))  # warm
+            R.run_op(R.to_tensors(case), opgraph.tensor(np.zeros(SHAPE, np.float32)))
+            R.run_op(tensors, out_t)
+        return buf
+    R.assert_bits_equal(run("native"), run("numpy"))
+
+
+def test_threshold_set_later_is_honoured(monkeypatch):
+    case = R.make_case(SHAPE, R.F32, seed=4)
+    b = backend_registry.get("native")
+    with opgraph.use_backend("native"), opgraph.opt_level(2):
+        for _ in range(2):
+            R.compute(case)
+        monkeypatch.setattr(native.NativeBackend, "min_fused_elements", 4096)
+        before = b.small
+        R.assert_bits_equal(R.compute(case), numpy_result(case))
+    assert b.small == before + 1
+
+
+def test_cached_phase1_rechecks_the_output_is_writable():
+    """Writability is not in the executor cache's key: a hit checks it, and a read-only
+    output gets phase 1's own error naming it."""
+    case = R.make_case(SHAPE, R.F32, seed=5)
+    out = np.zeros(SHAPE, np.float32)
+    tensors, out_t = R.to_tensors(case), opgraph.tensor(out)
+    R.run_op(tensors, out_t)
+    out_t.storage.flags.writeable = False
+    st, _, ex = aclnn.aclnnBatchNormElemtBackwardGetWorkspaceSize(*tensors, out_t)
+    assert st == opgraph.Status.ACLNN_ERR_PARAM_INVALID and ex is None
+    assert "gradInput: storage is read-only" in aclnn.aclGetRecentErrMsg()
+    out_t.storage.flags.writeable = True
+    assert R.run_op(tensors, out_t)[0] == 0
+
+
+def test_key_tells_signed_zeros_and_number_types_apart():
+    t = opgraph.tensor(np.zeros(3, np.float32))
+    keys = {cache_key("op", (t, v), "p", 2) for v in (0.0, -0.0, 0, False)}
+    assert len(keys) == 4
+    assert cache_key("op", (t, t), "p", 2) != cache_key("op", (t, opgraph.tensor(np.zeros(3, np.float32))), "p", 2)
+    assert cache_key("op", (t, object()), "p", 2) is None
+
+
+def test_signature_ids_stay_distinct_when_the_table_starts_afresh(monkeypatch):
+    monkeypatch.setattr(sys.modules["opgraph.core.tensor"], "MAX_SIGNATURE_IDS", 3)
+    tensors = [opgraph.tensor(np.zeros(n, np.float32)) for n in range(1, 9)]
+    ids = [t.signature_id for t in tensors]
+    assert len(set(ids)) == len(ids)
+    again = opgraph.tensor(np.zeros(8, np.float32))
+    assert again.signature_id == ids[-1]  # the newest entries are still in the table
