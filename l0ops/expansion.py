@@ -69,6 +69,27 @@ def reduces_live_data(body: Body, in_types: Sequence[TensorType]) -> bool:
     return any(ins.op == "sum" and ins.shape is not None for ins in body)
 
 
+_ARRAY_TYPES: dict[tuple, TensorType] = {}
+
+
+def array_types(arrays: Sequence[np.ndarray]) -> list[TensorType]:
+    """The TensorType of each array (shape and dtype), made once per (dtype, shape).
+
+    >>> [str(t) for t in array_types([np.zeros((2, 3), np.float16)])]
+    ['f16[2,3]']
+    """
+    out = []
+    for a in arrays:
+        key = (a.dtype, a.shape)
+        t = _ARRAY_TYPES.get(key)
+        if t is None:
+            if len(_ARRAY_TYPES) >= 4096:
+                _ARRAY_TYPES.clear()
+            t = _ARRAY_TYPES[key] = TensorType(a.shape, dtype_of(a.dtype))
+        out.append(t)
+    return out
+
+
 def evaluate_body(body: Body, results: Sequence[str], inputs: Sequence[np.ndarray],
                   in_types: Sequence[TensorType]) -> list[np.ndarray]:
     """Run ``body`` on whole arrays in order; returns the result registers as arrays of their
@@ -82,11 +103,12 @@ def evaluate_body(body: Body, results: Sequence[str], inputs: Sequence[np.ndarra
     for name, fn, args in _compiled(body, in_types, types):
         regs[name] = fn(*[regs[r] for r in args])
     out = []
-    for r in results:
+    for r in results:  # new arrays: a register may view an input
         d, shape = types[r]
         v = regs[r]
-        out.append(np.array(np.broadcast_to(cast_array(v.astype(d.np) if v.dtype != d.np else v, d),
-                                            shape)))
+        if v.dtype != d.np:
+            v = cast_array(v.astype(d.np), d)
+        out.append(np.array(v) if v.shape == shape else np.array(np.broadcast_to(v, shape)))
     return out
 
 
@@ -106,7 +128,7 @@ def expansion_compute(expand: ExpandFn) -> Callable[[list, OpAttrs], list]:
     outputs have the types of the result registers (the graph was type-checked when built)."""
     def compute(xs: list, attrs: OpAttrs) -> list:
         arrays = [np.asarray(x) for x in xs]
-        in_types = [TensorType(a.shape, dtype_of(a.dtype)) for a in arrays]
+        in_types = array_types(arrays)
         body, results = expand_body(expand, attrs, in_types)
         if len(results) == 1 and not reduces_live_data(body, in_types):
             res = results[0]

@@ -20,11 +20,10 @@ import math
 
 import numpy as np
 
-from opgraph.core.dtypes import dtype_of
 from opgraph.core.opdef import Fidelity, OpAttrs, require
 from opgraph.core.types import TensorType, broadcast_shape
 from .define import define_op
-from .expansion import evaluate_body
+from .expansion import array_types, evaluate_body
 from .primitives import Instr, body_types
 
 __all__ = ["FusedReduce", "FusedReduceAttrs", "Instr"]
@@ -62,8 +61,7 @@ def _as_output(v: np.ndarray, shape) -> np.ndarray:
 
 
 def _compute(xs, a: FusedReduceAttrs):
-    types = [TensorType(x.shape, dtype_of(x.dtype)) for x in xs]
-    values = evaluate_body(a.body, a.results, xs, types)
+    values = evaluate_body(a.body, a.results, xs, array_types(xs))
     return [_as_output(v, shape) for v, shape in zip(values, a.out_shapes)]
 
 
