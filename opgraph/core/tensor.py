@@ -130,17 +130,20 @@ class Tensor:
         """A tensor without the checks of ``__init__``, for :func:`tensor`, whose numpy array
         guarantees them (flat contiguous storage, Python-int shape/strides >= 0 in bounds,
         offset 0), with ``view`` (the array itself, as a new view object) as its live view."""
+        dtype = _DTYPES.get(storage.dtype)
+        if dtype is None:  # (a dict of numpy dtypes seen so far: dtype_of costs more)
+            dtype = _DTYPES.setdefault(storage.dtype, dtype_of(storage.dtype))
         t = object.__new__(cls)
-        put = object.__setattr__  # the slots one by one: __setattr__ refuses (immutability)
-        put(t, "storage", storage)
-        put(t, "dtype", dtype_of(storage.dtype))
-        put(t, "shape", shape)
-        put(t, "strides", strides)
-        put(t, "offset", 0)
-        put(t, "format", fmt)
-        put(t, "storage_shape", storage_shape)
-        put(t, "copied", copied)
-        put(t, "_view", view)
+        # the slots' own setters: __setattr__ refuses (immutability), and these are the cheapest
+        _SET_STORAGE(t, storage)
+        _SET_DTYPE(t, dtype)
+        _SET_SHAPE(t, shape)
+        _SET_STRIDES(t, strides)
+        _SET_OFFSET(t, 0)
+        _SET_FORMAT(t, fmt)
+        _SET_STORAGE_SHAPE(t, storage_shape)
+        _SET_COPIED(t, copied)
+        _SET_VIEW(t, view)
         return t
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -180,9 +183,9 @@ class Tensor:
         try:
             return self._signature
         except AttributeError:
-            object.__setattr__(self, "_signature",
-                               (self.shape, self.strides, int(self.dtype), int(self.format)))
-            return self._signature
+            sig = (self.shape, self.strides, int(self.dtype), int(self.format))
+            _SET_SIGNATURE(self, sig)
+            return sig
 
     @property
     def signature_id(self) -> int:
@@ -192,10 +195,10 @@ class Tensor:
         try:
             return self._signature_id
         except AttributeError:
-            object.__setattr__(self, "_signature_id", _intern_signature(self.signature))
-            return self._signature_id
+            sid = _intern_signature((self.shape, self.strides, int(self.dtype), int(self.format)))
+            _SET_SIGNATURE_ID(self, sid)
+            return sid
 
-    # --- data -----------------------------------------------------------------------------
     @property
     def data_address(self) -> int:
         """The address of the view's first element (``offset`` elements into ``storage``),
@@ -237,7 +240,26 @@ class Tensor:
                 f"{', copied' if self.copied else ''})")
 
 
+(_SET_STORAGE, _SET_DTYPE, _SET_SHAPE, _SET_STRIDES, _SET_OFFSET, _SET_FORMAT, _SET_STORAGE_SHAPE,
+ _SET_COPIED, _SET_VIEW, _SET_SIGNATURE, _SET_SIGNATURE_ID) = (Tensor.__dict__[name].__set__ for name in (
+    "storage", "dtype", "shape", "strides", "offset", "format", "storage_shape", "copied", "_view",
+    "_signature", "_signature_id"))
+_DTYPES: dict[np.dtype, DataType] = {}
+_ROW_MAJOR: dict[tuple[int, ...], tuple[int, ...]] = {}
+
+
+def _row_major(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """:func:`row_major_strides` of a tuple of ints, remembered per shape."""
+    got = _ROW_MAJOR.get(shape)
+    if got is None:
+        if len(_ROW_MAJOR) >= 4096:
+            _ROW_MAJOR.clear()
+        got = _ROW_MAJOR[shape] = row_major_strides(shape)
+    return got
+
+
 _SIGNATURE_IDS: dict[tuple, int] = {}
+_CONTIGUOUS_IDS: dict[tuple, int] = {}  # (numpy dtype, shape) of a C-contiguous ND tensor -> id
 _NEXT_ID = itertools.count(1)
 MAX_SIGNATURE_IDS = 1 << 16
 
@@ -343,6 +365,20 @@ def tensor(array: "np.ndarray | Sequence", format: "Format | str" = "ND", dtype:
     >>> tensor(np.zeros(4, np.float32)[::-1]).copied
     True
     """
+    if type(array) is np.ndarray and dtype is None and format == "ND":  # the hot path
+        a = array
+        if a.flags.c_contiguous and 0 < a.ndim <= MAX_RANK and a.size:
+            t = Tensor._unchecked(a.reshape(-1), a.shape, _row_major(a.shape), Format.ND,
+                                  a.shape, False, a.view())
+            key = (a.dtype, a.shape)  # the signature follows from these: its id, remembered
+            sid = _CONTIGUOUS_IDS.get(key)
+            if sid is None:
+                if len(_CONTIGUOUS_IDS) >= MAX_SIGNATURE_IDS:
+                    _CONTIGUOUS_IDS.clear()
+                _CONTIGUOUS_IDS[key] = t.signature_id
+            else:
+                _SET_SIGNATURE_ID(t, sid)
+            return t
     if not isinstance(array, np.ndarray) and hasattr(array, "__dlpack__"):
         array = foreign_array(array)
     a = np.asarray(array, dtype=None if dtype is None else dtype_of(dtype).np)
@@ -363,9 +399,9 @@ def tensor(array: "np.ndarray | Sequence", format: "Format | str" = "ND", dtype:
         raise ValueError(f"shape {a.shape} has rank {a.ndim} > {MAX_RANK}")
     fmt = Format.ND if format == "ND" else format_of(format)
     strides = tuple(s // item for s in a.strides)
-    if flags.c_contiguous:  # the hot path: a flat view, no as_strided, row-major strides
+    if flags.c_contiguous:  # a flat view, no as_strided, row-major strides
         if 1 in a.shape:  # numpy may give a size-1 dim any stride, even a negative one
-            strides = row_major_strides(a.shape)
+            strides = _row_major(a.shape)
         return Tensor._unchecked(a.reshape(-1), a.shape, strides, fmt, a.shape, copied, a.view())
     span = 1 + sum((n - 1) * s for n, s in zip(a.shape, strides))
     storage = np.lib.stride_tricks.as_strided(a, shape=(span,), strides=(item,),
