@@ -38,7 +38,7 @@ from opgraph.aclnn import aclnnBatchNormElemtBackward as phase2
 from opgraph.aclnn import aclnnBatchNormElemtBackwardGetWorkspaceSize as phase1
 from opgraph.aclnn.cache import EXECUTOR_CACHE
 from opgraph.aclnn.structure import STRUCTURE_CACHE
-from bench_common import c_floor_variant, on_huge_pages, steady_time
+from bench_common import backends_here, c_floor_variant, on_huge_pages, steady_time
 
 DTYPES = {"fp32": np.float32, "fp16": np.float16, "bf16": ml_dtypes.bfloat16}
 SHAPES = [(1, 2, 4), (8, 64, 28, 28), (32, 64, 56, 56)]
@@ -176,38 +176,40 @@ def bench_shape(shape, dname, reps: int, only: "set[str] | None" = None) -> None
 
 
 def bench_latency(reps: int) -> None:
-    """Per-call time at the small shape: the first call of a structure (record, passes, plan,
-    and the structure cache's probe recording), a new shape of that structure (a structure-cache
-    hit: no recording, no passes) and a repeated call (an executor-cache hit)."""
+    """Per-call time at the small shape, per backend: the first call of a structure (record,
+    passes, plan, and the structure cache's probe recording), a new shape of that structure (a
+    structure-cache hit: no recording, no passes) and a repeated call (an executor-cache hit)."""
     shapes = [(n, 2, 4) for n in range(1, reps + 2)]  # one structure, reps + 1 sizes
     cases = []
     for shape in shapes:
         arrays, out = make_inputs(shape, np.float32)
         cases.append(([opgraph.tensor(a) for a in arrays], opgraph.tensor(out)))
     print("\nper-call latency, shape [n,2,4] fp32 (phase 1 + phase 2), medians:")
-    for level in (0, 1, 2):
-        with opgraph.opt_level(level):
-            def call(i: int) -> None:
-                st, ws, ex = phase1(*cases[i][0], cases[i][1])
-                phase2(bytearray(ws) if ws else None, ws, ex)
-            first, new, cached = [], [], []
-            for _ in range(reps):
-                EXECUTOR_CACHE.clear()
-                STRUCTURE_CACHE.clear()
-                t0 = time.perf_counter()
-                call(0)
-                first.append(time.perf_counter() - t0)
-            for i in range(1, len(cases)):  # the structure is known, the size is not
-                t0 = time.perf_counter()
-                call(i)
-                new.append(time.perf_counter() - t0)
-            for _ in range(reps * 5):
-                t0 = time.perf_counter()
-                call(0)
-                cached.append(time.perf_counter() - t0)
-        print(f"  level {level}: first of its structure {statistics.median(first) * 1e6:8.1f} µs   "
-              f"new shape {statistics.median(new) * 1e6:7.1f} µs   "
-              f"cached {statistics.median(cached) * 1e6:7.1f} µs  (shape [1,2,4])")
+    for backend in backends_here():
+        for level in (0, 1, 2):
+            with opgraph.opt_level(level), opgraph.use_backend(backend):
+                def call(i: int) -> None:
+                    st, ws, ex = phase1(*cases[i][0], cases[i][1])
+                    phase2(bytearray(ws) if ws else None, ws, ex)
+                first, new, cached = [], [], []
+                for _ in range(reps):
+                    EXECUTOR_CACHE.clear()
+                    STRUCTURE_CACHE.clear()
+                    t0 = time.perf_counter()
+                    call(0)
+                    first.append(time.perf_counter() - t0)
+                for i in range(1, len(cases)):  # the structure is known, the size is not
+                    t0 = time.perf_counter()
+                    call(i)
+                    new.append(time.perf_counter() - t0)
+                for _ in range(reps * 5):
+                    t0 = time.perf_counter()
+                    call(0)
+                    cached.append(time.perf_counter() - t0)
+            print(f"  {backend:6s} level {level}: first of its structure "
+                  f"{statistics.median(first) * 1e6:8.1f} µs   new shape "
+                  f"{statistics.median(new) * 1e6:7.1f} µs   cached "
+                  f"{statistics.median(cached) * 1e6:7.1f} µs  (shape [1,2,4])")
 
 
 def _cpu_name() -> str:

@@ -26,7 +26,7 @@ from .define import define_op
 from .expansion import array_types, evaluate_body
 from .primitives import Instr, body_types
 
-__all__ = ["FusedReduce", "FusedReduceAttrs", "Instr"]
+__all__ = ["FusedReduce", "FusedReduceAttrs", "Instr", "as_output"]
 
 
 class FusedReduceAttrs(OpAttrs):
@@ -55,14 +55,14 @@ def _broadcasts(src, shape) -> bool:
         return False
 
 
-def _as_output(v: np.ndarray, shape) -> np.ndarray:
+def as_output(v: np.ndarray, shape) -> np.ndarray:
     """A result register as its output: reshaped (a view of [1,C,1,1] as [C]) or broadcast."""
     return v.reshape(shape) if v.size == math.prod(shape) else np.array(np.broadcast_to(v, shape))
 
 
 def _compute(xs, a: FusedReduceAttrs):
     values = evaluate_body(a.body, a.results, xs, array_types(xs))
-    return [_as_output(v, shape) for v, shape in zip(values, a.out_shapes)]
+    return [as_output(v, shape) for v, shape in zip(values, a.out_shapes)]
 
 
 def _inline(emit, args, a: FusedReduceAttrs, ts):

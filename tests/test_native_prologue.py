@@ -1,5 +1,5 @@
 """The native backend's C prologue (the hoisted per-channel part of a fused body): bit-identical
-to the numpy interpreter (:func:`l0ops.interpreter.run_fused`) for casts, rounding arithmetic,
+to the numpy interpreter (:func:`l0ops.interpreter.run_fused`) for casts, rounding arithmetic, sqrt,
 fill, view and ordered sums (several blocks, keepdims, NaN/Inf/-0.0), int32/int64 counters,
 strided per-channel inputs and per-channel data larger than the on-stack scratch; bodies it does
 not cover fall back to numpy hoisting with the same bits; a new size reuses the compiled code."""
@@ -100,9 +100,21 @@ def test_strided_and_large_per_channel_inputs():
 
 
 def test_unsupported_prologue_falls_back_to_numpy_hoisting():
-    body = (I("sqrt", "in0"), I("view", "t0", shape=(3, 1)), I("mul", "in1", "t1"))
+    body = (I("max", "in0", "in0"), I("view", "t0", shape=(3, 1)), I("mul", "in1", "t1"))
     a = FusedAttrs(shape=(3, 40), body=body, result="t2", out_dtype=D.FLOAT)
     check(a, [np.float32([1, 2, 3]), np.ones((3, 40), np.float32)], fused=False)
+
+
+@pytest.mark.parametrize("dt", [D.FLOAT, D.FLOAT16, D.BF16])
+def test_sqrt_in_the_prologue(dt):
+    """Correctly rounded, then rounded to the register's dtype; NaN (of -1), -0.0, 0, Inf and
+    subnormals keep numpy's bits."""
+    with np.errstate(all="ignore"):
+        special = np.float32([-1, -0.0, 0, np.inf, 1e-45, 2, 3, 1e30, 0.1]).astype(NP[dt])
+        body = (I("sqrt", "in0", dtype=dt), I("view", "t0", dtype=dt, shape=(special.size, 1)),
+                I("mul", "in1", "t1", dtype=dt))
+        a = FusedAttrs(shape=(special.size, 40), body=body, result="t2", out_dtype=dt)
+        check(a, [special, np.ones((special.size, 40), NP[dt])])
 
 
 def test_new_size_reuses_the_compiled_code():

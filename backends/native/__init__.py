@@ -38,9 +38,10 @@ from opgraph.core.platform import Platform
 from opgraph.core.tensor import Tensor
 from ..numpy_backend import NUMPY_LOWERINGS, NumpyBackend, NumpyExecutable
 from . import build, render, team
-from .build import NativeBuildError, availability
+from .build import NativeBuildError, address, availability
 from .prologue import Prologue, render_fused
 from .reduce import run_fused_reduce_native
+from .small import run_small_reduce_native
 from .render import Unsupported
 
 _ARGTYPES = [ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
@@ -199,8 +200,8 @@ def run_fused_native(a: FusedAttrs, inputs: Sequence[np.ndarray],
     hv = [_as_f32(h.values[r]) for r in ln.hoisted]
     if tuple(v.strides for v in hv) != ln.h_strides:  # not seen so far; prepared afresh
         ln = _Launch(a, h, inputs, out, use_prologue=False)
-    read = [inputs[k].ctypes.data for k in ln.big] + [v.ctypes.data for v in hv]
-    o = out.ctypes.data
+    read = [address(inputs[k]) for k in ln.big] + [address(v) for v in hv]
+    o = address(out)
     _check_overlap(ln, read, o)
     ln.fn(ln.ndim, ln.shape, ln.ptrs(*read, o), ln.strides, render.BLOCK, team.runner())
     return out
@@ -218,7 +219,7 @@ def _check_overlap(ln: _Launch, read: Sequence[int], o: int) -> None:
 def _fused_pointers(ln: _Launch, arrays: Sequence[np.ndarray]) -> Any:
     """The pointer array of a fused call (per-channel inputs, big inputs, output), checked for
     overlap and remembered on ``ln`` with weak references to ``arrays``."""
-    addrs = [x.ctypes.data for x in arrays]
+    addrs = [address(x) for x in arrays]
     nb = len(ln.big)
     _check_overlap(ln, addrs[-1 - nb:-1], addrs[-1])
     ptrs = ln.ptrs(*addrs)
@@ -246,11 +247,16 @@ def _lower_fused(exe: Any, node: Any, args: list) -> list:
 
 
 def _lower_reduce(exe: Any, node: Any, args: list) -> list:
-    """FusedReduce with its reductions in C; bodies the C pass does not cover run on numpy."""
+    """FusedReduce with its reductions in C; bodies the C pass does not cover run on numpy.
+    Below ``min_elements`` the whole body is one serial C call (:mod:`.small`) when the
+    prologue renderer covers it, else numpy."""
     backend: NativeBackend = exe.backend
     if sum(np.asarray(x).size for x in args) < backend.min_elements:
-        backend.small += 1
-        return node.opdef.compute(args, node.attrs)
+        try:
+            return run_small_reduce_native(node.attrs, args)
+        except Unsupported:
+            backend.small += 1
+            return node.opdef.compute(args, node.attrs)
     try:
         return run_fused_reduce_native(node.attrs, args)
     except Unsupported as e:
@@ -349,9 +355,10 @@ class NativeExecutable(NumpyExecutable):
 
 class NativeBackend(NumpyBackend):
     """NumpyBackend with FusedElementwise lowered to compiled C; ``fallbacks`` counts the fused
-    nodes that ran on numpy, by reason. FusedReduce kernels smaller than ``min_elements`` and
-    FusedElementwise kernels smaller than ``min_fused_elements`` run on numpy (the same bits) and
-    are counted in ``small``. A FusedElementwise call is cheaper in C at any size (its launch is
+    nodes that ran on numpy, by reason. FusedReduce kernels smaller than ``min_elements`` run as
+    one serial C call, or on numpy when the prologue renderer does not cover their body;
+    those and FusedElementwise kernels smaller than ``min_fused_elements`` run on numpy (the
+    same bits) and are counted in ``small``. A FusedElementwise call is cheaper in C at any size (its launch is
     cached and its per-channel part runs in C too), hence 0."""
 
     name = "native"

@@ -5,8 +5,8 @@ kernel: phase 2 on the native backend then makes one C call and no numpy calls.
 on, and renders ``static void opg_prologue(const int64_t *tab, void *const *small, float *scr)``.
 Register values live in a float32 scratch block: small float inputs are copied in (exact
 widening), ``fill`` is one element read with stride 0, ``view`` aliases its (contiguous) source;
-``add``/``sub``/``mul``/``div`` and float casts round to their dtype after every instruction
-like the numpy reference, ``cast`` of an int32/int64 input to f32 is C's (round to nearest
+``add``/``sub``/``mul``/``div``/``sqrt`` (correctly rounded, as numpy's) and float casts round
+to their dtype after every instruction like the numpy reference, ``cast`` of an int32/int64 input to f32 is C's (round to nearest
 even, as numpy), and ``sum`` follows :mod:`l0ops.ordered` (64 lanes, 32768-element blocks, tree
 folds). Sizes and strides are run-time values in ``tab`` (:attr:`Prologue.table`): a new size of
 the same structure reuses the compiled code. Anything else raises :class:`Unsupported` and the
@@ -39,7 +39,8 @@ from .render import C_OP, FLOATS, LOAD, ROUND, Plan, Unsupported, render
 INT_C = {DataType.INT32: "int32_t", DataType.INT64: "int64_t"}
 IN_C = {DataType.FLOAT: "float", DataType.FLOAT16: "uint16_t", DataType.BF16: "uint16_t", **INT_C}
 
-HELPERS = f"""
+HELPERS = f"""#include <math.h>
+
 static float opg_tree(float *a, int64_t m) {{  /* l0ops.ordered.tree_fold (m >= 1) */
     while (m > 1) {{
         const int64_t n = (m + 1) / 2;
@@ -218,13 +219,14 @@ class Prologue:
             raise Unsupported(f"{ins.render(name)}: operand not in the prologue")
         if ins.op == "sum":
             return self._sum(name, ins, types, dtype, shape)
-        if ins.op != "cast" and ins.op not in C_OP:
+        if ins.op not in ("cast", "sqrt") and ins.op not in C_OP:
             raise Unsupported(f"{ins.render(name)}: {ins.op} in the prologue")
         at = self._alloc(name, shape)
         sh = self._put(shape)
         sts = [self._put(self._view(r, shape)) for r in ins.args]
         loads = [f"scr[tab[{self._put([self.regs[r][0]])}] + p[{k}]]" for k, r in enumerate(ins.args)]
-        expr = loads[0] if ins.op == "cast" else f" {C_OP[ins.op]} ".join(loads)
+        expr = (loads[0] if ins.op == "cast" else f"sqrtf({loads[0]})" if ins.op == "sqrt"
+                else f" {C_OP[ins.op]} ".join(loads))
         return [f"{{ /* {ins.render(name)} */",
                 f"    float *o = scr + tab[{at}];",
                 *self._loop(len(shape), sh, sts, f"o[e] = {ROUND[dtype].format(expr)};"), "}"]

@@ -35,6 +35,7 @@ from l0ops.primitives import IdentityMemo, Instr, body_types, cast_array, compil
 from opgraph.core.dtypes import DataType, dtype_of
 from opgraph.core.types import TensorType
 from . import build, team
+from .build import address
 from .reduce_c import render_pass
 from .render import C_OP, FLOATS, Unsupported
 
@@ -219,8 +220,8 @@ def _run_pass(p: _Pass, plan: _Plan, inputs: Sequence[np.ndarray], values: dict)
     for j, r in enumerate(p.kept):
         v = values[r]  # a register of K elements is in kept order; others broadcast
         buf[j] = v.reshape(K) if v.size == K else np.broadcast_to(v, plan.kept_view).reshape(K)
-    base = buf.ctypes.data
-    ptrs = p.ptr_array(*[inputs[i].ctypes.data for i in p.big], *[base + 4 * K * j for j in range(nk)])
+    base = address(buf)
+    ptrs = p.ptr_array(*[address(inputs[i]) for i in p.big], *[base + 4 * K * j for j in range(nk)])
     rshape, koff, rstr = p.addresses
     if p.fn(K, plan.R, len(p.rshape), rshape, ptrs, koff, rstr, -(-plan.R // BLOCK),
             base + 4 * K * nk, team.runner()):

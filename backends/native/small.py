@@ -1,0 +1,97 @@
+"""A small FusedReduce as one serial C call: every instruction of the body through the prologue
+renderer (:mod:`.prologue`, the same C that computes a FusedElementwise's per-channel part),
+the results read back from its float32 scratch. For the per-channel bodies the SyncBatchNorm
+family fuses over a few ranks' statistics (BatchNormGatherStatsWithCounts: ~40 instructions
+on [W, C] values), where numpy spends about a microsecond per instruction and C a few
+nanoseconds. Bit-identical to numpy (the renderer rounds and sums as the reference does);
+a body with an instruction the renderer does not cover raises :class:`Unsupported`.
+
+    >>> import numpy as np
+    >>> from l0ops.fused_reduce import FusedReduceAttrs, Instr
+    >>> from opgraph.core.dtypes import DataType as D
+    >>> body = (Instr(op="mul", args=("in0", "in0"), dtype=D.FLOAT),
+    ...         Instr(op="sum", args=("t0",), dtype=D.FLOAT, shape=(1, 2)),
+    ...         Instr(op="sqrt", args=("t1",), dtype=D.FLOAT))
+    >>> a = FusedReduceAttrs(body=body, results=("t2",), out_shapes=((2,),))
+    >>> x = np.float32([[3, 1], [4, 1]])
+    >>> ok = __import__("backends.native.build", fromlist=["_"]).availability()[0]
+    >>> (run_small_reduce_native(a, [x])[0] if ok else np.sqrt((x * x).sum(0))).tolist()
+    [5.0, 1.4142135381698608]
+"""
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from l0ops.expansion import array_types
+from l0ops.fused_reduce import FusedReduceAttrs, as_output
+from l0ops.primitives import IdentityMemo, body_types
+from opgraph.core.dtypes import DataType
+from . import build
+from .build import address
+from .prologue import HELPERS as SUM_HELPERS, Prologue
+from .render import HELPERS, Unsupported
+
+_ARGTYPES = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+
+
+@dataclass
+class _Types:
+    """What :class:`.prologue.Prologue` reads of a program: the registers' types."""
+
+    types: dict
+
+
+@dataclass
+class _SmallPlan:
+    """The compiled body of one FusedReduce for given operand layouts: the C function, its
+    table, the inputs it reads (in pointer order), the scratch size and each result's place in
+    the scratch (element offset, shape, byte strides, register dtype)."""
+
+    fn: Any
+    table: Any
+    small: tuple[int, ...]
+    scratch: int
+    results: tuple[tuple[int, tuple[int, ...], tuple[int, ...], DataType], ...]
+
+
+def _plan(a: FusedReduceAttrs, inputs: Sequence[np.ndarray]) -> _SmallPlan:
+    types = body_types(a.body, array_types(inputs))
+    needed = tuple(dict.fromkeys(a.results))
+    pro = Prologue(a, _Types(types), inputs, needed)  # type: ignore[arg-type]
+    if any(r not in pro.regs for r in needed):
+        raise Unsupported("a result is not a float register")
+    source = "\n".join([HELPERS, SUM_HELPERS, pro.source,
+                        "int opg_small(const int64_t *tab, void *const *small, float *scr)",
+                        "{", "    opg_prologue(tab, small, scr);", "    return 0;", "}", ""])
+    fn = build.load(source, symbol="opg_small").fn
+    if fn.argtypes is None:
+        fn.argtypes, fn.restype = _ARGTYPES, ctypes.c_int
+    results = tuple((pro.regs[r][0], tuple(pro.regs[r][1]), tuple(4 * s for s in pro.regs[r][2]),
+                     types[r][0]) for r in a.results)
+    return _SmallPlan(fn, (ctypes.c_int64 * len(pro.table))(*pro.table), pro.small, pro.scratch,
+                      results)
+
+
+_PLANS = IdentityMemo(limit=256)
+
+
+def run_small_reduce_native(a: FusedReduceAttrs, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """The results of ``a`` on ``inputs`` (new arrays), computed by one serial C call."""
+    inputs = [np.asarray(x) for x in inputs]
+    plan = _PLANS.get(a, tuple((x.dtype, x.shape, x.strides) for x in inputs),
+                      lambda: _plan(a, inputs))
+    scr = np.empty(plan.scratch, np.float32)
+    ptrs = (ctypes.c_void_p * max(len(plan.small), 1))(*[address(inputs[k]) for k in plan.small])
+    plan.fn(plan.table, ptrs, address(scr))
+    out = []
+    for (off, shape, strides, dtype), out_shape in zip(plan.results, a.out_shapes):
+        v = np.ndarray(shape, np.float32, scr, 4 * off, strides)
+        out.append(as_output(np.array(v, dtype=dtype.np), out_shape))
+    return out
+
+
+__all__ = ["run_small_reduce_native"]
