@@ -36,10 +36,20 @@ PRIMITIVES = ("batch_norm_stats", "batch_norm_gather_stats_with_counts", "batch_
               "batch_norm_elemt.out", "batch_norm_backward_reduce", "batch_norm_backward_elemt")
 
 
-@contextlib.contextmanager
-def on(backend: Optional[BackendRef] = None, platform: PlatformRef = None) -> Iterator[None]:
+_UNCHANGED = contextlib.nullcontext()
+
+
+def on(backend: Optional[BackendRef] = None,
+       platform: PlatformRef = None) -> contextlib.AbstractContextManager:
     """Inside: phase 2 on ``backend`` and the op_apis on ``platform`` (a SoC name, e.g.
     ``"Ascend950"``, where bfloat16 batch_norm_stats exists); None keeps the current one."""
+    if backend is None and platform is None:
+        return _UNCHANGED
+    return _on(backend, platform)
+
+
+@contextlib.contextmanager
+def _on(backend: Optional[BackendRef], platform: PlatformRef) -> Iterator[None]:
     with contextlib.ExitStack() as stack:
         if backend is not None:
             stack.enter_context(use_backend(backend))

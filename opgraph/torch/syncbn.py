@@ -71,8 +71,19 @@ class SyncBatchNormFunction(torch.autograd.Function):
         if ctx.captured:  # opgraph.capture(): collectives become nodes of the program
             return captured.forward(ctx, input, weight, bias, running_mean, running_var, eps,
                                     momentum, process_group, world_size, where)
+        ctx.process_group, ctx.where, ctx.world_size = process_group, where, world_size
+        with K.on(**where):  # once for the step's op_apis
+            return SyncBatchNormFunction._forward(ctx, input, weight, bias, running_mean,
+                                                  running_var, eps, momentum)
+
+    @staticmethod
+    def _forward(ctx: Any, input: Tensor, weight: Optional[Tensor], bias: Optional[Tensor],
+                 running_mean: Optional[Tensor], running_var: Optional[Tensor], eps: float,
+                 momentum: float) -> Tensor:
+        C, process_group, world_size = input.shape[1], ctx.process_group, ctx.world_size
+        per_channel = input.numel() // C
         if input.numel() > 0:
-            mean, invstd = K.batch_norm_stats(input, eps, **where)
+            mean, invstd = K.batch_norm_stats(input, eps)
             count = torch.full((1,), per_channel, dtype=mean.dtype)
             row = torch.cat([mean, invstd, count])
         else:  # an empty rank still takes part in the gather, with count 0 (dropped below)
@@ -90,29 +101,31 @@ class SyncBatchNormFunction(torch.autograd.Function):
             counts = counts.to(running_mean.dtype)
         if len(table):
             mean, invstd = K.batch_norm_gather_stats_with_counts(
-                input, mean_all, invstd_all, running_mean, running_var, momentum, eps, counts,
-                **where)
+                input, mean_all, invstd_all, running_mean, running_var, momentum, eps, counts)
         else:  # no rank has data: nothing to normalise, running stats untouched
             mean = invstd = torch.zeros(C, dtype=table.dtype)
         ctx.save_for_backward(input, weight, mean, invstd, count_all.to(torch.int32))
-        ctx.process_group, ctx.where, ctx.world_size = process_group, where, world_size
         if input.numel() == 0:
             return torch.empty_like(input)
-        return K.batch_norm_elemt(input, weight, bias, mean, invstd, eps, **where)
+        return K.batch_norm_elemt(input, weight, bias, mean, invstd, eps)
 
     @staticmethod
     def backward(ctx: Any, grad_output: Tensor) -> tuple[Optional[Tensor], ...]:
         grad_output = _keep_layout(grad_output)
         if ctx.captured:
             return captured.backward(ctx, grad_output)
+        with K.on(**ctx.where):  # once for the step's op_apis
+            return SyncBatchNormFunction._backward(ctx, grad_output)
+
+    @staticmethod
+    def _backward(ctx: Any, grad_output: Tensor) -> tuple[Optional[Tensor], ...]:
         input, weight, mean, invstd, count = ctx.saved_tensors
         need_input, need_weight, need_bias = ctx.needs_input_grad[:3]
         grad_input = grad_weight = grad_bias = None
         C = input.shape[1]
         if input.numel() > 0:
             sum_dy, sum_dy_xmu, grad_weight, grad_bias = K.batch_norm_backward_reduce(
-                grad_output, input, mean, invstd, weight, need_input, need_weight, need_bias,
-                **ctx.where)
+                grad_output, input, mean, invstd, weight, need_input, need_weight, need_bias)
             if need_input:
                 sums = torch.cat([sum_dy, sum_dy_xmu])
                 if ctx.world_size > 1:  # one rank: the sum over ranks is its own
@@ -120,8 +133,7 @@ class SyncBatchNormFunction(torch.autograd.Function):
                 if weight is not None and weight.dtype != mean.dtype:
                     weight = weight.to(mean.dtype)
                 grad_input = K.batch_norm_backward_elemt(
-                    grad_output, input, mean, invstd, weight, sums[:C], sums[C:], count,
-                    **ctx.where)
+                    grad_output, input, mean, invstd, weight, sums[:C], sums[C:], count)
             if weight is None or not need_weight:
                 grad_weight = None
             if weight is None or not need_bias:
