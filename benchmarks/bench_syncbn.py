@@ -7,8 +7,10 @@ passes (what batch norm's forward + backward must read and write at least) at th
 compiled 2-thread ``c = a + b`` of bench_elemt_backward (when that is available).
 
 One session of processes per rank count (torch's threads shared out over the ranks); inside it
-the variants run interleaved, the first call of each (compilation, caches) not counted. Rank 0's
-medians and min–max are reported, and the ratio to torch's BatchNorm2d; nothing is asserted.
+the variants run interleaved, the first call of each (compilation, caches) not counted. A sample
+is the per-call time of a burst of ~5 ms (the same number of calls on every rank) after one
+untimed call; the data sit on huge pages, as in bench_elemt_backward. Rank 0's medians and
+min–max are reported, and the ratio to torch's BatchNorm2d; nothing is asserted.
 One rank runs the distributed path too (the autograd function on a one-rank group), although
 the module itself would fall back to plain batch norm there.
 
@@ -36,7 +38,7 @@ import torch.distributed as dist
 
 import opgraph
 from opgraph.torch import SyncBatchNormFunction, run_ranks
-from bench_common import backends_here, held_floor
+from bench_common import backends_here, held_floor, on_huge_pages
 
 DTYPES = {"fp32": (torch.float32, None), "fp16": (torch.float16, None),
           "bf16": (torch.bfloat16, "Ascend950")}
@@ -44,6 +46,7 @@ SHAPES = [(8, 64, 28, 28), (32, 64, 56, 56)]
 FLOOR = "floor: 7 tensor passes"
 FLOOR_PASSES = 7  # forward: read x (stats), read x + write y; backward: read dy, x; read dy, x + write dx
 QUICK_SHAPES = [(8, 32, 14, 14)]
+BURST_SECONDS = 0.005
 
 
 def variants(shape: tuple[int, ...], dtype: str, rank: int, world: int,
@@ -52,8 +55,8 @@ def variants(shape: tuple[int, ...], dtype: str, rank: int, world: int,
     dt, plat = DTYPES[dtype]
     mine = torch.arange(shape[0]).tensor_split(world)[rank]
     g = torch.Generator().manual_seed(rank)
-    x = torch.randn(len(mine), *shape[1:], generator=g).to(dt)
-    dy = torch.randn(x.shape, generator=g).to(dt)
+    x = pinned(torch.randn(len(mine), *shape[1:], generator=g).to(dt))
+    dy = pinned(torch.randn(x.shape, generator=g).to(dt))
     C = shape[1]
     w, b = torch.ones(C, requires_grad=True), torch.zeros(C, requires_grad=True)
     rm, rv = torch.zeros(C), torch.ones(C)
@@ -90,20 +93,47 @@ def variants(shape: tuple[int, ...], dtype: str, rank: int, world: int,
     return out
 
 
+def pinned(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s values in memory advised onto huge pages (:func:`bench_common.on_huge_pages`)."""
+    words = {2: torch.int16, 4: torch.int32}[t.element_size()]
+    return torch.from_numpy(on_huge_pages(t.contiguous().view(words).numpy())).view(t.dtype)
+
+
+def burst_lengths(fns: dict[str, Callable[[], None]]) -> dict[str, int]:
+    """Calls per sample of each variant: enough for ~5 ms, the largest any rank needs (every
+    rank must make the same calls, the collectives in them meet)."""
+    out = {}
+    for name, fn in fns.items():
+        dist.barrier()
+        start = time.perf_counter()
+        fn()
+        n = torch.tensor([max(1, int(BURST_SECONDS / max(time.perf_counter() - start, 1e-6)))])
+        dist.all_reduce(n, dist.ReduceOp.MAX)
+        out[name] = int(n)
+    return out
+
+
 def measure(rank: int, world: int, cases: list[tuple[tuple[int, ...], str]],
             reps: int, use: tuple[str, ...] = ("numpy", "native")) -> list[dict[str, Any]]:
-    """Every case's variants, interleaved, on this rank: [{case, name: [seconds...]}]."""
+    """Every case's variants, interleaved, on this rank: [{case, name: [seconds per call...]}].
+    A sample is a burst of calls after one untimed call, which absorbs what the previous
+    variant left spinning (torch's OpenMP workers, opgraph's thread team)."""
     results = []
     for shape, dtype in cases:
         fns = variants(shape, dtype, rank, world, use)
+        for fn in fns.values():  # the first call compiles and fills the caches
+            dist.barrier()
+            fn()
+        calls = burst_lengths(fns)
         times: dict[str, list[float]] = {name: [] for name in fns}
-        for i in range(reps + 1):
+        for _ in range(reps):
             for name, fn in fns.items():
                 dist.barrier()
-                start = time.perf_counter()
                 fn()
-                if i:  # the first round compiles and fills the caches
-                    times[name].append(time.perf_counter() - start)
+                start = time.perf_counter()
+                for _ in range(calls[name]):
+                    fn()
+                times[name].append((time.perf_counter() - start) / calls[name])
         results.append({"shape": shape, "dtype": dtype, "times": times})
     return results
 
@@ -131,6 +161,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="one small shape, 5 repeats")
     ap.add_argument("--reps", type=int, default=None, help="timed repeats (default 9; quick 5)")
     ap.add_argument("--dtypes", default="fp32,fp16,bf16", help="comma-separated: fp32, fp16, bf16")
+    ap.add_argument("--shapes", default=None, help="e.g. 8,64,28,28;32,64,56,56 (default: both)")
     ap.add_argument("--ranks", default="1", help="comma-separated rank counts (default 1)")
     ap.add_argument("--backends", default="numpy,native", help="opgraph backends (default both)")
     ap.add_argument("--omp-passive", action="store_true",
@@ -140,6 +171,8 @@ def main() -> None:
         os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
     reps = args.reps or (5 if args.quick else 9)
     shapes = QUICK_SHAPES if args.quick else SHAPES
+    if args.shapes:
+        shapes = [tuple(int(n) for n in sh.split(",")) for sh in args.shapes.split(";")]
     cases = [(s, d) for s in shapes for d in args.dtypes.split(",")]
     print(f"opgraph {opgraph.__version__}, torch {torch.__version__}, {host.machine()}, "
           f"{host.python_version()}; backends: {', '.join(backends_here())}; {reps} repeats; "
