@@ -67,9 +67,10 @@ def as_numpy(t: Any) -> Any:
     >>> a.dtype.name, a.shape, a.strides
     ('bfloat16', (3, 2), (2, 6))
     """
-    if not isinstance(t, Tensor) or t.device.type != "cpu":
+    if not isinstance(t, Tensor) or not t.is_cpu:
         return t
-    t = t.detach()
+    if t.requires_grad:
+        t = t.detach()
     if t.dtype == torch.bfloat16:
         return t.view(torch.int16).numpy().view(_BF16)
     return t.numpy()
