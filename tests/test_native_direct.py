@@ -117,3 +117,23 @@ def test_signature_ids_stay_distinct_when_the_table_starts_afresh(monkeypatch):
     assert len(set(ids)) == len(ids)
     again = opgraph.tensor(np.zeros(8, np.float32))
     assert again.signature_id == ids[-1]  # the newest entries are still in the table
+
+
+def test_profiled_run_reports_every_node():
+    """A ``profile`` hook (``opgraph run --trace-json``) sees the node even after the direct
+    launch is prepared."""
+    case = R.make_case(SHAPE, R.F32, seed=6)
+    with opgraph.use_backend("native"), opgraph.opt_level(2):
+        tensors, out_t = R.to_tensors(case), opgraph.tensor(np.zeros(SHAPE, np.float32))
+        for _ in range(2):
+            _, _, ex, _ = R.run_op(tensors, out_t)
+        exe = executable_of(ex)
+        assert exe.launches is not None
+        seen = []
+        exe.profile = lambda node, start, stop: seen.append(node.op)
+        try:
+            R.run_op(tensors, out_t)
+        finally:
+            del exe.profile
+    assert seen == ["FusedElementwise"]
+    R.assert_bits_equal(out_t.view(), numpy_result(case))

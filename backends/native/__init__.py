@@ -274,8 +274,8 @@ class NativeExecutable(NumpyExecutable):
     level 2), a run after the first launches the kernels straight from the bound tensors'
     addresses: the operand layouts are fixed for a compiled program, so no numpy views and no
     per-call layout lookup. Anything else — a first run, a kernel without a C prologue, an output
-    that partly overlaps an input, a kernel below ``min_fused_elements`` — takes the
-    node-by-node path."""
+    that partly overlaps an input, a kernel below ``min_fused_elements``, a run with a
+    ``profile`` hook — takes the node-by-node path."""
 
     def __init__(self, *args: Any):
         super().__init__(*args)
@@ -294,7 +294,7 @@ class NativeExecutable(NumpyExecutable):
         return nodes
 
     def run(self, bindings: Mapping[str, Tensor], workspace: Any = None) -> dict[str, np.ndarray]:
-        if self.launches is not None:
+        if self.launches is not None and self.profile is None:  # (profiled: node by node)
             out = self._run_direct(bindings)
             if out is not None:
                 return out

@@ -199,6 +199,7 @@ class Tensor:
             _SET_SIGNATURE_ID(self, sid)
             return sid
 
+    # --- data -----------------------------------------------------------------------------
     @property
     def data_address(self) -> int:
         """The address of the view's first element (``offset`` elements into ``storage``),
@@ -211,9 +212,9 @@ class Tensor:
         try:
             return self._address
         except AttributeError:
-            base = self.storage.__array_interface__["data"][0]
-            object.__setattr__(self, "_address", base + self.offset * self.storage.itemsize)
-            return self._address
+            address = self.storage.__array_interface__["data"][0] + self.offset * self.storage.itemsize
+            _SET_ADDRESS(self, address)
+            return address
 
     def view(self) -> np.ndarray:
         """A live numpy view of the tensor (writes go to ``storage``); built once."""
@@ -241,9 +242,10 @@ class Tensor:
 
 
 (_SET_STORAGE, _SET_DTYPE, _SET_SHAPE, _SET_STRIDES, _SET_OFFSET, _SET_FORMAT, _SET_STORAGE_SHAPE,
- _SET_COPIED, _SET_VIEW, _SET_SIGNATURE, _SET_SIGNATURE_ID) = (Tensor.__dict__[name].__set__ for name in (
-    "storage", "dtype", "shape", "strides", "offset", "format", "storage_shape", "copied", "_view",
-    "_signature", "_signature_id"))
+ _SET_COPIED, _SET_VIEW, _SET_SIGNATURE, _SET_SIGNATURE_ID, _SET_ADDRESS) = (
+    Tensor.__dict__[name].__set__ for name in (
+        "storage", "dtype", "shape", "strides", "offset", "format", "storage_shape", "copied",
+        "_view", "_signature", "_signature_id", "_address"))
 _DTYPES: dict[np.dtype, DataType] = {}
 _ROW_MAJOR: dict[tuple[int, ...], tuple[int, ...]] = {}
 
