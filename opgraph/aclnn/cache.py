@@ -47,8 +47,8 @@ def call_key(name: str, args: tuple, platform: Any, level: int, meta: TensorMeta
             if m is None:
                 return None
             parts.append(m)
-        elif type(a) is float:
-            parts.append((float, a, math.copysign(1.0, a)))
+        elif isinstance(a, float):  # np.float64 too
+            parts.append((type(a), a, math.copysign(1.0, a)))
         elif isinstance(a, (int, float, bool)):
             parts.append((type(a), a))
         else:
