@@ -4,6 +4,8 @@ bit-identical to the numpy backend, and every case the direct launch cannot take
 a size threshold, a profiled run, a first run) goes the node-by-node way."""
 from __future__ import annotations
 
+import concurrent.futures as futures
+
 import numpy as np
 import pytest
 
@@ -102,3 +104,20 @@ def test_profiled_run_reports_every_node():
             del exe.profile
     assert seen == ["FusedElementwise"]
     R.assert_bits_equal(out_t.view(), numpy_result(case))
+
+
+def test_threads_share_one_program_and_its_direct_launch():
+    """Four threads call the same cached program on their own tensors: each gets its own bits
+    (the remembered pointers are per executable and replaced whole)."""
+    cases = [R.make_case(SHAPE, R.F32, seed=10 + k) for k in range(4)]
+    expected = [numpy_result(c) for c in cases]
+
+    def worker(k: int) -> bool:
+        with opgraph.use_backend("native"), opgraph.opt_level(2):
+            for _ in range(50):
+                got = R.compute(cases[k])
+                if not np.array_equal(R.bits(got), R.bits(expected[k])):
+                    return False
+        return True
+    with futures.ThreadPoolExecutor(4) as pool:
+        assert all(pool.map(worker, range(4)))
