@@ -119,9 +119,9 @@ def _type_builder(t: TensorType, is_size: Callable[[int], bool]) -> Optional[Bui
     if b is None:
         return None
 
-    def build(f: Callable[[int], int]) -> TensorType:
+    def build(f: Callable[[int], int]) -> TensorType:  # sizes map ints to ints
         shape, strides = b(f)
-        return TensorType(shape, t.dtype, t.format, strides)
+        return TensorType.trusted(shape, t.dtype, t.format, strides)
     return build
 
 

@@ -31,13 +31,29 @@ BF16_NP = DataType.BF16.np
 MAX_RANK = 64  # numpy's limit on array dimensions
 
 
+_ROW_MAJOR: dict[tuple, tuple[int, ...]] = {}
+
+
 def row_major_strides(shape: Sequence[int]) -> tuple[int, ...]:
-    """Element strides of a C-contiguous tensor of ``shape``."""
+    """Element strides of a C-contiguous tensor of ``shape`` (remembered per shape tuple).
+
+    >>> row_major_strides((2, 0, 3))
+    (3, 3, 1)
+    """
+    key = shape if type(shape) is tuple else None
+    got = _ROW_MAJOR.get(key) if key is not None else None
+    if got is not None:
+        return got
     strides, acc = [], 1
     for n in reversed(shape):
         strides.append(acc)
         acc *= max(int(n), 1)
-    return tuple(reversed(strides))
+    got = tuple(reversed(strides))
+    if key is not None:
+        if len(_ROW_MAJOR) >= 4096:
+            _ROW_MAJOR.clear()
+        _ROW_MAJOR[key] = got
+    return got
 
 
 def is_contiguous(shape: Sequence[int], strides: Sequence[int], fmt: Format = Format.ND) -> bool:
@@ -247,17 +263,6 @@ class Tensor:
         "storage", "dtype", "shape", "strides", "offset", "format", "storage_shape", "copied",
         "_view", "_signature", "_signature_id", "_address"))
 _DTYPES: dict[np.dtype, DataType] = {}
-_ROW_MAJOR: dict[tuple[int, ...], tuple[int, ...]] = {}
-
-
-def _row_major(shape: tuple[int, ...]) -> tuple[int, ...]:
-    """:func:`row_major_strides` of a tuple of ints, remembered per shape."""
-    got = _ROW_MAJOR.get(shape)
-    if got is None:
-        if len(_ROW_MAJOR) >= 4096:
-            _ROW_MAJOR.clear()
-        got = _ROW_MAJOR[shape] = row_major_strides(shape)
-    return got
 
 
 _SIGNATURE_IDS: dict[tuple, int] = {}
@@ -370,7 +375,7 @@ def tensor(array: "np.ndarray | Sequence", format: "Format | str" = "ND", dtype:
     if type(array) is np.ndarray and dtype is None and format == "ND":  # the hot path
         a = array
         if a.flags.c_contiguous and 0 < a.ndim <= MAX_RANK and a.size:
-            t = Tensor._unchecked(a.reshape(-1), a.shape, _row_major(a.shape), Format.ND,
+            t = Tensor._unchecked(a.reshape(-1), a.shape, row_major_strides(a.shape), Format.ND,
                                   a.shape, False, a.view())
             key = (a.dtype, a.shape)  # the signature follows from these: its id, remembered
             sid = _CONTIGUOUS_IDS.get(key)
@@ -403,7 +408,7 @@ def tensor(array: "np.ndarray | Sequence", format: "Format | str" = "ND", dtype:
     strides = tuple(s // item for s in a.strides)
     if flags.c_contiguous:  # a flat view, no as_strided, row-major strides
         if 1 in a.shape:  # numpy may give a size-1 dim any stride, even a negative one
-            strides = _row_major(a.shape)
+            strides = row_major_strides(a.shape)
         return Tensor._unchecked(a.reshape(-1), a.shape, strides, fmt, a.shape, copied, a.view())
     span = 1 + sum((n - 1) * s for n, s in zip(a.shape, strides))
     storage = np.lib.stride_tricks.as_strided(a, shape=(span,), strides=(item,),

@@ -35,6 +35,21 @@ class TensorType:
                                          or not all(type(n) is int for n in self.strides)):
             object.__setattr__(self, "strides", tuple(int(s) for s in self.strides))
 
+    @classmethod
+    def trusted(cls, shape: tuple[int, ...], dtype: DataType, format: Format = Format.ND,
+                strides: "tuple[int, ...] | None" = None) -> "TensorType":
+        """A TensorType of fields already normal (int tuples, enum members), without the
+        checks of ``__post_init__``: for code that maps a checked type's sizes.
+
+        >>> TensorType.trusted((2, 3), DataType.FLOAT) == TensorType((2, 3), DataType.FLOAT)
+        True
+        """
+        t = object.__new__(cls)
+        for name, value in (("shape", shape), ("dtype", dtype), ("format", format),
+                            ("strides", strides)):
+            object.__setattr__(t, name, value)
+        return t
+
     @property
     def numel(self) -> int:
         return math.prod(self.shape)
