@@ -18,13 +18,15 @@ turns the plan into C source. The kernel makes one pass over the data:
     >>> from l0ops.interpreter import Hoisted
     >>> from l0ops.primitives import FusedAttrs, Instr
     >>> from opgraph.core.dtypes import DataType as D
-    >>> a = FusedAttrs(shape=(2, 2), body=(Instr(op="sub", args=("in0", "in1"), dtype=D.FLOAT16),),
-    ...                result="t0", out_dtype=D.FLOAT16)
+    >>> body = (Instr(op="sub", args=("in0", "in1"), dtype=D.FLOAT16),
+    ...         Instr(op="mul", args=("t0", "t0"), dtype=D.FLOAT16))
+    >>> a = FusedAttrs(shape=(2, 2), body=body, result="t1", out_dtype=D.FLOAT16)
     >>> p = plan(a, Hoisted(a, [np.ones((2, 2), np.float16), np.ones((2, 1), np.float16)]))
     >>> [name for name, _ in p.big], p.hoisted
     (['in0'], ('in1',))
-    >>> "opg_rnd_f16(r_in0 - r_in1)" in render(p)
-    True
+    >>> src = render(p)   # t0 rounded to fp16; t1 rounded by the fp16 store itself
+    >>> "opg_rnd_f16(r_in0 - r_in1)" in src, "r_t1 = r_t0 * r_t0;" in src
+    (True, True)
 """
 from __future__ import annotations
 
