@@ -111,7 +111,7 @@ class _Launch:
         pro = None
         if use_prologue:
             try:
-                pro = Prologue(a, program(a, inputs), inputs, p.hoisted)
+                pro = Prologue(a.body, program(a, inputs).types, inputs, p.hoisted)
             except Unsupported:
                 pro = None
         strides = [_element_strides(x) for x in big]
@@ -356,10 +356,10 @@ class NativeExecutable(NumpyExecutable):
 class NativeBackend(NumpyBackend):
     """NumpyBackend with FusedElementwise lowered to compiled C; ``fallbacks`` counts the fused
     nodes that ran on numpy, by reason. FusedReduce kernels smaller than ``min_elements`` run as
-    one serial C call, or on numpy when the prologue renderer does not cover their body;
-    those and FusedElementwise kernels smaller than ``min_fused_elements`` run on numpy (the
-    same bits) and are counted in ``small``. A FusedElementwise call is cheaper in C at any size (its launch is
-    cached and its per-channel part runs in C too), hence 0."""
+    one serial C call, or on numpy when the prologue renderer does not cover their body; those
+    and FusedElementwise kernels smaller than ``min_fused_elements`` run on numpy (the same
+    bits) and are counted in ``small``. A FusedElementwise call is cheaper in C at any size (its
+    launch is cached and its per-channel part runs in C too), hence 0."""
 
     name = "native"
     min_elements = 4096

@@ -6,11 +6,11 @@ on, and renders ``static void opg_prologue(const int64_t *tab, void *const *smal
 Register values live in a float32 scratch block: small float inputs are copied in (exact
 widening), ``fill`` is one element read with stride 0, ``view`` aliases its (contiguous) source;
 ``add``/``sub``/``mul``/``div``/``sqrt`` (correctly rounded, as numpy's) and float casts round
-to their dtype after every instruction like the numpy reference, ``cast`` of an int32/int64 input to f32 is C's (round to nearest
-even, as numpy), and ``sum`` follows :mod:`l0ops.ordered` (64 lanes, 32768-element blocks, tree
-folds). Sizes and strides are run-time values in ``tab`` (:attr:`Prologue.table`): a new size of
-the same structure reuses the compiled code. Anything else raises :class:`Unsupported` and the
-backend evaluates the hoisted part in numpy instead.
+to their dtype after every instruction like the numpy reference, ``cast`` of an int32/int64
+input to f32 is C's (round to nearest even, as numpy), and ``sum`` follows :mod:`l0ops.ordered`
+(64 lanes, 32768-element blocks, tree folds). Sizes and strides are run-time values in ``tab``
+(:attr:`Prologue.table`): a new size of the same structure reuses the compiled code. Anything
+else raises :class:`Unsupported` and the backend evaluates the hoisted part in numpy instead.
 
     >>> import numpy as np
     >>> from l0ops.interpreter import program
@@ -20,19 +20,19 @@ backend evaluates the hoisted part in numpy instead.
     ...         Instr(op="div", args=("in1", "t1"), dtype=D.FLOAT), Instr(op="mul", args=("in2", "t2"), dtype=D.FLOAT))
     >>> a = FusedAttrs(shape=(2, 3), body=body, result="t3", out_dtype=D.FLOAT)
     >>> ins = [np.int32([2, 2]), np.float32([1, 2, 3]), np.ones((2, 3), np.float32)]
-    >>> pro = Prologue(a, program(a, ins), ins, ("t2",))
+    >>> pro = Prologue(body, program(a, ins).types, ins, ("t2",))
     >>> pro.small, pro.regs["t2"][1], pro.scratch
     ((0, 1), (3,), 9)
 """
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from typing import Sequence
 
 import numpy as np
 
 from l0ops.ordered import BLOCK, LANES
-from l0ops.primitives import FusedAttrs, Instr
+from l0ops.primitives import Instr
 from opgraph.core.dtypes import DataType
 from .render import C_OP, FLOATS, LOAD, ROUND, Plan, Unsupported, render
 
@@ -99,16 +99,17 @@ def _contig(shape: Sequence[int]) -> list[int]:
 
 
 class Prologue:
-    """The hoisted instructions ``needed`` by a kernel, as C plus its run-time table.
+    """The instructions of ``body`` that the registers ``needed`` depend on (``types``: every
+    register's dtype and shape), as C plus its run-time table.
 
     ``small``: indices of the inputs the prologue reads (the call passes their data pointers in
     this order); ``regs[name]``: (scratch offset, shape, element strides in the scratch);
     ``scratch``: float32 elements to allocate; ``table``: the int64 values ``tab`` holds;
     ``source``: the C function."""
 
-    def __init__(self, a: FusedAttrs, prog: Any, inputs: Sequence[np.ndarray], needed: Sequence[str]):
-        types = prog.types
-        want = _closure(a, types, needed)
+    def __init__(self, body: Sequence[Instr], types: dict, inputs: Sequence[np.ndarray],
+                 needed: Sequence[str]):
+        want = _closure(body, needed)
         self.table: list[int] = [0]  # tab[0]: scratch size, filled in at the end
         self.regs: dict[str, tuple[int, tuple[int, ...], list[int]]] = {}
         self.small: tuple[int, ...] = ()
@@ -117,7 +118,7 @@ class Prologue:
         lines: list[str] = []
         for name in sorted((r for r in want if r.startswith("in")), key=lambda r: int(r[2:])):
             lines += self._input(name, types[name], inputs[int(name[2:])])
-        for k, ins in enumerate(a.body):
+        for k, ins in enumerate(body):
             if f"t{k}" in want:
                 lines += self._instr(f"t{k}", ins, types)
         self.hoisted_at = tuple(self._put([self.regs[r][0]]) for r in needed)
@@ -248,7 +249,7 @@ class Prologue:
                 f"{rnd});  /* {ins.render(name)} */"]
 
 
-def _closure(a: FusedAttrs, types: dict, needed: Sequence[str]) -> set[str]:
+def _closure(body: Sequence[Instr], needed: Sequence[str]) -> set[str]:
     """The registers ``needed`` and every register their hoisted instructions read."""
     want: set[str] = set()
     stack = list(needed)
@@ -258,7 +259,7 @@ def _closure(a: FusedAttrs, types: dict, needed: Sequence[str]) -> set[str]:
             continue
         want.add(r)
         if r.startswith("t"):
-            stack += list(a.body[int(r[1:])].args)
+            stack += list(body[int(r[1:])].args)
     return want
 
 

@@ -39,13 +39,6 @@ _ARGTYPES = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
 
 
 @dataclass
-class _Types:
-    """What :class:`.prologue.Prologue` reads of a program: the registers' types."""
-
-    types: dict
-
-
-@dataclass
 class _SmallPlan:
     """The compiled body of one FusedReduce for given operand layouts: the C function, its
     table, the inputs it reads (in pointer order), the scratch size and each result's place in
@@ -61,7 +54,7 @@ class _SmallPlan:
 def _plan(a: FusedReduceAttrs, inputs: Sequence[np.ndarray]) -> _SmallPlan:
     types = body_types(a.body, array_types(inputs))
     needed = tuple(dict.fromkeys(a.results))
-    pro = Prologue(a, _Types(types), inputs, needed)  # type: ignore[arg-type]
+    pro = Prologue(a.body, types, inputs, needed)
     if any(r not in pro.regs for r in needed):
         raise Unsupported("a result is not a float register")
     source = "\n".join([HELPERS, SUM_HELPERS, pro.source,
