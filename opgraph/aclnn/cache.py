@@ -1,9 +1,10 @@
 """The executor cache: phase 1 with the same argument metadata reuses the compiled program.
 
 The key holds, per argument, the tensor metadata (shape, strides, dtype, format, as the
-tensor's interned :attr:`~opgraph.core.tensor.Tensor.signature_id`) or None for a NULL, scalars by value, which arguments are the same tensor, the platform and the
-opt level — everything phase 1 depends on except data pointers and whether the outputs are
-writable, which a hit checks (:meth:`CachedOp.writable`). Bounded (LRU, 256 entries by
+tensor's interned :attr:`~opgraph.core.tensor.Tensor.signature_id`) or None for a NULL,
+scalars by value, which arguments are the same tensor, the platform and the opt level —
+everything phase 1 depends on except data pointers and whether the outputs are writable,
+which a hit checks (:meth:`CachedOp.writable`). Bounded (LRU, 256 entries by
 default; the least recently used entry is evicted) and thread-safe.
 
     >>> import numpy as np, opgraph

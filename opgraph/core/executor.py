@@ -62,15 +62,15 @@ class CompiledProgram:
 
     def executable(self, backend: Backend) -> Executable:
         """``backend``'s executable of the compiled graph (compiled once, thread-safe)."""
-        hit = self._executables.get(id(backend))
-        if hit is not None and hit[0] is backend:
-            return hit[1]
+        built = self.built_executable(backend)
+        if built is not None:
+            return built
         with self._lock:
-            hit = self._executables.get(id(backend))
-            if hit is None or hit[0] is not backend:
-                hit = (backend, backend.compile(self.compiled, self.memory_plan, self.platform))
-                self._executables[id(backend)] = hit
-        return hit[1]
+            built = self.built_executable(backend)
+            if built is None:
+                built = backend.compile(self.compiled, self.memory_plan, self.platform)
+                self._executables[id(backend)] = (backend, built)
+        return built
 
     def built_executable(self, backend: Optional[Backend]) -> Optional[Executable]:
         """``backend``'s executable if :meth:`executable` has built it, else None."""
@@ -143,11 +143,6 @@ class Executor:
 
     def output(self, *values: Value) -> None:
         self.graph.outputs = list(values)
-
-    def built_executable(self, backend: Optional[Backend]) -> Optional[Executable]:
-        """``backend``'s executable if :meth:`executable` has built it, else None."""
-        hit = self._executables.get(id(backend))
-        return hit[1] if hit is not None and hit[0] is backend else None
 
     @property
     def kernel_count(self) -> int:
