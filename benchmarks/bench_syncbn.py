@@ -38,6 +38,7 @@ import torch.distributed as dist
 
 import opgraph
 from opgraph.torch import SyncBatchNormFunction, run_ranks
+from opgraph.torch.kernels import as_numpy, to_torch
 from bench_common import backends_here, held_floor, on_huge_pages
 
 DTYPES = {"fp32": (torch.float32, None), "fp16": (torch.float16, None),
@@ -95,8 +96,7 @@ def variants(shape: tuple[int, ...], dtype: str, rank: int, world: int,
 
 def pinned(t: torch.Tensor) -> torch.Tensor:
     """``t``'s values in memory advised onto huge pages (:func:`bench_common.on_huge_pages`)."""
-    words = {2: torch.int16, 4: torch.int32}[t.element_size()]
-    return torch.from_numpy(on_huge_pages(t.contiguous().view(words).numpy())).view(t.dtype)
+    return to_torch(on_huge_pages(as_numpy(t)))
 
 
 def burst_lengths(fns: dict[str, Callable[[], None]]) -> dict[str, int]:

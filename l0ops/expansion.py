@@ -20,6 +20,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from opgraph.core.dtypes import DataType, dtype_of
+from opgraph.core.memo import BoundedMemo
 from opgraph.core.opdef import ExpandFn, OpAttrs
 from opgraph.core.types import TensorType
 from .interpreter import run_fused
@@ -69,7 +70,7 @@ def reduces_live_data(body: Body, in_types: Sequence[TensorType]) -> bool:
     return any(ins.op == "sum" and ins.shape is not None for ins in body)
 
 
-_ARRAY_TYPES: dict[tuple, TensorType] = {}
+_ARRAY_TYPES = BoundedMemo(limit=4096)  # (numpy dtype, shape) -> TensorType
 
 
 def array_types(arrays: Sequence[np.ndarray]) -> list[TensorType]:
@@ -82,11 +83,7 @@ def array_types(arrays: Sequence[np.ndarray]) -> list[TensorType]:
     for a in arrays:
         key = (a.dtype, a.shape)
         t = _ARRAY_TYPES.get(key)
-        if t is None:
-            if len(_ARRAY_TYPES) >= 4096:
-                _ARRAY_TYPES.clear()
-            t = _ARRAY_TYPES[key] = TensorType(a.shape, dtype_of(a.dtype))
-        out.append(t)
+        out.append(t if t is not None else _ARRAY_TYPES.put(key, TensorType(a.shape, dtype_of(a.dtype))))
     return out
 
 

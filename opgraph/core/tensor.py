@@ -25,13 +25,14 @@ from typing import Any, Sequence
 import numpy as np
 
 from .dtypes import DataType, Format, dtype_of, format_of
+from .memo import BoundedMemo
 
 BF16_NP = DataType.BF16.np
 
 MAX_RANK = 64  # numpy's limit on array dimensions
 
 
-_ROW_MAJOR: dict[tuple, tuple[int, ...]] = {}
+_ROW_MAJOR = BoundedMemo(limit=4096)  # shape tuple -> row-major strides
 
 
 def row_major_strides(shape: Sequence[int]) -> tuple[int, ...]:
@@ -49,11 +50,7 @@ def row_major_strides(shape: Sequence[int]) -> tuple[int, ...]:
         strides.append(acc)
         acc *= max(int(n), 1)
     got = tuple(reversed(strides))
-    if key is not None:
-        if len(_ROW_MAJOR) >= 4096:
-            _ROW_MAJOR.clear()
-        _ROW_MAJOR[key] = got
-    return got
+    return got if key is None else _ROW_MAJOR.put(key, got)
 
 
 def is_contiguous(shape: Sequence[int], strides: Sequence[int], fmt: Format = Format.ND) -> bool:
@@ -211,7 +208,7 @@ class Tensor:
         try:
             return self._signature_id
         except AttributeError:
-            sid = _intern_signature((self.shape, self.strides, int(self.dtype), int(self.format)))
+            sid = _intern_signature(self.signature)
             _SET_SIGNATURE_ID(self, sid)
             return sid
 
@@ -265,10 +262,10 @@ class Tensor:
 _DTYPES: dict[np.dtype, DataType] = {}
 
 
-_SIGNATURE_IDS: dict[tuple, int] = {}
-_CONTIGUOUS_IDS: dict[tuple, int] = {}  # (numpy dtype, shape) of a C-contiguous ND tensor -> id
-_NEXT_ID = itertools.count(1)
 MAX_SIGNATURE_IDS = 1 << 16
+_SIGNATURE_IDS = BoundedMemo(MAX_SIGNATURE_IDS)
+_CONTIGUOUS_IDS = BoundedMemo(MAX_SIGNATURE_IDS)  # (numpy dtype, shape) of a C-contiguous ND tensor -> id
+_NEXT_ID = itertools.count(1)
 
 
 def _intern_signature(sig: tuple) -> int:
@@ -276,11 +273,7 @@ def _intern_signature(sig: tuple) -> int:
     never share one; when the table is full it starts afresh (a signature seen before may then
     get a second id, which only costs a cache miss)."""
     got = _SIGNATURE_IDS.get(sig)
-    if got is None:
-        if len(_SIGNATURE_IDS) >= MAX_SIGNATURE_IDS:
-            _SIGNATURE_IDS.clear()
-        got = _SIGNATURE_IDS.setdefault(sig, next(_NEXT_ID))
-    return got
+    return _SIGNATURE_IDS.put(sig, next(_NEXT_ID)) if got is None else got
 
 
 def virtual_tensor(shape: Sequence[int], dtype: Any, format: "Format | str" = "ND",
@@ -380,9 +373,7 @@ def tensor(array: "np.ndarray | Sequence", format: "Format | str" = "ND", dtype:
             key = (a.dtype, a.shape)  # the signature follows from these: its id, remembered
             sid = _CONTIGUOUS_IDS.get(key)
             if sid is None:
-                if len(_CONTIGUOUS_IDS) >= MAX_SIGNATURE_IDS:
-                    _CONTIGUOUS_IDS.clear()
-                _CONTIGUOUS_IDS[key] = t.signature_id
+                _CONTIGUOUS_IDS.put(key, t.signature_id)
             else:
                 _SET_SIGNATURE_ID(t, sid)
             return t
