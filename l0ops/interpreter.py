@@ -89,21 +89,65 @@ class Program:
         self.result, self.result_dtype, self.out_dtype = a.result, self.types[a.result][0], a.out_dtype
         fns = [compile_instr(ins, self.types) for ins in a.body]  # shared by both run paths
         self._plan_flat(a, sigs, fns)
+        self._body, self._fns = a.body, fns
         self._pending = (a, sigs, fns)  # the chunked path's plan: built on first use
+        self.dtypes = tuple(sg.dtype for sg in sigs)
+        self.shapes = tuple(sg.shape for sg in sigs) + (self.full,)
+        # sizes the body fixes: its constant shapes, and what view and sum instructions read
+        fixed = [ins.shape or () for ins in a.body] + [ins.over or () for ins in a.body]
+        fixed += [self.types[ins.args[0]][1] for ins in a.body if ins.op in ("view", "sum")]
+        self.pinned = frozenset(n for shape in fixed for n in shape)
+
+    def resized(self, a: FusedAttrs, shapes: Sequence[tuple[int, ...]]) -> "Program | None":
+        """This program for the same body and operand dtypes at operand ``shapes``, or None
+        unless they are this one's with each dim value renamed one to one (1 staying 1) and
+        every size the body fixes unchanged. Then every check of the body gives what it gave
+        here and every compiled instruction is the same: only the register shapes are renamed
+        (when first read). A new batch size of a known structure skips type check and compile."""
+        shapes = (*shapes, tuple(a.shape))
+        if (a.body is not self._body or a.result != self.result
+                or a.out_dtype != self.out_dtype or len(shapes) != len(self.shapes)):
+            return None
+        rename: dict[int, int] = {}
+        for old, new in zip(self.shapes, shapes):
+            if len(old) != len(new):
+                return None
+            for n, m in zip(old, new):
+                if (n == 1) != (m == 1) or rename.setdefault(n, m) != m:
+                    return None
+        if len(set(rename.values())) != len(rename) or any(
+                rename.get(n, n) != n for n in self.pinned):
+            return None
+        made = object.__new__(Program)
+        made.__dict__.update(
+            full=shapes[-1], result=self.result, result_dtype=self.result_dtype,
+            out_dtype=self.out_dtype, flat=self.flat, flat_result=self.flat_result,
+            narrow_inputs=self.narrow_inputs, dtypes=self.dtypes, shapes=shapes,
+            pinned=self.pinned, _body=self._body, _fns=self._fns, _pending=(a, None, self._fns),
+            _renamed=(self.types, rename))
+        return made
 
     def __getattr__(self, name: str) -> Any:
-        """The chunked path's plan (:meth:`_plan_chunks`), built when first asked for: a small
-        tensor (a new size of a known structure, say) only ever runs :meth:`run_flat`. It is
-        planned on a staging object and published at once, so another thread never reads it
-        half built."""
+        """What is built when first asked for: a renamed program's register ``types``, and the
+        chunked path's plan (:meth:`_plan_chunks`) — a small tensor (a new size of a known
+        structure, say) only ever runs :meth:`run_flat`. The plan is made on a staging object
+        and published at once, so another thread never reads it half built."""
+        if name == "types" and "_renamed" in self.__dict__:
+            types, rename = self._renamed
+            self.types = {r: (d, tuple([rename.get(n, n) for n in shape]))
+                          for r, (d, shape) in types.items()}
+            return self.types
         if name.startswith("__") or self.__dict__.get("_pending") is None:
             raise AttributeError(name)
         with _PLAN_LOCK:
             pending = self.__dict__.get("_pending")
             if pending is not None:
+                a, sigs, fns = pending
+                if sigs is None:
+                    sigs = [Sig(d, s) for d, s in zip(self.dtypes, self.shapes)]
                 staged = object.__new__(Program)
                 staged.__dict__.update(self.__dict__)
-                staged._plan_chunks(*pending)
+                staged._plan_chunks(a, sigs, fns)
                 self.__dict__.update({k: v for k, v in staged.__dict__.items()
                                       if k not in self.__dict__})
                 self.__dict__["_pending"] = None
@@ -233,12 +277,23 @@ class Program:
 
 
 _PROGRAMS = IdentityMemo(limit=1024)
+_BY_BODY = IdentityMemo(limit=256)  # the last program made per body object and operand dtypes
 
 
 def program(a: FusedAttrs, inputs: Sequence[np.ndarray]) -> Program:
-    """The cached :class:`Program` of ``a`` for these operands' dtypes and shapes."""
-    return _PROGRAMS.get(a, tuple((x.dtype, x.shape) for x in inputs),
-                         lambda: Program(a, [Sig(dtype_of(x.dtype), x.shape) for x in inputs]))
+    """The cached :class:`Program` of ``a`` for these operands' dtypes and shapes: made anew,
+    or renamed from the last one of the same body (:meth:`Program.resized`)."""
+    return _PROGRAMS.get(a, tuple((x.dtype, x.shape) for x in inputs), lambda: _make(a, inputs))
+
+
+def _make(a: FusedAttrs, inputs: Sequence[np.ndarray]) -> Program:
+    dtypes = tuple([x.dtype for x in inputs])
+    last = _BY_BODY.peek(a.body, dtypes)  # made for these dtypes: only the shapes may differ
+    made = last.resized(a, [x.shape for x in inputs]) if last is not None else None
+    if made is None:
+        made = Program(a, [Sig(dtype_of(x.dtype), x.shape) for x in inputs])
+        _BY_BODY.put(a.body, dtypes, made)
+    return made
 
 
 class Hoisted:

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 import threading
-from typing import Callable, Sequence, TypeVar
+from typing import Any, Callable, Sequence, TypeVar
 
 import numpy as np
 
@@ -140,16 +140,24 @@ class IdentityMemo:
 
     def get(self, obj: object, key: tuple, make: Callable[[], T]) -> T:
         """The value for (``obj``, ``key``), made by ``make()`` the first time."""
-        full = (id(obj), key)
-        hit = self._items.get(full)
-        if hit is not None and hit[0] is obj:
-            return hit[1]
+        hit = self.peek(obj, key)
+        if hit is not None:
+            return hit
         value = make()
+        self.put(obj, key, value)
+        return value
+
+    def peek(self, obj: object, key: tuple) -> "Any | None":
+        """The value for (``obj``, ``key``) if there is one, else None."""
+        hit = self._items.get((id(obj), key))
+        return hit[1] if hit is not None and hit[0] is obj else None
+
+    def put(self, obj: object, key: tuple, value: Any) -> None:
+        """Remember ``value`` for (``obj``, ``key``)."""
         with self._lock:
             if len(self._items) >= self.limit:
                 self._items.clear()
-            self._items[full] = (obj, value)
-        return value
+            self._items[(id(obj), key)] = (obj, value)
 
 
 _TYPES = IdentityMemo(limit=4096)

@@ -77,52 +77,83 @@ def reciprocal_of(value: float, is_size: Callable[[int], bool]) -> Optional[tupl
 def _builder(obj: Any, is_size: Callable[[int], bool]) -> Optional[Builder]:
     """A function rebuilding ``obj`` with its sizes mapped, or None when it holds no size
     (then ``obj`` itself is reused): the walk is done once, not per call."""
+    return _walk(obj, is_size)[0]
+
+
+def _walk(obj: Any, is_size: Callable[[int], bool]) -> tuple[Optional[Builder], frozenset]:
+    """``(builder, sizes)``: :func:`_builder` and the sizes ``obj`` mentions. A model or a tuple
+    of them is rebuilt only for new values of its own sizes (:func:`_remembered`), so a body
+    whose sizes did not change stays the same object and what is cached per body object (a
+    fused body's compiled program) still applies."""
     t = type(obj)
     if t is int:
-        return (lambda f: f(obj)) if is_size(obj) else None
+        return ((lambda f: f(obj)), frozenset((obj,))) if is_size(obj) else (None, frozenset())
     if t is float:
         r = reciprocal_of(obj, is_size)
         if r is None:
-            return None
+            return None, frozenset()
         n, rounded = r
-        return (lambda f: float(np.float32(1 / f(n)))) if rounded else (lambda f: 1 / f(n))
+        return ((lambda f: float(np.float32(1 / f(n)))) if rounded else (lambda f: 1 / f(n)),
+                frozenset((n,)))
     if t is dict:
-        parts = [(k, v, _builder(v, is_size)) for k, v in obj.items()]
-        if all(b is None for _, _, b in parts):
-            return None
-        return lambda f: {k: v if b is None else b(f) for k, v, b in parts}
+        parts = [(k, v, *_walk(v, is_size)) for k, v in obj.items()]
+        if all(b is None for _, _, b, _ in parts):
+            return None, frozenset()
+        return ((lambda f: {k: v if b is None else b(f) for k, v, b, _ in parts}),
+                frozenset().union(*(s for _, _, _, s in parts)))
     if t is list or t is tuple:
-        changed = [(i, b) for i, v in enumerate(obj) if (b := _builder(v, is_size)) is not None]
+        walked = [_walk(v, is_size) for v in obj]
+        changed = [(i, b) for i, (b, _) in enumerate(walked) if b is not None]
         if not changed:
-            return None
+            return None, frozenset()
+        sizes = frozenset().union(*(s for _, s in walked))
         if all(type(v) is int for v in obj):  # a shape: map the sizes in one pass
-            sizes = [type(v) is int and is_size(v) for v in obj]
-            return lambda f: t([f(v) if s else v for v, s in zip(obj, sizes)])
+            flags = [type(v) is int and is_size(v) for v in obj]
+            return (lambda f: t([f(v) if s else v for v, s in zip(obj, flags)])), sizes
 
         def rebuild(f: Callable[[int], int]) -> Any:
             items = list(obj)
             for i, b in changed:
                 items[i] = b(f)
             return t(items)
-        return rebuild
+        return _remembered(rebuild, sizes), sizes
     if isinstance(obj, BaseModel):  # attrs: validated once when recorded; only sizes change
-        fields = [(k, b) for k in type(obj).model_fields
-                  if (b := _builder(getattr(obj, k), is_size)) is not None]
+        fields = [(k, *_walk(getattr(obj, k), is_size)) for k in type(obj).model_fields]
+        fields = [(k, b, s) for k, b, s in fields if b is not None]
         if not fields:
-            return None
-        return lambda f: obj.model_copy(update={k: b(f) for k, b in fields})
-    return None
+            return None, frozenset()
+        sizes = frozenset().union(*(s for _, _, s in fields))
+        return (_remembered(lambda f: obj.model_copy(update={k: b(f) for k, b, _ in fields}), sizes),
+                sizes)
+    return None, frozenset()
+
+
+def _remembered(build: Builder, sizes: frozenset, keep: int = 8) -> Builder:
+    """``build``, giving the object it last built for the same values of ``sizes`` (at most
+    ``keep`` kept; attrs are frozen, so graphs may share them)."""
+    order, made = tuple(sorted(sizes)), {}
+
+    def remembered(f: Callable[[int], int]) -> Any:
+        key = tuple([f(v) for v in order])
+        hit = made.get(key)
+        if hit is None:
+            hit = build(f)
+            if len(made) >= keep:
+                made.clear()
+            made[key] = hit
+        return hit
+    return remembered
 
 
 def _type_builder(t: TensorType, is_size: Callable[[int], bool]) -> Optional[Builder]:
-    b = _builder((t.shape, t.strides), is_size)
+    b, sizes = _walk((t.shape, t.strides), is_size)
     if b is None:
         return None
 
     def build(f: Callable[[int], int]) -> TensorType:  # sizes map ints to ints
         shape, strides = b(f)
         return TensorType.trusted(shape, t.dtype, t.format, strides)
-    return build
+    return _remembered(build, sizes)
 
 
 class Resizer:

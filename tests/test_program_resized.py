@@ -1,0 +1,103 @@
+"""A new batch size reuses what was built for a fused body at another size: the structure cache's
+mapping keeps a body whose own sizes did not change as the same object, and the numpy
+interpreter renames that body's program (``Program.resized``) instead of checking and compiling
+it again — only when every check would come out the same. Results are checked against float32
+numpy written out here."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import opgraph
+from opgraph.aclnn import aclnnBatchNormElemtBackwardGetWorkspaceSize as elemt_backward
+from opgraph.core.dtypes import DataType as D
+from opgraph.core.opdef import L0Error
+from l0ops.interpreter import FLAT_ELEMS, program, run_fused
+from l0ops.primitives import FusedAttrs, Instr, Sig, reg_types
+
+C, W, K = 3, 4, 6  # channels, inner size, counter length
+BODY = (
+    Instr(op="sum", args=("in2",), dtype=D.FLOAT),            # t0: the counter total
+    Instr(op="div", args=("in0", "t0"), dtype=D.FLOAT),       # t1: [C]
+    Instr(op="view", args=("t1",), dtype=D.FLOAT, shape=(1, C, 1)),
+    Instr(op="sub", args=("in1", "t2"), dtype=D.FLOAT),       # t3: [N, C, W]
+    Instr(op="mul", args=("t3", "t3"), dtype=D.FLOAT),
+)
+
+
+BASE = FusedAttrs(shape=(1, C, W), body=BODY, result="t4", out_dtype=D.FLOAT)
+
+
+def attrs(shape: tuple[int, ...]) -> FusedAttrs:
+    """The body at another iteration space, the body object kept (as the structure cache does)."""
+    return BASE.model_copy(update={"shape": shape})
+
+
+def operands(n: int, c: int = C, seed: int = 0) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal(c).astype(np.float32),
+            rng.standard_normal((n, c, W)).astype(np.float32),
+            rng.integers(1, 9, K).astype(np.float32)]  # whole numbers: any summing order is exact
+
+
+def expected(ins: list[np.ndarray]) -> np.ndarray:
+    per_channel = ins[0] / np.float32(ins[2].sum(dtype=np.float64))
+    d = ins[1] - per_channel[None, :, None]
+    return d * d
+
+
+def test_a_new_batch_size_renames_the_program_and_keeps_the_bits():
+    program(attrs((2, C, W)), operands(2))  # the program later sizes are renamed from
+    for n in (5, 7, 2 * FLAT_ELEMS):  # the last one runs the chunked path on renamed types
+        a, ins = attrs((n, C, W)), operands(n, seed=n)
+        prog = program(a, ins)
+        assert "_renamed" in prog.__dict__, n
+        assert prog.types == reg_types(a, [Sig(D.FLOAT, x.shape) for x in ins])
+        got = run_fused(a, ins)
+        assert np.array_equal(got.view(np.uint32), expected(ins).view(np.uint32)), n
+
+
+@pytest.mark.parametrize("n, c, why", [
+    (1, C, "a dim becomes 1"),
+    (C, C, "two different dims become equal"),
+    (9, 5, "a size the body's view fixes changes"),
+])
+def test_a_program_is_made_anew_when_the_checks_could_differ(n, c, why):
+    program(attrs((2, C, W)), operands(2))
+    a, ins = attrs((n, c, W)), operands(n, c=c, seed=1)
+    if c != C:
+        with pytest.raises(L0Error, match="view must keep the element count"):
+            run_fused(a, ins)
+        return
+    prog = program(a, ins)
+    assert "_renamed" not in prog.__dict__, why
+    assert np.array_equal(run_fused(a, ins).view(np.uint32), expected(ins).view(np.uint32))
+
+
+def test_operands_that_do_not_broadcast_still_fail_the_check():
+    program(attrs((2, C, W)), operands(2))
+    ins = operands(4)
+    ins[1] = ins[1][:, :, :3].copy()  # W no longer matches the iteration space
+    with pytest.raises(L0Error):
+        run_fused(attrs((4, C, W)), ins)
+
+
+def _elemt_backward_body(n: int, c: int):
+    rng = np.random.default_rng(n)
+    big = lambda: opgraph.tensor(rng.standard_normal((n, c, 4)).astype(np.float32))  # noqa: E731
+    small = lambda: opgraph.tensor(rng.uniform(0.5, 2, c).astype(np.float32))  # noqa: E731
+    args = (big(), big(), small(), small(), small(), small(), small(),
+            opgraph.tensor(np.full(c, 3, np.int32)), opgraph.tensor(np.zeros((n, c, 4), np.float32)))
+    with opgraph.opt_level(2):
+        status, _, ex = elemt_backward(*args)
+    assert status == 0
+    return ex.program.compiled.nodes[0].attrs
+
+
+def test_the_structure_cache_keeps_a_body_whose_sizes_did_not_change():
+    _elemt_backward_body(3, 2)  # recorded; the structure's template is made
+    first = _elemt_backward_body(5, 2)  # from the template
+    again = _elemt_backward_body(7, 2)  # a new batch size: only the iteration space changes
+    other = _elemt_backward_body(7, 6)  # new channels: the body's views change
+    assert again.shape == (7, 2, 4) and again.body is first.body
+    assert other.body is not first.body and other.body[4].shape == (1, 6, 1)
