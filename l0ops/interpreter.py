@@ -78,6 +78,29 @@ def _blocks(shape: tuple[int, ...], limit: int):
 _PLAN_LOCK = threading.Lock()
 
 
+def renaming(old: Sequence[tuple[int, ...]], new: Sequence[tuple[int, ...]],
+             fixed: "frozenset[int]" = frozenset()) -> "dict[int, int] | None":
+    """The one-to-one renaming of dim values taking the shapes ``old`` to ``new`` (1 only to 1,
+    every value in ``fixed`` to itself), or None when there is none. Checks of a body on
+    broadcasting come out the same on both sides of such a renaming.
+
+        >>> renaming([(2, 3), (3,)], [(5, 3), (3,)]), renaming([(2, 3)], [(3, 3)])
+        ({2: 5, 3: 3}, None)
+    """
+    if len(old) != len(new):
+        return None
+    rename: dict[int, int] = {}
+    for a, b in zip(old, new):
+        if len(a) != len(b):
+            return None
+        for n, m in zip(a, b):
+            if (n == 1) != (m == 1) or rename.setdefault(n, m) != m:
+                return None
+    if len(set(rename.values())) != len(rename) or any(rename.get(n, n) != n for n in fixed):
+        return None
+    return rename
+
+
 class Program:
     """A fused body compiled for given operand (dtype, shape)s: every instruction as a numpy
     callable, split into the ``hoisted`` part (does not vary over the iteration space: small
@@ -105,18 +128,10 @@ class Program:
         here and every compiled instruction is the same: only the register shapes are renamed
         (when first read). A new batch size of a known structure skips type check and compile."""
         shapes = (*shapes, tuple(a.shape))
-        if (a.body is not self._body or a.result != self.result
-                or a.out_dtype != self.out_dtype or len(shapes) != len(self.shapes)):
+        if a.body is not self._body or a.result != self.result or a.out_dtype != self.out_dtype:
             return None
-        rename: dict[int, int] = {}
-        for old, new in zip(self.shapes, shapes):
-            if len(old) != len(new):
-                return None
-            for n, m in zip(old, new):
-                if (n == 1) != (m == 1) or rename.setdefault(n, m) != m:
-                    return None
-        if len(set(rename.values())) != len(rename) or any(
-                rename.get(n, n) != n for n in self.pinned):
+        rename = renaming(self.shapes, shapes, self.pinned)
+        if rename is None:
             return None
         made = object.__new__(Program)
         made.__dict__.update(
@@ -396,4 +411,5 @@ def _finish(res: np.ndarray, rd: DataType, out_dtype: DataType) -> np.ndarray:
     return cast_array(res, out_dtype)
 
 
-__all__ = ["CHUNK_ELEMS", "FLAT_ELEMS", "Hoisted", "Program", "chunks", "program", "run_fused"]
+__all__ = ["CHUNK_ELEMS", "FLAT_ELEMS", "Hoisted", "Program", "chunks", "program", "renaming",
+           "run_fused"]

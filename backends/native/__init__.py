@@ -29,8 +29,8 @@ from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 
-from l0ops.interpreter import Hoisted, program
-from l0ops.primitives import FusedAttrs
+from l0ops.interpreter import Hoisted, program, renaming
+from l0ops.primitives import FusedAttrs, IdentityMemo
 from opgraph.core.backend import LoweringTable
 from opgraph.core.ir import Graph
 from opgraph.core.memory import MemoryPlan
@@ -96,7 +96,8 @@ class _Launch:
     its registers ``hoisted`` (strides ``h_strides``) are passed."""
 
     __slots__ = ("attrs", "fn", "fused", "tab", "small", "big", "hoisted", "h_strides", "ndim",
-                 "shape", "strides", "ptrs", "extents", "same", "out_extent", "empty", "last")
+                 "shape", "strides", "ptrs", "extents", "same", "out_extent", "empty", "last",
+                 "pro", "shapes", "small_layouts", "pinned")
 
     def __init__(self, a: FusedAttrs, h: Hoisted, inputs: Sequence[np.ndarray], out: np.ndarray,
                  use_prologue: bool = True):
@@ -107,7 +108,6 @@ class _Launch:
         self.attrs, self.hoisted = a, p.hoisted
         self.big = tuple(int(r[2:]) for r, _ in p.big)
         big = [inputs[k] for k in self.big]
-        self.empty = math.prod(full) == 0
         pro = None
         if use_prologue:
             try:
@@ -126,22 +126,58 @@ class _Launch:
             self.small, self.tab = (), None
             source = render.render(p)
         self.h_strides = tuple(v.strides for v in hv)
-        strides.append(_element_strides(out))
-        shape, strides = collapse(full, strides)
-        self.ndim, self.ptrs = len(shape), ctypes.c_void_p * (len(self.small) + len(big) + len(hv) + 1)
-        self.shape = (ctypes.c_int64 * len(shape))(*shape)
-        self.strides = (ctypes.c_int64 * (len(shape) * len(strides)))(*sum(strides, []))
+        self.ptrs = ctypes.c_void_p * (len(self.small) + len(big) + len(hv) + 1)
         kernel = build.load(source, symbol="opg_fused" if pro is not None else build.SYMBOL)
         self.fused = pro is not None
-        self.last: tuple = ()  # fused: (weak references to the arrays, their pointer array)
-        read = big if self.fused else big + hv
-        self.extents = [_extent(x) for x in read]
-        self.out_extent = _extent(out)
-        self.same = [x.shape == out.shape and x.strides == out.strides for x in read]
+        self._lay_out(full, strides, big if self.fused else big + hv, out)
         fn = kernel.fn
         if fn.argtypes is None:
             fn.argtypes, fn.restype = (_FUSED_ARGTYPES, ctypes.c_int) if self.fused else (_ARGTYPES, None)
         self.fn = fn
+        # what resized() needs: the operand shapes and the sizes the kernel and its prologue fix
+        self.pro, self.shapes = pro, tuple(x.shape for x in inputs) + (full,)
+        small = [inputs[k] for k in self.small]
+        self.small_layouts = tuple((x.shape, x.strides) for x in small)
+        self.pinned = (program(a, inputs).pinned
+                       | {n for x in small for n in x.shape}
+                       | {n for _, shape, _ in (pro.regs.values() if pro else ()) for n in shape})
+
+    def _lay_out(self, full: tuple[int, ...], strides: list[list[int]], read: Sequence[np.ndarray],
+                 out: np.ndarray) -> None:
+        """The parts that follow the operands' sizes and layouts: the collapsed loop (C arrays),
+        the byte extents read and written, which operands have the output's layout."""
+        self.empty = math.prod(full) == 0
+        shape, strides = collapse(full, strides + [_element_strides(out)])
+        self.ndim = len(shape)
+        self.shape = (ctypes.c_int64 * len(shape))(*shape)
+        self.strides = (ctypes.c_int64 * (len(shape) * len(strides)))(*sum(strides, []))
+        self.last: tuple = ()  # fused: (weak references to the arrays, their pointer array)
+        self.extents = [_extent(x) for x in read]
+        self.out_extent = _extent(out)
+        self.same = [x.shape == out.shape and x.strides == out.strides for x in read]
+
+    def resized(self, a: FusedAttrs, inputs: Sequence[np.ndarray], out: np.ndarray) -> "_Launch | None":
+        """This launch for the same body and operand dtypes at other sizes — the same kernel and
+        prologue table, the loop laid out anew — or None unless (as for
+        :meth:`l0ops.interpreter.Program.resized`) the operand shapes are a one-to-one renaming
+        of this launch's that keeps every size the body, the prologue and its per-channel inputs
+        fix, and those inputs keep their layouts."""
+        full = tuple(a.shape)
+        if (not self.fused or a.body is not self.attrs.body or a.result != self.attrs.result
+                or a.out_dtype != self.attrs.out_dtype or out.shape != full
+                or renaming(self.shapes, [x.shape for x in inputs] + [full], self.pinned) is None
+                or any((inputs[k].shape, inputs[k].strides) != lay
+                       for k, lay in zip(self.small, self.small_layouts))):
+            return None
+        made = object.__new__(_Launch)
+        for name in _Launch.__slots__:
+            setattr(made, name, getattr(self, name))
+        made.attrs, made.shapes = a, tuple(x.shape for x in inputs) + (full,)
+        big = [inputs[k] for k in self.big]
+        pro = self.pro
+        strides = [_element_strides(x) for x in big] + [pro.kernel_strides(r, full) for r in self.hoisted]
+        made._lay_out(full, strides, big, out)
+        return made
 
 
 def _as_f32(v: Any) -> np.ndarray:
@@ -158,6 +194,7 @@ def _extent(x: np.ndarray) -> tuple[int, int]:
 
 
 _LAUNCHES: dict[tuple, _Launch] = {}
+_BY_BODY = IdentityMemo(limit=256)  # the last launch built per body object and operand dtypes
 
 
 def _launch(a: FusedAttrs, inputs: Sequence[np.ndarray], out: np.ndarray) -> _Launch:
@@ -166,7 +203,12 @@ def _launch(a: FusedAttrs, inputs: Sequence[np.ndarray], out: np.ndarray) -> _La
         (x.dtype, x.shape, x.strides) for x in inputs)
     ln = _LAUNCHES.get(key)
     if ln is None or ln.attrs is not a:
-        ln = _Launch(a, Hoisted(a, inputs), inputs, out)
+        dtypes = (out.dtype,) + tuple([x.dtype for x in inputs])
+        last = _BY_BODY.peek(a.body, dtypes)  # a new batch size: the same kernel, laid out anew
+        ln = last.resized(a, inputs, out) if last is not None else None
+        if ln is None:
+            ln = _Launch(a, Hoisted(a, inputs), inputs, out)
+            _BY_BODY.put(a.body, dtypes, ln)
         if len(_LAUNCHES) >= 1024:
             _LAUNCHES.clear()
         _LAUNCHES[key] = ln

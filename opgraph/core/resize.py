@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterator, Optional
 import numpy as np
 from pydantic import BaseModel
 
-from .ir import Graph, Value
+from .ir import Graph, Node, Value
 from .types import TensorType
 
 def monomial(v: int, primes: tuple[int, ...]) -> Optional[tuple[int, ...]]:
@@ -146,13 +146,16 @@ def _remembered(build: Builder, sizes: frozenset, keep: int = 8) -> Builder:
 
 
 def _type_builder(t: TensorType, is_size: Callable[[int], bool]) -> Optional[Builder]:
-    b, sizes = _walk((t.shape, t.strides), is_size)
-    if b is None:
+    shape, strides = t.shape, t.strides or ()
+    flags = [is_size(n) for n in shape], [is_size(n) for n in strides]
+    if not any(flags[0]) and not any(flags[1]):
         return None
+    sizes = frozenset(n for n, s in zip(shape + strides, flags[0] + flags[1]) if s)
 
     def build(f: Callable[[int], int]) -> TensorType:  # sizes map ints to ints
-        shape, strides = b(f)
-        return TensorType.trusted(shape, t.dtype, t.format, strides)
+        return TensorType.trusted(
+            tuple([f(n) if s else n for n, s in zip(shape, flags[0])]), t.dtype, t.format,
+            None if t.strides is None else tuple([f(n) if s else n for n, s in zip(strides, flags[1])]))
     return _remembered(build, sizes)
 
 
@@ -184,13 +187,23 @@ class Resizer:
         out = type(g)(g.name, g.call)
         env: dict[str, Value] = {}
         for v, b in self.inputs:
-            env[v.name] = out.add_input(v.name, v.type if b is None else b(f))
+            t = v.type if b is None else b(f)
+            env[v.name] = out.add_input(v.name, t) if check else Value(v.name, t)
+        if not check:
+            out.inputs = list(env.values())
         for n, b, outs in zip(g.nodes, self.attrs, self.outputs):
             attrs = n.attrs if b is None else b(f)
-            types = None if check else [v.type if t is None else t(f)
-                                             for v, t in zip(n.outputs, outs)]
-            node = out.add_node(n.op, [env[v.name] for v in n.inputs], attrs, out_types=types,
-                                out_names=[v.name for v in n.outputs], source=n.source)
+            inputs = [env[v.name] for v in n.inputs]
+            if check:
+                node = out.add_node(n.op, inputs, attrs, out_names=[v.name for v in n.outputs],
+                                    source=n.source)
+            else:  # the mapping was checked once: build the node as Graph.copy does
+                node = Node(n.op, inputs, attrs, n.source)
+                node.outputs = [Value(v.name, v.type if t is None else t(f), node)
+                                for v, t in zip(n.outputs, outs)]
+                for v in inputs:
+                    v.users.append(node)
+                out.nodes.append(node)
             env.update((v.name, v) for v in node.outputs)
         out.outputs = [env[v.name] for v in g.outputs]
         out._next = g._next
