@@ -97,7 +97,7 @@ class _Launch:
 
     __slots__ = ("attrs", "fn", "fused", "tab", "small", "big", "hoisted", "h_strides", "ndim",
                  "shape", "strides", "ptrs", "extents", "same", "out_extent", "empty", "last",
-                 "pro", "shapes", "small_layouts", "pinned")
+                 "shapes", "small_layouts", "pinned", "h_kernel_strides")
 
     def __init__(self, a: FusedAttrs, h: Hoisted, inputs: Sequence[np.ndarray], out: np.ndarray,
                  use_prologue: bool = True):
@@ -117,10 +117,12 @@ class _Launch:
         strides = [_element_strides(x) for x in big]
         if pro is not None:  # hoisted registers: in the prologue's scratch
             hv: list[np.ndarray] = []
-            strides += [pro.kernel_strides(r, full) for r in p.hoisted]
+            self.h_kernel_strides = [pro.kernel_strides(r, full) for r in p.hoisted]
+            strides += self.h_kernel_strides
             self.small, self.tab = pro.small, (ctypes.c_int64 * len(pro.table))(*pro.table)
             source = render_fused(p, pro.source, len(pro.small), pro.hoisted_at)
         else:  # hoisted registers: numpy arrays passed per call
+            self.h_kernel_strides = []
             hv = [_as_f32(h.values[r]) for r in p.hoisted]
             strides += [_element_strides(np.broadcast_to(v, full)) for v in hv]
             self.small, self.tab = (), None
@@ -135,7 +137,7 @@ class _Launch:
             fn.argtypes, fn.restype = (_FUSED_ARGTYPES, ctypes.c_int) if self.fused else (_ARGTYPES, None)
         self.fn = fn
         # what resized() needs: the operand shapes and the sizes the kernel and its prologue fix
-        self.pro, self.shapes = pro, tuple(x.shape for x in inputs) + (full,)
+        self.shapes = tuple(x.shape for x in inputs) + (full,)
         small = [inputs[k] for k in self.small]
         self.small_layouts = tuple((x.shape, x.strides) for x in small)
         self.pinned = (program(a, inputs).pinned
@@ -174,9 +176,8 @@ class _Launch:
             setattr(made, name, getattr(self, name))
         made.attrs, made.shapes = a, tuple(x.shape for x in inputs) + (full,)
         big = [inputs[k] for k in self.big]
-        pro = self.pro
-        strides = [_element_strides(x) for x in big] + [pro.kernel_strides(r, full) for r in self.hoisted]
-        made._lay_out(full, strides, big, out)
+        # the prologue's registers keep their shapes and the rank is the same: so do their strides
+        made._lay_out(full, [_element_strides(x) for x in big] + self.h_kernel_strides, big, out)
         return made
 
 
@@ -188,6 +189,8 @@ def _extent(x: np.ndarray) -> tuple[int, int]:
     """Byte offsets [lo, hi) around the data pointer that ``x`` touches (empty: (0, 0))."""
     if x.size == 0:
         return 0, 0
+    if x.flags.c_contiguous:
+        return 0, x.nbytes
     lo = sum((n - 1) * s for n, s in zip(x.shape, x.strides) if s < 0)
     hi = sum((n - 1) * s for n, s in zip(x.shape, x.strides) if s > 0) + x.itemsize
     return lo, hi

@@ -28,6 +28,7 @@ import math
 from typing import Any, Callable, Hashable, Optional
 
 from opgraph.core.executor import CompiledProgram, Executor
+from opgraph.core.memo import BoundedMemo
 from opgraph.core.memory import plan_memory
 from opgraph.core.resize import Resizer, graph_numbers, monomial, same_graph
 from opgraph.core.tensor import Tensor, row_major_strides, virtual_tensor
@@ -36,6 +37,7 @@ from .cache import CachedOp, ExecutorCache, call_key
 # probe dims: primes far from the small constants graphs hold (axes, ranks, powers of two)
 PRIMES = tuple(p for p in range(11, 1000) if all(p % q for q in range(2, int(p ** 0.5) + 1)))
 MAX_PROBE_ELEMS = 1 << 24  # larger probes (high ranks, many distinct dims) are not templated
+_KINDS = BoundedMemo(limit=4096)  # signature id -> what the key holds besides the dims
 
 
 def structure_key(name: str, args: tuple, platform: Any, level: int
@@ -45,10 +47,15 @@ def structure_key(name: str, args: tuple, platform: Any, level: int
     classes: dict[int, int] = {}
 
     def meta(t: Tensor) -> Optional[Hashable]:
-        if t.copied or t.strides != row_major_strides(t.shape):
+        sid = t.signature_id
+        kinds = _KINDS.get(sid)
+        if kinds is None:  # (dtype, format), or () for strides that are not row-major
+            kinds = _KINDS.put(sid, (int(t.dtype), int(t.format))
+                               if t.strides == row_major_strides(t.shape) else ())
+        if t.copied or not kinds:
             return None
-        dims = tuple(n if n <= 1 else -1 - classes.setdefault(n, len(classes)) for n in t.shape)
-        return ("T", dims, int(t.dtype), int(t.format), bool(t.storage.flags.writeable))
+        dims = tuple([n if n <= 1 else -1 - classes.setdefault(n, len(classes)) for n in t.shape])
+        return ("T", dims, *kinds, bool(t.storage.flags.writeable))
     key = call_key(name, args, platform, level, meta)
     if key is None or len(classes) > len(PRIMES):
         return None, ()

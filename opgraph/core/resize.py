@@ -178,17 +178,21 @@ class Resizer:
 
     def __init__(self, g: Graph, is_size: Callable[[int], bool]):
         self.graph = g
-        self.inputs = [(v, _type_builder(v.type, is_size)) for v in g.inputs]
+        index: dict[TensorType, int] = {}  # each distinct type is mapped once per call
+        for v in g.values():
+            index.setdefault(v.type, len(index))
+        self.types = [(t, _type_builder(t, is_size)) for t in index]
+        self.inputs = [(v, index[v.type]) for v in g.inputs]
         self.attrs = [_builder(n.attrs, is_size) for n in g.nodes]
-        self.outputs = [[_type_builder(v.type, is_size) for v in n.outputs] for n in g.nodes]
+        self.outputs = [[index[v.type] for v in n.outputs] for n in g.nodes]
 
     def __call__(self, f: Callable[[int], int], check: bool = True) -> Graph:
         g = self.graph
         out = type(g)(g.name, g.call)
+        types = [t if b is None else b(f) for t, b in self.types]
         env: dict[str, Value] = {}
-        for v, b in self.inputs:
-            t = v.type if b is None else b(f)
-            env[v.name] = out.add_input(v.name, t) if check else Value(v.name, t)
+        for v, k in self.inputs:
+            env[v.name] = out.add_input(v.name, types[k]) if check else Value(v.name, types[k])
         if not check:
             out.inputs = list(env.values())
         for n, b, outs in zip(g.nodes, self.attrs, self.outputs):
@@ -199,8 +203,7 @@ class Resizer:
                                     source=n.source)
             else:  # the mapping was checked once: build the node as Graph.copy does
                 node = Node(n.op, inputs, attrs, n.source)
-                node.outputs = [Value(v.name, v.type if t is None else t(f), node)
-                                for v, t in zip(n.outputs, outs)]
+                node.outputs = [Value(v.name, types[k], node) for v, k in zip(n.outputs, outs)]
                 for v in inputs:
                     v.users.append(node)
                 out.nodes.append(node)
