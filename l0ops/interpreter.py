@@ -116,6 +116,7 @@ class Program:
         self._pending = (a, sigs, fns)  # the chunked path's plan: built on first use
         self.dtypes = tuple(sg.dtype for sg in sigs)
         self.shapes = tuple(sg.shape for sg in sigs) + (self.full,)
+        self._family: list = []  # the first chunk plan of this program or one resized from it
         # sizes the body fixes: its constant shapes, and what view and sum instructions read
         fixed = [ins.shape or () for ins in a.body] + [ins.over or () for ins in a.body]
         fixed += [self.types[ins.args[0]][1] for ins in a.body if ins.op in ("view", "sum")]
@@ -139,7 +140,12 @@ class Program:
             out_dtype=self.out_dtype, flat=self.flat, flat_result=self.flat_result,
             narrow_inputs=self.narrow_inputs, dtypes=self.dtypes, shapes=shapes,
             pinned=self.pinned, _body=self._body, _fns=self._fns, _pending=(a, None, self._fns),
-            _renamed=(self.types, rename))
+            _renamed=(self.types, rename), _family=self._family)
+        if self._family:  # a chunk plan made at another size: the same but for the shapes
+            plan, align = self._family[0]
+            made.__dict__.update(plan)
+            made.align = [(r, tuple([rename.get(n, n) for n in shape])) for r, shape in align]
+            made._pending = None
         return made
 
     def __getattr__(self, name: str) -> Any:
@@ -163,9 +169,15 @@ class Program:
                 staged = object.__new__(Program)
                 staged.__dict__.update(self.__dict__)
                 staged._plan_chunks(a, sigs, fns)
-                self.__dict__.update({k: v for k, v in staged.__dict__.items()
-                                      if k not in self.__dict__})
+                plan = {k: v for k, v in staged.__dict__.items() if k not in self.__dict__}
+                self.__dict__.update(plan)
                 self.__dict__["_pending"] = None
+                if not self._family:  # the plan in the family's first dims, for resized()
+                    renamed = self.__dict__.get("_renamed")
+                    back = {m: n for n, m in renamed[1].items()} if renamed else {}
+                    align = [(r, tuple([back.get(n, n) for n in shape])) for r, shape in self.align]
+                    self._family.append(({k: v for k, v in plan.items()
+                                          if k not in ("align", "types")}, align))
         return getattr(self, name)
 
     def _plan_chunks(self, a: FusedAttrs, sigs: Sequence["Sig"], fns: Sequence[Callable]) -> None:

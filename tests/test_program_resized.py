@@ -101,3 +101,28 @@ def test_the_structure_cache_keeps_a_body_whose_sizes_did_not_change():
     other = _elemt_backward_body(7, 6)  # new channels: the body's views change
     assert again.shape == (7, 2, 4) and again.body is first.body
     assert other.body is not first.body and other.body[4].shape == (1, 6, 1)
+
+
+SCALE = FusedAttrs(shape=(1, 1, 1), result="t1", out_dtype=D.FLOAT, body=(
+    Instr(op="mul", args=("in0", "in0"), dtype=D.FLOAT),  # hoisted: a [W] register
+    Instr(op="mul", args=("in1", "t0"), dtype=D.FLOAT),
+))
+
+
+def test_a_chunk_plan_made_at_one_size_serves_the_next_renamed():
+    """Sizes past FLAT_ELEMS run in chunks: the plan made at one size is taken over, its
+    per-channel registers' shapes renamed (here the inner size W changes too)."""
+    rng = np.random.default_rng(5)
+    program(SCALE.model_copy(update={"shape": (2, 3, 5)}),
+            [np.ones(5, np.float32), np.ones((2, 3, 5), np.float32)])
+    for k, (n, w) in enumerate([(700, 11), (900, 13), (1100, 17)]):
+        a = SCALE.model_copy(update={"shape": (n, 3, w)})
+        ins = [rng.standard_normal(w).astype(np.float32),
+               rng.standard_normal((n, 3, w)).astype(np.float32)]
+        prog = program(a, ins)
+        assert "_renamed" in prog.__dict__
+        if k:  # the plan came with the program
+            assert prog.__dict__["_pending"] is None and prog.align == [("in0", (1, 1, w)), ("t0", (1, 1, w))]
+        got = run_fused(a, ins)
+        assert prog.align == [("in0", (1, 1, w)), ("t0", (1, 1, w))]
+        assert np.array_equal(got.view(np.uint32), (ins[1] * (ins[0] * ins[0])).view(np.uint32))
