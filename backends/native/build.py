@@ -50,6 +50,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from opgraph.core.tensor import array_address
+
 COMPILERS = ("cc", "gcc", "clang")
 BASE_FLAGS = ("-O3", "-ffp-contract=off", "-fno-fast-math", "-fPIC", "-shared", "-std=c11")
 OPTIONAL_FLAGS = ("-march=native", "-fopenmp")
@@ -82,20 +84,7 @@ class Kernel:
     handle: Any = None    # the loaded ctypes.CDLL (other symbols of the same library)
 
 
-def address(x: Any) -> int:
-    """The address of a numpy array's first element, for a kernel's pointer argument: through
-    the buffer protocol for a writable C-contiguous array (a third of ``x.ctypes.data``'s
-    cost), else ``x.ctypes.data``.
-
-        >>> import numpy as np
-        >>> a = np.zeros(4, np.float32)
-        >>> address(a[1:]) - a.ctypes.data, address(a[::2]) == a.ctypes.data
-        (4, True)
-    """
-    try:
-        return ctypes.addressof(ctypes.c_char.from_buffer(x))
-    except (TypeError, ValueError, BufferError):  # read-only, strided or empty
-        return x.ctypes.data
+address = array_address  # a kernel's pointer argument: the array's first element
 
 
 _FOUND: dict[tuple, tuple[Optional[str], list[str]]] = {}
