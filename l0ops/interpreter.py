@@ -90,7 +90,7 @@ def renaming(old: Sequence[tuple[int, ...]], new: Sequence[tuple[int, ...]],
     if len(old) != len(new):
         return None
     rename: dict[int, int] = {}
-    for a, b in zip(old, new):
+    for a, b in set(zip(old, new)):  # operands often share shapes: each pair once
         if len(a) != len(b):
             return None
         for n, m in zip(a, b):

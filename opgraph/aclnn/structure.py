@@ -85,6 +85,10 @@ class Template:
         self.resize_recorded = Resizer(self.recorded, self.sizes.__contains__)
         self.resize_compiled = (self.resize_recorded if self.compiled is self.recorded
                                 else Resizer(self.compiled, self.sizes.__contains__))
+        # a plan without workspace buffers holds no size (which value lives in which user
+        # tensor, which aliases which): the same at every size; otherwise planned per size
+        plan = plan_memory(self.compiled)
+        self.memory_plan = None if plan.offsets or plan.lifetimes else plan
 
     def size_map(self, dims: tuple[int, ...]) -> Callable[[int], int]:
         """Each probe size → its value at ``dims``."""
@@ -97,8 +101,8 @@ class Template:
         compiled = self.resize_compiled(f, check=False)
         recorded = (compiled if self.compiled is self.recorded
                     else (lambda: self.resize_recorded(f, check=False)))
-        return CachedOp(CompiledProgram(recorded, compiled, plan_memory(compiled), self.level,
-                                        self.platform), self.positions, self.written)
+        return CachedOp(CompiledProgram(recorded, compiled, self.memory_plan or plan_memory(compiled),
+                                        self.level, self.platform), self.positions, self.written)
 
     def reproduces(self, ex: Executor, dims: tuple[int, ...]) -> bool:
         """Whether the template at ``dims`` gives exactly ``ex``'s recorded and compiled graphs."""
