@@ -22,6 +22,7 @@ import numpy as np
 from opgraph.core.dtypes import DataType, dtype_of
 from .primitives import (ARITH, BF16, F16, F32, FusedAttrs, IdentityMemo, Instr, Sig, cast_array,
                          compile_instr, reg_types)
+from .workers import run_split
 
 CHUNK_ELEMS = 1 << 15  # 128 KiB float32 chunks: fewer Python steps, still cache-resident
 MIN_RUN = 1024  # per-channel terms are one value per chunk when each channel's run is this long
@@ -30,6 +31,7 @@ MIN_RUN = 1024  # per-channel terms are one value per chunk when each channel's 
 CHANNEL_CHUNK_ELEMS = 1 << 17
 WHOLE_ELEMS = 1 << 19  # up to this many elements a body runs as one chunk (8x64x28x28: 0.74 ms, not 1.1)
 FLAT_ELEMS = 4096  # at most this many elements: the body runs straight through (run_flat)
+PARALLEL_ELEMS = 1 << 20  # from this many elements the chunks are shared among threads (workers)
 _NARROW = frozenset({F16, BF16})  # held as float32 registers
 
 
@@ -368,16 +370,25 @@ def run_fused(a: FusedAttrs, inputs: Sequence[np.ndarray], out: "np.ndarray | No
                             [inputs[k] for k in prog.big] + [out])
     blocks = list(chunks(full, channel_limit if fixed else limit, fixed))
     pickers = [(name, values[name], *_picker(values[name].shape, blocks[0])) for name in sliced]
-    scratch = _thread_scratch()
-    for idx in blocks:
-        regs = dict(whole)
-        for name, x, base, vary in pickers:
-            sel = list(base)
-            for d in vary:
-                sel[d] = idx[d]
-            regs[name] = x[tuple(sel)]
-        regs.update(prog.load_big(inputs, idx))
-        prog.run_live(regs, out[idx], scratch)
+
+    def run_blocks(part: Sequence[tuple]) -> None:
+        scratch = _thread_scratch()
+        for idx in part:
+            regs = dict(whole)
+            for name, x, base, vary in pickers:
+                sel = list(base)
+                for d in vary:
+                    sel[d] = idx[d]
+                regs[name] = x[tuple(sel)]
+            regs.update(prog.load_big(inputs, idx))
+            prog.run_live(regs, out[idx], scratch)
+    # blocks write disjoint parts of out: threads may share them unless out overlaps an input
+    # (then the blocks' order matters)
+    if math.prod(full) >= PARALLEL_ELEMS and not any(
+            np.may_share_memory(out, inputs[k]) for k in prog.big):
+        run_split(run_blocks, blocks)
+    else:
+        run_blocks(blocks)
     return out
 
 

@@ -32,6 +32,7 @@ import ctypes
 import os
 from typing import Any, Optional
 
+from opgraph.core.config import default_threads
 from . import build
 
 SPIN_US = 2000  # µs idle workers poll for the next job before they sleep (OpenMP runtimes spin ms too)
@@ -199,22 +200,6 @@ int64_t opg_team_threads(void) { return atomic_load(&T.active); }
 _STATE: dict[str, Any] = {}
 
 
-def _default_threads() -> int:
-    text = os.environ.get("OPGRAPH_NUM_THREADS", "").strip()
-    if text:
-        try:
-            n = int(text)
-        except ValueError:
-            n = 0
-        if n < 1:
-            raise ValueError(f"OPGRAPH_NUM_THREADS must be an integer >= 1, got {text!r}")
-        return n
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
-
-
 def _library() -> Any:
     """The team's shared library, compiled or loaded once and configured from the environment."""
     lib = _STATE.get("lib")
@@ -224,7 +209,7 @@ def _library() -> Any:
         lib.opg_team_set.argtypes, lib.opg_team_set.restype = [ctypes.c_int64, ctypes.c_int64], None
         lib.opg_team_threads.argtypes, lib.opg_team_threads.restype = [], ctypes.c_int64
         spin = float(os.environ.get("OPGRAPH_SPIN_US", "").strip() or SPIN_US)
-        lib.opg_team_set(_default_threads(), int(max(spin, 0.0) * 1000))
+        lib.opg_team_set(default_threads(), int(max(spin, 0.0) * 1000))
         _STATE["run"] = ctypes.cast(kernel.fn, ctypes.c_void_p).value
         _STATE["lib"] = lib
     return lib

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import os
 from typing import Iterator, Union
 
 from .backend import Backend, get
@@ -82,3 +83,25 @@ def opt_level(n: int) -> Iterator[int]:
         yield n
     finally:
         _level.reset(token)
+
+
+def default_threads() -> int:
+    """Threads a backend's parallel work uses unless told otherwise: ``$OPGRAPH_NUM_THREADS``,
+    else the CPUs this process may use (ValueError naming the variable for a bad value).
+
+        >>> default_threads() >= 1
+        True
+    """
+    text = os.environ.get("OPGRAPH_NUM_THREADS", "").strip()
+    if text:
+        try:
+            n = int(text)
+        except ValueError:
+            n = 0
+        if n < 1:
+            raise ValueError(f"OPGRAPH_NUM_THREADS must be an integer >= 1, got {text!r}")
+        return n
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
