@@ -1,8 +1,11 @@
 """The numpy interpreter of a fused body (:class:`~l0ops.primitives.FusedAttrs`): a
 :class:`Program` per body and operand (dtype, shape)s, run straight through for small tensors
 and chunk by chunk otherwise — broadcast inputs read by stride, the per-channel part hoisted and
-computed once, chunks within one channel where memory allows, temporaries kept per thread.
-Results are bit-identical whatever the chunking (tests/test_fused_chunks.py).
+computed once, chunks within one channel where memory allows, temporaries kept per thread,
+and the chunks of a large body shared among worker threads (:mod:`.workers`). A program for new
+sizes of a body seen before is renamed from the last one, not checked and compiled again
+(:meth:`Program.resized`). Results are bit-identical whatever the chunking and thread count
+(tests/test_fused_chunks.py, tests/test_numpy_workers.py).
 
     >>> import numpy as np
     >>> from opgraph.core.dtypes import DataType as D
