@@ -85,9 +85,9 @@ _PLAN_LOCK = threading.Lock()
 
 def renaming(old: Sequence[tuple[int, ...]], new: Sequence[tuple[int, ...]],
              fixed: "frozenset[int]" = frozenset()) -> "dict[int, int] | None":
-    """The one-to-one renaming of dim values taking the shapes ``old`` to ``new`` (1 only to 1,
-    every value in ``fixed`` to itself), or None when there is none. Checks of a body on
-    broadcasting come out the same on both sides of such a renaming.
+    """The one-to-one renaming of dim values taking the shapes ``old`` to ``new`` (0 and 1 only
+    to themselves, every value in ``fixed`` to itself), or None when there is none. Checks of a
+    body on broadcasting come out the same on both sides of such a renaming.
 
         >>> renaming([(2, 3), (3,)], [(5, 3), (3,)]), renaming([(2, 3)], [(3, 3)])
         ({2: 5, 3: 3}, None)
@@ -99,7 +99,7 @@ def renaming(old: Sequence[tuple[int, ...]], new: Sequence[tuple[int, ...]],
         if len(a) != len(b):
             return None
         for n, m in zip(a, b):
-            if (n == 1) != (m == 1) or rename.setdefault(n, m) != m:
+            if ((n <= 1 or m <= 1) and n != m) or rename.setdefault(n, m) != m:
                 return None
     if len(set(rename.values())) != len(rename) or any(rename.get(n, n) != n for n in fixed):
         return None
@@ -129,7 +129,7 @@ class Program:
 
     def resized(self, a: FusedAttrs, shapes: Sequence[tuple[int, ...]]) -> "Program | None":
         """This program for the same body and operand dtypes at operand ``shapes``, or None
-        unless they are this one's with each dim value renamed one to one (1 staying 1) and
+        unless they are this one's with each dim value renamed one to one (0, 1 staying) and
         every size the body fixes unchanged. Then every check of the body gives what it gave
         here and every compiled instruction is the same: only the register shapes are renamed
         (when first read). A new batch size of a known structure skips type check and compile."""

@@ -59,6 +59,7 @@ def test_a_new_batch_size_renames_the_program_and_keeps_the_bits():
 
 @pytest.mark.parametrize("n, c, why", [
     (1, C, "a dim becomes 1"),
+    (0, C, "a dim becomes 0"),
     (C, C, "two different dims become equal"),
     (9, 5, "a size the body's view fixes changes"),
 ])
