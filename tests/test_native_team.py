@@ -5,9 +5,7 @@ reference's bits."""
 from __future__ import annotations
 
 import ctypes
-import os
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -15,6 +13,7 @@ import pytest
 import backends
 import opgraph
 import reference as R
+from forked import in_forked_child
 from backends import native
 from backends.native import build, render, team
 
@@ -94,21 +93,9 @@ def test_a_forked_child_gets_a_working_team(threads):
     threads(2)
     run = _counter()
     assert run(50000, 8).sum() == 50000  # the parent's workers exist now
-    pid = os.fork()
-    if pid == 0:  # child: the workers did not survive the fork; new ones must start
-        ok = all(np.array_equal(run(50000, 8), np.ones(50000, np.int32)) for _ in range(5))
-        os._exit(0 if ok else 1)
-    deadline = time.monotonic() + 60
-    while True:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            break
-        if time.monotonic() > deadline:
-            os.kill(pid, 9)
-            os.waitpid(pid, 0)
-            pytest.fail("the forked child hung in the thread team")
-        time.sleep(0.01)
-    assert os.waitstatus_to_exitcode(status) == 0
+    # the workers did not survive the fork: the child's first calls must start new ones
+    in_forked_child(lambda: all(np.array_equal(run(50000, 8), np.ones(50000, np.int32))
+                                for _ in range(5)), "in the thread team")
 
 
 def test_set_threads(threads):

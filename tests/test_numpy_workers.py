@@ -18,6 +18,7 @@ from l0ops import workers
 from l0ops.primitives import FusedAttrs, Instr
 from opgraph.core.config import default_threads
 from opgraph.core.dtypes import DataType as D
+from forked import in_forked_child
 
 SHAPE = (16, 8, 96, 96)  # past PARALLEL_ELEMS, chunked within channels
 BODY = FusedAttrs(shape=SHAPE, result="t2", out_dtype=D.FLOAT, body=(
@@ -111,25 +112,12 @@ def test_each_item_once_in_consecutive_runs():
 def test_a_forked_child_gets_a_working_pool(thread_count):
     thread_count(2)
     workers.run_split(lambda part: None, range(4))  # the parent's pool exists now
-    pid = os.fork()
-    if pid == 0:  # child: the pool's threads did not survive the fork
-        try:
-            out = []
-            workers.run_split(out.extend, list(range(6)))
-            os._exit(0 if sorted(out) == list(range(6)) else 1)
-        except BaseException:
-            os._exit(2)
-    deadline = time.monotonic() + 60
-    while True:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            break
-        if time.monotonic() > deadline:
-            os.kill(pid, 9)
-            os.waitpid(pid, 0)
-            pytest.fail("the forked child hung on the worker pool")
-        time.sleep(0.01)
-    assert os.waitstatus_to_exitcode(status) == 0
+
+    def child() -> bool:  # the pool's threads did not survive the fork
+        out: list = []
+        workers.run_split(out.extend, list(range(6)))
+        return sorted(out) == list(range(6))
+    in_forked_child(child, "on the worker pool")
 
 
 def test_thread_counts_from_the_caller_and_the_environment(thread_count, monkeypatch):
