@@ -25,7 +25,7 @@ import numpy as np
 from opgraph.core.dtypes import DataType, dtype_of
 from .primitives import (ARITH, BF16, F16, F32, FusedAttrs, IdentityMemo, Instr, Sig, cast_array,
                          compile_instr, reg_types)
-from .workers import run_split
+from .workers import PARALLEL_ELEMS, run_split
 
 CHUNK_ELEMS = 1 << 15  # 128 KiB float32 chunks: fewer Python steps, still cache-resident
 MIN_RUN = 1024  # per-channel terms are one value per chunk when each channel's run is this long
@@ -34,7 +34,6 @@ MIN_RUN = 1024  # per-channel terms are one value per chunk when each channel's 
 CHANNEL_CHUNK_ELEMS = 1 << 17
 WHOLE_ELEMS = 1 << 19  # up to this many elements a body runs as one chunk (8x64x28x28: 0.74 ms, not 1.1)
 FLAT_ELEMS = 4096  # at most this many elements: the body runs straight through (run_flat)
-PARALLEL_ELEMS = 1 << 20  # from this many elements the chunks are shared among threads (workers)
 _NARROW = frozenset({F16, BF16})  # held as float32 registers
 
 

@@ -32,6 +32,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from .workers import PARALLEL_ELEMS, run_split
+
 LANES = 64
 BLOCK = 32768  # a multiple of LANES
 
@@ -109,8 +111,18 @@ def sum_plan(shape: tuple[int, ...], axes: tuple[int, ...], keepdims: bool,
     final = tuple(1 if d in axes else n for d, n in enumerate(shape)) if keepdims else rows[:-1]
     if R == 0 or R > LANES:  # the general path: lanes and blocks
         def general(x: np.ndarray) -> np.ndarray:
-            moved = np.ascontiguousarray(np.transpose(x, perm), dtype=dtype).reshape(rows)
-            return ordered_sum_last(moved).reshape(final)
+            moved = np.transpose(x, perm)
+            if len(rows) < 2 or rows[0] < 2 or math.prod(rows) < PARALLEL_ELEMS:
+                return ordered_sum_last(np.ascontiguousarray(moved, dtype=dtype).reshape(rows)
+                                        ).reshape(final)
+            out = np.empty(rows[:-1], dtype)
+
+            def some_rows(part: range) -> None:  # rows of the first kept dim: sums of their own
+                k, m = part[0], part[-1] + 1
+                out[k:m] = ordered_sum_last(np.ascontiguousarray(
+                    moved[k:m], dtype=dtype).reshape((m - k,) + rows[1:]))
+            run_split(some_rows, range(rows[0]))  # on worker threads (numpy drops the GIL)
+            return out.reshape(final)
         return general
     steps = _fold_steps(R)  # one lane per element: only the tree, on a fresh copy
 

@@ -25,6 +25,7 @@ import numpy as np
 
 from opgraph.core.config import default_threads
 
+PARALLEL_ELEMS = 1 << 20  # work this large is shared among the threads (smaller: the caller)
 _STATE: dict[str, Any] = {"threads": None, "pool": None, "size": 0, "pid": None}
 _LOCK = threading.Lock()
 
@@ -79,4 +80,4 @@ def run_split(work: Callable[[Sequence[Any]], None], items: Sequence[Any],
         f.result()  # a worker's exception, raised here
 
 
-__all__ = ["run_split", "set_threads", "threads"]
+__all__ = ["PARALLEL_ELEMS", "run_split", "set_threads", "threads"]

@@ -15,10 +15,13 @@ import pytest
 
 import l0ops.interpreter as interpreter
 from l0ops import workers
+from l0ops import ordered
+from l0ops.ordered import ordered_sum
 from l0ops.primitives import FusedAttrs, Instr
 from opgraph.core.config import default_threads
 from opgraph.core.dtypes import DataType as D
 from forked import in_forked_child
+from test_l0_family import loop_sum
 
 SHAPE = (16, 8, 96, 96)  # past PARALLEL_ELEMS, chunked within channels
 BODY = FusedAttrs(shape=SHAPE, result="t2", out_dtype=D.FLOAT, body=(
@@ -134,3 +137,20 @@ def test_thread_counts_from_the_caller_and_the_environment(thread_count, monkeyp
             default_threads()
     monkeypatch.delenv("OPGRAPH_NUM_THREADS")
     assert default_threads() == len(os.sched_getaffinity(0))
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_ordered_sums_over_threads_keep_their_bits(thread_count, monkeypatch, n):
+    """A sum this large splits its kept rows among the threads: each channel's sum is still the
+    one it has alone (a smaller sum, on the caller) and the documented order's (loop model)."""
+    thread_count(n)
+    split = []
+    monkeypatch.setattr(ordered, "run_split", lambda work, rows: split.append(rows)
+                        or workers.run_split(work, rows))
+    x = np.random.default_rng(7).standard_normal(SHAPE).astype(np.float32)
+    assert x.size >= workers.PARALLEL_ELEMS
+    got = ordered_sum(x, (0, 2, 3))
+    assert split == [range(SHAPE[1])]
+    alone = np.stack([ordered_sum(x[:, k], (0, 1, 2)) for k in range(SHAPE[1])])
+    assert np.array_equal(got.view(np.uint32), alone.view(np.uint32))
+    assert got[5].view(np.uint32) == np.float32(loop_sum(list(x[:, 5].ravel()))).view(np.uint32)
