@@ -7,7 +7,8 @@ results are identical for any thread count.
   included; :func:`set_threads` changes it (1: everything on the caller).
 * The pool is made on first use and again in a forked child (whose copy has no threads).
 * Every part runs under the caller's ``np.errstate``; a part's exception reaches the caller,
-  after every part has finished.
+  after every part has finished. A split asked for inside a part runs there, serially (the
+  pool's threads may all be waiting on it).
 
     >>> out = []
     >>> run_split(out.extend, range(5), parts=2)
@@ -28,6 +29,7 @@ from opgraph.core.config import default_threads
 PARALLEL_ELEMS = 1 << 20  # work this large is shared among the threads (smaller: the caller)
 _STATE: dict[str, Any] = {"threads": None, "pool": None, "size": 0, "pid": None}
 _LOCK = threading.Lock()
+_LOCAL = threading.local()  # in_pool: this thread is running a part for run_split
 
 
 def threads() -> int:
@@ -61,7 +63,7 @@ def run_split(work: Callable[[Sequence[Any]], None], items: Sequence[Any],
     """``work(part)`` for ``parts`` (default :func:`threads`) consecutive runs of ``items``: the
     first on the calling thread, the others on the pool."""
     n = min(parts or threads(), len(items))
-    if n <= 1:
+    if n <= 1 or getattr(_LOCAL, "in_pool", False):  # nested in a part: the pool may be full
         work(items)
         return
     cuts = [len(items) * k // n for k in range(n + 1)]
@@ -69,8 +71,12 @@ def run_split(work: Callable[[Sequence[Any]], None], items: Sequence[Any],
     state = np.geterr()
 
     def part(run: Sequence[Any]) -> None:
-        with np.errstate(**state):
-            work(run)
+        _LOCAL.in_pool = True
+        try:
+            with np.errstate(**state):
+                work(run)
+        finally:
+            _LOCAL.in_pool = False
     pending = [_pool(n - 1).submit(part, run) for run in runs[1:]]
     try:
         work(runs[0])

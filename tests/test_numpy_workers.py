@@ -154,3 +154,23 @@ def test_ordered_sums_over_threads_keep_their_bits(thread_count, monkeypatch, n)
     alone = np.stack([ordered_sum(x[:, k], (0, 1, 2)) for k in range(SHAPE[1])])
     assert np.array_equal(got.view(np.uint32), alone.view(np.uint32))
     assert got[5].view(np.uint32) == np.float32(loop_sum(list(x[:, 5].ravel()))).view(np.uint32)
+
+
+def test_a_split_inside_a_part_runs_there(thread_count):
+    """No deadlock when a part asks for a split itself (the pool's one worker is busy with it)."""
+    thread_count(2)
+    out, lock = [], threading.Lock()
+
+    def inner(part):
+        with lock:
+            out.extend(part)
+
+    def outer(part):
+        workers.run_split(inner, [10 * k + j for k in part for j in range(3)])
+    done = threading.Event()
+    t = threading.Thread(target=lambda: (workers.run_split(outer, range(4)), done.set()),
+                         daemon=True)
+    t.start()
+    t.join(timeout=30)
+    assert done.is_set(), "a nested split hung"
+    assert sorted(out) == sorted(10 * k + j for k in range(4) for j in range(3))
