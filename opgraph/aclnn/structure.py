@@ -80,6 +80,9 @@ class Template:
         ints = {v for v in numbers if type(v) is int}
         ints |= {round(1 / v) for v in numbers if type(v) is float and 0 < v < 1}  # 1/n scales
         self.sizes = {v: e for v, e in ((v, monomial(v, primes)) for v in ints) if e is not None}
+        # each size as the dims it multiplies (a dim repeated for its power): one dim, mostly
+        self.factors = [(v, tuple(k for k, e in enumerate(exps) for _ in range(e)))
+                        for v, exps in self.sizes.items()]
         # checked (types inferred again) when made; then only mapped: reproduces() has shown
         # that the mapping gives the graphs recording and the passes give
         self.resize_recorded = Resizer(self.recorded, self.sizes.__contains__)
@@ -92,8 +95,8 @@ class Template:
 
     def size_map(self, dims: tuple[int, ...]) -> Callable[[int], int]:
         """Each probe size → its value at ``dims``."""
-        return {v: math.prod(d ** e for d, e in zip(dims, exps) if e)
-                for v, exps in self.sizes.items()}.__getitem__
+        return {v: dims[ks[0]] if len(ks) == 1 else math.prod([dims[k] for k in ks])
+                for v, ks in self.factors}.__getitem__
 
     def at(self, dims: tuple[int, ...]) -> CachedOp:
         """The compiled program for these dims (the recorded graph is built on first access)."""

@@ -182,33 +182,39 @@ class Resizer:
         for v in g.values():
             index.setdefault(v.type, len(index))
         self.types = [(t, _type_builder(t, is_size)) for t in index]
-        self.inputs = [(v, index[v.type]) for v in g.inputs]
-        self.attrs = [_builder(n.attrs, is_size) for n in g.nodes]
-        self.outputs = [[index[v.type] for v in n.outputs] for n in g.nodes]
+        self.inputs = [(v.name, index[v.type]) for v in g.inputs]
+        # per node: op, source, attrs and their builder, operands as positions in the values
+        # (inputs, then every node's outputs in order), outputs as (name, type index)
+        at = {v.name: i for i, v in enumerate(g.values())}
+        self.nodes = [(n.op, n.source, n.attrs, _builder(n.attrs, is_size),
+                       [at[v.name] for v in n.inputs], [(v.name, index[v.type]) for v in n.outputs])
+                      for n in g.nodes]
+        self.results = [at[v.name] for v in g.outputs]
 
     def __call__(self, f: Callable[[int], int], check: bool = True) -> Graph:
         g = self.graph
         out = type(g)(g.name, g.call)
         types = [t if b is None else b(f) for t, b in self.types]
-        env: dict[str, Value] = {}
-        for v, k in self.inputs:
-            env[v.name] = out.add_input(v.name, types[k]) if check else Value(v.name, types[k])
-        if not check:
-            out.inputs = list(env.values())
-        for n, b, outs in zip(g.nodes, self.attrs, self.outputs):
-            attrs = n.attrs if b is None else b(f)
-            inputs = [env[v.name] for v in n.inputs]
+        if check:
+            values = [out.add_input(name, types[k]) for name, k in self.inputs]
+        else:
+            values = [Value(name, types[k]) for name, k in self.inputs]
+            out.inputs = list(values)
+        for op, source, attrs, b, operands, outs in self.nodes:
+            if b is not None:
+                attrs = b(f)
+            inputs = [values[i] for i in operands]
             if check:
-                node = out.add_node(n.op, inputs, attrs, out_names=[v.name for v in n.outputs],
-                                    source=n.source)
+                node = out.add_node(op, inputs, attrs, out_names=[name for name, _ in outs],
+                                    source=source)
             else:  # the mapping was checked once: build the node as Graph.copy does
-                node = Node(n.op, inputs, attrs, n.source)
-                node.outputs = [Value(v.name, types[k], node) for v, k in zip(n.outputs, outs)]
+                node = Node(op, inputs, attrs, source)
+                node.outputs = [Value(name, types[k], node) for name, k in outs]
                 for v in inputs:
                     v.users.append(node)
                 out.nodes.append(node)
-            env.update((v.name, v) for v in node.outputs)
-        out.outputs = [env[v.name] for v in g.outputs]
+            values += node.outputs
+        out.outputs = [values[i] for i in self.results]
         out._next = g._next
         return out
 
