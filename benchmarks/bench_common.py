@@ -91,10 +91,10 @@ def steady_time(fn: Callable[[], None], min_seconds: float = 0.005) -> float:
 
 def on_huge_pages(a: np.ndarray) -> np.ndarray:
     """A dense copy of ``a`` (same memory order) in fresh anonymous memory advised onto huge
-    pages (where the kernel offers them). On this VM a streaming kernel over 4 KiB pages ran 2.3-2.8x slower
-    than over huge pages (nested paging makes TLB misses dear), and whether numpy's or torch's
-    allocator hands out either depends on what the process freed before — so every array a
-    benchmark times goes through here.
+    pages (where the kernel offers them). On this VM a streaming kernel over 4 KiB pages ran
+    2.3-2.8x slower than over huge pages (nested paging makes TLB misses dear), and whether
+    numpy's or torch's allocator hands out either depends on what the process freed before — so
+    every array a benchmark times goes through here.
 
         >>> on_huge_pages(np.arange(3, dtype=np.float32)).tolist()
         [0.0, 1.0, 2.0]

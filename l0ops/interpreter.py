@@ -117,7 +117,7 @@ class Program:
         fns = [compile_instr(ins, self.types) for ins in a.body]  # shared by both run paths
         self._plan_flat(a, sigs, fns)
         self._body, self._fns = a.body, fns
-        self._pending = (a, sigs, fns)  # the chunked path's plan: built on first use
+        self._pending = (a, sigs)  # the chunked path's plan: built on first use
         self.dtypes = tuple(sg.dtype for sg in sigs)
         self.shapes = tuple(sg.shape for sg in sigs) + (self.full,)
         self._family: list = []  # the first chunk plan of this program or one resized from it
@@ -143,7 +143,7 @@ class Program:
             full=shapes[-1], result=self.result, result_dtype=self.result_dtype,
             out_dtype=self.out_dtype, flat=self.flat, flat_result=self.flat_result,
             narrow_inputs=self.narrow_inputs, dtypes=self.dtypes, shapes=shapes,
-            pinned=self.pinned, _body=self._body, _fns=self._fns, _pending=(a, None, self._fns),
+            pinned=self.pinned, _body=self._body, _fns=self._fns, _pending=(a, None),
             _renamed=(self.types, rename), _family=self._family)
         if self._family:  # a chunk plan made at another size: the same but for the shapes
             plan, align = self._family[0]
@@ -167,12 +167,12 @@ class Program:
         with _PLAN_LOCK:
             pending = self.__dict__.get("_pending")
             if pending is not None:
-                a, sigs, fns = pending
+                a, sigs = pending
                 if sigs is None:
                     sigs = [Sig(d, s) for d, s in zip(self.dtypes, self.shapes)]
                 staged = object.__new__(Program)
                 staged.__dict__.update(self.__dict__)
-                staged._plan_chunks(a, sigs, fns)
+                staged._plan_chunks(a, sigs, self._fns)
                 plan = {k: v for k, v in staged.__dict__.items() if k not in self.__dict__}
                 self.__dict__.update(plan)
                 self.__dict__["_pending"] = None

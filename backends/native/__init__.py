@@ -108,10 +108,10 @@ class _Launch:
         self.attrs, self.hoisted = a, p.hoisted
         self.big = tuple(int(r[2:]) for r, _ in p.big)
         big = [inputs[k] for k in self.big]
-        pro = None
+        pro, prog = None, program(a, inputs)
         if use_prologue:
             try:
-                pro = Prologue(a.body, program(a, inputs).types, inputs, p.hoisted)
+                pro = Prologue(a.body, prog.types, inputs, p.hoisted)
             except Unsupported:
                 pro = None
         strides = [_element_strides(x) for x in big]
@@ -140,7 +140,7 @@ class _Launch:
         self.shapes = tuple(x.shape for x in inputs) + (full,)
         small = [inputs[k] for k in self.small]
         self.small_layouts = tuple((x.shape, x.strides) for x in small)
-        self.pinned = (program(a, inputs).pinned
+        self.pinned = (prog.pinned
                        | {n for x in small for n in x.shape}
                        | {n for _, shape, _ in (pro.regs.values() if pro else ()) for n in shape})
 
@@ -165,16 +165,17 @@ class _Launch:
         of this launch's that keeps every size the body, the prologue and its per-channel inputs
         fix, and those inputs keep their layouts."""
         full = tuple(a.shape)
+        shapes = tuple(x.shape for x in inputs) + (full,)
         if (not self.fused or a.body is not self.attrs.body or a.result != self.attrs.result
                 or a.out_dtype != self.attrs.out_dtype or out.shape != full
-                or renaming(self.shapes, [x.shape for x in inputs] + [full], self.pinned) is None
+                or renaming(self.shapes, shapes, self.pinned) is None
                 or any((inputs[k].shape, inputs[k].strides) != lay
                        for k, lay in zip(self.small, self.small_layouts))):
             return None
         made = object.__new__(_Launch)
         for name in _Launch.__slots__:
             setattr(made, name, getattr(self, name))
-        made.attrs, made.shapes = a, tuple(x.shape for x in inputs) + (full,)
+        made.attrs, made.shapes = a, shapes
         big = [inputs[k] for k in self.big]
         # the prologue's registers keep their shapes and the rank is the same: so do their strides
         made._lay_out(full, [_element_strides(x) for x in big] + self.h_kernel_strides, big, out)

@@ -93,11 +93,7 @@ class CachedOp:
     def writable(self, args: tuple) -> bool:
         """Whether phase 2 can write every output among ``args`` where the caller sees it
         (if not, phase 1 records the call, which rejects it naming the output)."""
-        for i in self.written:
-            t = args[i]
-            if t.copied or not t.storage.flags.writeable:
-                return False
-        return True
+        return all(args[i].writeable for i in self.written)
 
     def instantiate(self, args: tuple) -> Executor:
         """A fresh single-use executor over the shared program, bound to ``args``."""

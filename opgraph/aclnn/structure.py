@@ -55,7 +55,7 @@ def structure_key(name: str, args: tuple, platform: Any, level: int
         if t.copied or not kinds:
             return None
         dims = tuple([n if n <= 1 else -1 - classes.setdefault(n, len(classes)) for n in t.shape])
-        return ("T", dims, *kinds, bool(t.storage.flags.writeable))
+        return ("T", dims, *kinds, t.writeable)
     key = call_key(name, args, platform, level, meta)
     if key is None or len(classes) > len(PRIMES):
         return None, ()

@@ -90,7 +90,6 @@ def _int(what: str, v: Any) -> int:
     return _ints(what, (v,))[0]
 
 
-
 def array_address(x: np.ndarray) -> int:
     """The address of a numpy array's first element: through the buffer protocol for a
     writable C-contiguous array (a quarter of ``x.ctypes.data``'s cost), else ``x.ctypes.data``.
@@ -103,6 +102,7 @@ def array_address(x: np.ndarray) -> int:
         return ctypes.addressof(ctypes.c_char.from_buffer(x))
     except (TypeError, ValueError, BufferError):  # read-only, strided or empty
         return x.ctypes.data
+
 
 class Tensor:
     """A strided view over a flat 1-D numpy ``storage`` (element strides ≥ 0, element offset).
