@@ -63,6 +63,12 @@ class Slot:
         self.offset, self.dtype, self.shape, self.user = offset, dtype, shape, user
 
 
+def _in_place(exe: Any, node: Node, args: list) -> list:
+    """A redirected copy (``opdef.redirects``): the memory plan placed the copied value in the
+    destination user tensor, where its producer wrote it, so nothing is copied."""
+    return [args[node.opdef.written(node)[0]]]
+
+
 # profile hook: fn(node, start, stop) with time.perf_counter() seconds around the node's step
 Profile = Callable[[Node, float, float], None]
 
@@ -79,7 +85,8 @@ class NumpyExecutable(Executable):
     def __init__(self, backend: Any, graph: Graph, plan: MemoryPlan, platform: Platform,
                  lowerings: LoweringTable):
         self.backend, self.graph, self.plan, self.platform = backend, graph, plan, platform
-        self.steps = [(node, lowerings.lower(node)) for node in graph.nodes]
+        self.steps = [(node, _in_place if node.opdef.redirects(node) else lowerings.lower(node))
+                      for node in graph.nodes]
         self.slots: dict[str, Slot] = {}
         for node in graph.nodes:
             for v in node.outputs:

@@ -40,7 +40,7 @@ def test_key_tells_signed_zeros_and_number_types_apart():
 
 def test_signature_ids_stay_distinct_when_the_table_starts_afresh(monkeypatch):
     tensor_module = sys.modules["opgraph.core.tensor"]
-    for table in (tensor_module._SIGNATURE_IDS, tensor_module._CONTIGUOUS_IDS):
+    for table in (tensor_module._SIGNATURE_IDS, tensor_module._CONTIGUOUS):
         monkeypatch.setattr(table, "limit", 3)
     tensors = [opgraph.tensor(np.zeros(n, np.float32)) for n in range(1, 9)]
     ids = [t.signature_id for t in tensors]

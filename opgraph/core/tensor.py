@@ -104,7 +104,21 @@ def array_address(x: np.ndarray) -> int:
         return x.ctypes.data
 
 
-class Tensor:
+class _Slots:
+    """The fields of a :class:`Tensor` (its storage layout)."""
+
+    __slots__ = ("storage", "shape", "strides", "offset", "format", "storage_shape", "dtype",
+                 "copied", "_view", "_signature", "_signature_id", "_address")
+
+
+class _NewTensor(_Slots):
+    """A Tensor being built: plain attribute stores (a quarter of the slot setters' cost), then
+    ``__class__ = Tensor`` (same layout) makes it the immutable Tensor."""
+
+    __slots__ = ()
+
+
+class Tensor(_Slots):
     """A strided view over a flat 1-D numpy ``storage`` (element strides ≥ 0, element offset).
 
     Reads go through :meth:`numpy`; kernels that write the tensor (ViewCopy) write into
@@ -113,8 +127,7 @@ class Tensor:
     such a tensor as an output.
     """
 
-    __slots__ = ("storage", "shape", "strides", "offset", "format", "storage_shape", "dtype",
-                 "copied", "_view", "_signature", "_signature_id", "_address")
+    __slots__ = ()
 
     def __init__(self, storage: np.ndarray, shape: Sequence[int], strides: Sequence[int],
                  offset: int = 0, format: "Format | str" = "ND",
@@ -148,7 +161,7 @@ class Tensor:
         sshape = _ints("storage_shape", storage_shape) if storage_shape is not None else (storage.size,)
         for name, value in (("storage", storage), ("dtype", dtype), ("shape", shape),
                             ("strides", strides), ("offset", offset), ("format", fmt),
-                            ("storage_shape", sshape), ("copied", bool(copied))):
+                            ("storage_shape", sshape), ("copied", bool(copied)), ("_address", None)):
             object.__setattr__(self, name, value)
 
     @classmethod
@@ -161,18 +174,22 @@ class Tensor:
         dtype = _DTYPES.get(storage.dtype)
         if dtype is None:  # (a dict of numpy dtypes seen so far: dtype_of costs more)
             dtype = _DTYPES.setdefault(storage.dtype, dtype_of(storage.dtype))
-        t = object.__new__(cls)
-        # the slots' own setters: __setattr__ refuses (immutability), and these are the cheapest
-        _SET_STORAGE(t, storage)
-        _SET_DTYPE(t, dtype)
-        _SET_SHAPE(t, shape)
-        _SET_STRIDES(t, strides)
-        _SET_OFFSET(t, 0)
-        _SET_FORMAT(t, fmt)
-        _SET_STORAGE_SHAPE(t, storage_shape)
-        _SET_COPIED(t, copied)
-        _SET_VIEW(t, view)
-        return t
+        t = _NewTensor()
+        t.storage, t.dtype, t.shape, t.strides, t.offset = storage, dtype, shape, strides, 0
+        t.format, t.storage_shape, t.copied, t._view, t._address = fmt, storage_shape, copied, view, None
+        t.__class__ = Tensor
+        return t  # type: ignore[return-value]
+
+    @classmethod
+    def _of_contiguous(cls, a: np.ndarray, known: tuple) -> "Tensor":
+        """:meth:`_unchecked` for a C-contiguous ND array of a (dtype, shape) :func:`tensor` has
+        seen before: ``known`` = (DataType, row-major strides, signature id)."""
+        t = _NewTensor()
+        t.storage, t.dtype, t.shape, t.strides, t.offset = a.reshape(-1), known[0], a.shape, known[1], 0
+        t.format, t.storage_shape, t.copied, t._view = Format.ND, a.shape, False, a.view()
+        t._signature_id, t._address = known[2], None
+        t.__class__ = Tensor
+        return t  # type: ignore[return-value]
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError(f"Tensor metadata is immutable: cannot set {name!r}")
@@ -237,12 +254,11 @@ class Tensor:
         >>> t.data_address - a.ctypes.data
         8
         """
-        try:
-            return self._address
-        except AttributeError:
+        address = self._address  # None until first asked (every constructor sets it so)
+        if address is None:
             address = array_address(self.storage) + self.offset * self.storage.itemsize
             _SET_ADDRESS(self, address)
-            return address
+        return address
 
     def view(self) -> np.ndarray:
         """A live numpy view of the tensor (writes go to ``storage``); built once."""
@@ -269,17 +285,16 @@ class Tensor:
                 f"{', copied' if self.copied else ''})")
 
 
-(_SET_STORAGE, _SET_DTYPE, _SET_SHAPE, _SET_STRIDES, _SET_OFFSET, _SET_FORMAT, _SET_STORAGE_SHAPE,
- _SET_COPIED, _SET_VIEW, _SET_SIGNATURE, _SET_SIGNATURE_ID, _SET_ADDRESS) = (
-    Tensor.__dict__[name].__set__ for name in (
-        "storage", "dtype", "shape", "strides", "offset", "format", "storage_shape", "copied",
-        "_view", "_signature", "_signature_id", "_address"))
+# the slots' own setters, for fields filled in lazily (Tensor.__setattr__ refuses)
+_SET_SIGNATURE, _SET_SIGNATURE_ID, _SET_ADDRESS = (
+    _Slots.__dict__[name].__set__ for name in ("_signature", "_signature_id", "_address"))
 _DTYPES: dict[np.dtype, DataType] = {}
 
 
 MAX_SIGNATURE_IDS = 1 << 16
 _SIGNATURE_IDS = BoundedMemo(MAX_SIGNATURE_IDS)
-_CONTIGUOUS_IDS = BoundedMemo(MAX_SIGNATURE_IDS)  # (numpy dtype, shape) of a C-contiguous ND tensor -> id
+# (numpy dtype, shape) of a C-contiguous ND array -> (DataType, strides, signature id) of its tensor
+_CONTIGUOUS = BoundedMemo(MAX_SIGNATURE_IDS)
 _NEXT_ID = itertools.count(1)
 
 
@@ -380,18 +395,19 @@ def tensor(array: "np.ndarray | Sequence", format: "Format | str" = "ND", dtype:
     >>> tensor(np.zeros(4, np.float32)[::-1]).copied
     True
     """
-    if type(array) is np.ndarray and dtype is None and format == "ND":  # the hot path
+    if type(array) is np.ndarray and dtype is None and (format is Format.ND or format == "ND"):
+        # the hot path
         a = array
-        if a.flags.c_contiguous and 0 < a.ndim <= MAX_RANK and a.size:
-            t = Tensor._unchecked(a.reshape(-1), a.shape, row_major_strides(a.shape), Format.ND,
-                                  a.shape, False, a.view())
-            key = (a.dtype, a.shape)  # the signature follows from these: its id, remembered
-            sid = _CONTIGUOUS_IDS.get(key)
-            if sid is None:
-                _CONTIGUOUS_IDS.put(key, t.signature_id)
-            else:
-                _SET_SIGNATURE_ID(t, sid)
-            return t
+        if a.flags.c_contiguous:
+            key = (a.dtype, a.shape)  # the tensor's metadata follows from these: remembered
+            known = _CONTIGUOUS.get(key)
+            if known is not None:
+                return Tensor._of_contiguous(a, known)
+            if 0 < a.ndim <= MAX_RANK and a.size:
+                t = Tensor._unchecked(a.reshape(-1), a.shape, row_major_strides(a.shape),
+                                      Format.ND, a.shape, False, a.view())
+                _CONTIGUOUS.put(key, (t.dtype, t.strides, t.signature_id))
+                return t
     if not isinstance(array, np.ndarray) and hasattr(array, "__dlpack__"):
         array = foreign_array(array)
     a = np.asarray(array, dtype=None if dtype is None else dtype_of(dtype).np)
