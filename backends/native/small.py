@@ -36,6 +36,7 @@ from .prologue import HELPERS as SUM_HELPERS, Prologue
 from .render import HELPERS, Unsupported
 
 _ARGTYPES = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+F32 = DataType.FLOAT
 
 
 @dataclass
@@ -49,6 +50,9 @@ class _SmallPlan:
     small: tuple[int, ...]
     scratch: int
     results: tuple[tuple[int, tuple[int, ...], tuple[int, ...], DataType], ...]
+
+    def __post_init__(self) -> None:
+        self.pointers = ctypes.c_void_p * max(len(self.small), 1)  # the array type, made once
 
 
 def _plan(a: FusedReduceAttrs, inputs: Sequence[np.ndarray]) -> _SmallPlan:
@@ -78,12 +82,11 @@ def run_small_reduce_native(a: FusedReduceAttrs, inputs: Sequence[np.ndarray]) -
     plan = _PLANS.get(a, tuple((x.dtype, x.shape, x.strides) for x in inputs),
                       lambda: _plan(a, inputs))
     scr = np.empty(plan.scratch, np.float32)
-    ptrs = (ctypes.c_void_p * max(len(plan.small), 1))(*[address(inputs[k]) for k in plan.small])
-    plan.fn(plan.table, ptrs, address(scr))
+    plan.fn(plan.table, plan.pointers(*[address(inputs[k]) for k in plan.small]), address(scr))
     out = []
     for (off, shape, strides, dtype), out_shape in zip(plan.results, a.out_shapes):
-        v = np.ndarray(shape, np.float32, scr, 4 * off, strides)
-        out.append(as_output(np.array(v, dtype=dtype.np), out_shape))
+        v = np.ndarray(shape, np.float32, scr, 4 * off, strides)  # this call's own scratch
+        out.append(as_output(v if dtype == F32 else v.astype(dtype.np), out_shape))
     return out
 
 
