@@ -116,6 +116,11 @@ static inline uint16_t opg_st_bf16(float f) {
     return (uint16_t)((u & 0x7FFFFFFFu) > 0x7F800000u ? (u >> 16) | 0x0040u : r);
 }
 static inline float opg_rnd_bf16(float f) { return opg_ld_bf16(opg_st_bf16(f)); }
+/* 1 for a NaN with payload bits in its low half (the bf16 rounding bias could carry out of it) */
+static inline int opg_low_nan(float f) {
+    const uint32_t u = opg_u(f);
+    return (u & 0x7FFFFFFFu) > 0x7F800000u && (u & 0xFFFFu) != 0;
+}
 
 /* IEEE binary16 held in float. opg_rnd_f16 rounds to the nearest half (ties to even): 11
    significant bits for |f| >= 2^-14, a multiple of 2^-24 below (the +0.5f sum rounds there),
@@ -233,6 +238,12 @@ static inline __m512i opg_v_bf16_bits(opg_v x) {  /* the bf16 bits in the high h
     return _mm512_and_si512(_mm512_mask_blend_epi32(nan, r, q), _mm512_set1_epi32((int)0xFFFF0000u));
 }
 static inline opg_v opg_v_rnd_bf16(opg_v x) { return _mm512_castsi512_ps(opg_v_bf16_bits(x)); }
+static inline opg_v opg_v_rnd_bf16_q(opg_v x) {  /* opg_v_rnd_bf16 where no NaN carries low bits */
+    const __m512i u = _mm512_castps_si512(x);
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    const __m512i r = _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7FFF)), lsb);
+    return _mm512_castsi512_ps(_mm512_and_si512(r, _mm512_set1_epi32((int)0xFFFF0000u)));
+}
 static inline opg_v opg_v_ld_bf16(const uint16_t *p) {
     const __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p));
     return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
@@ -268,6 +279,12 @@ static inline __m256i opg_v_bf16_bits(opg_v x) {  /* the bf16 bits in the high h
                             _mm256_set1_epi32((int)0xFFFF0000u));
 }
 static inline opg_v opg_v_rnd_bf16(opg_v x) { return _mm256_castsi256_ps(opg_v_bf16_bits(x)); }
+static inline opg_v opg_v_rnd_bf16_q(opg_v x) {  /* opg_v_rnd_bf16 where no NaN carries low bits */
+    const __m256i u = _mm256_castps_si256(x);
+    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    const __m256i r = _mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7FFF)), lsb);
+    return _mm256_castsi256_ps(_mm256_and_si256(r, _mm256_set1_epi32((int)0xFFFF0000u)));
+}
 static inline opg_v opg_v_ld_bf16(const uint16_t *p) {
     const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
     return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
@@ -302,10 +319,27 @@ def pure_half(p: Plan) -> bool:
             and all(ins.op in V_OP and ins.dtype == F16 for _, ins in p.live))
 
 
+def quiet_bf16(p: Plan) -> frozenset[int]:
+    """Live instructions whose bf16 rounding may skip the NaN test (``opg_v_rnd_bf16_q``) in a
+    row whose per-channel scalars hold no NaN with low payload bits (``opg_low_nan``).
+
+    With bf16 full-size inputs only and no f16 instruction, every NaN in such a row has a zero
+    low half (bf16 loads, arithmetic's default NaN, payloads those pass on), and arithmetic
+    quiets it; adding the rounding bias then cannot carry out of the low half, so the plain RNE
+    formula gives the NaN-tested rounding's bits. Arithmetic instructions and casts of their
+    results qualify (a cast of a load could hold a signalling NaN, which the test quiets)."""
+    if any(d != BF16 for _, d in p.big) or any(ins.dtype == F16 for _, ins in p.live):
+        return frozenset()
+    made = {dst for dst, ins in p.live if ins.op in C_OP}
+    return frozenset(k for k, (_, ins) in enumerate(p.live) if ins.dtype == BF16 and (
+        ins.op in C_OP or (ins.op == "cast" and ins.args[0] in made)))
+
+
 def _simd_block(p: Plan, scalar_h: bool, width: str, vtype: str, load, set1: str,
-                op, rnd) -> list[str]:
+                op, rnd, quiet: frozenset[int] = frozenset()) -> list[str]:
     """One explicit SIMD loop of ``width`` lanes; ``load(dtype, ptr)``, ``op(name, args)`` and
-    ``rnd(dtype, expr)`` spell the vector operations."""
+    ``rnd(dtype, expr)`` spell the vector operations; live instructions in ``quiet`` round to
+    bf16 without the NaN test (see :func:`quiet_bf16`)."""
     nb, nh = len(p.big), len(p.hoisted)
     lines = ["{"]
     if scalar_h:
@@ -318,8 +352,18 @@ def _simd_block(p: Plan, scalar_h: bool, width: str, vtype: str, load, set1: str
     for k, (dst, ins) in enumerate(p.live):
         args = [f"v_{r}" for r in ins.args]
         expr = args[0] if ins.op == "cast" else op(ins.op, args)
-        lines.append(f"    const {vtype} v_{dst} = {_rounded(p, k, expr, rnd)};")
+        rk = (lambda d, e: f"opg_v_rnd_bf16_q({e})") if k in quiet else rnd
+        lines.append(f"    const {vtype} v_{dst} = {_rounded(p, k, expr, rk)};")
     return lines + ["}", "jv = j;", "}"]
+
+
+def _quiet_or_not(block: Callable[[frozenset[int]], list[str]], p: Plan, scalar_h: bool) -> list[str]:
+    """``block(quiet)`` for rows where :func:`quiet_bf16` applies (``quiet_row``), else
+    ``block(frozenset())``; just the latter when no instruction qualifies."""
+    quiet = quiet_bf16(p) if scalar_h else frozenset()
+    if not quiet:
+        return block(frozenset())
+    return ["if (quiet_row)"] + block(quiet) + ["else"] + block(frozenset())
 
 
 def _vector_loop(p: Plan, scalar_h: bool) -> list[str]:
@@ -327,10 +371,14 @@ def _vector_loop(p: Plan, scalar_h: bool) -> list[str]:
     bodies with per-channel scalars, else float lanes (16 or 8) with the same roundings."""
     nb, nh = len(p.big), len(p.hoisted)
     store_f = V_STORE[p.out_dtype].format(f"q{nb + nh}", f"v_{p.result}")
-    flt = _simd_block(p, scalar_h, "OPG_W", "opg_v", lambda d, q: V_LOAD[d].format(q),
-                      "opg_v_set1({})", lambda o, a: f"{V_OP[o]}({', '.join(a)})",
-                      lambda d, e: V_ROUND[d].format(e))
-    flt.insert(-3, "    " + store_f)
+
+    def float_lanes(quiet: frozenset[int]) -> list[str]:
+        flt = _simd_block(p, scalar_h, "OPG_W", "opg_v", lambda d, q: V_LOAD[d].format(q),
+                          "opg_v_set1({})", lambda o, a: f"{V_OP[o]}({', '.join(a)})",
+                          lambda d, e: V_ROUND[d].format(e), quiet)
+        flt.insert(-3, "    " + store_f)
+        return flt
+    flt = _quiet_or_not(float_lanes, p, scalar_h)
     lines = []
     if scalar_h and pure_half(p):
         half = _simd_block(p, scalar_h, "32", "__m512h", lambda d, q: f"_mm512_loadu_ph(&{q}[j])",
@@ -348,13 +396,17 @@ def _stream_loop(p: Plan, load: Callable[[int, str], str]) -> list[str]:
     scalar peel up to the output's vector alignment, the vector loop, ``jv`` left for the tail."""
     nb, nh = len(p.big), len(p.hoisted)
     q = f"q{nb + nh}"
-    blk = _simd_block(p, True, "OPG_W", "opg_v", lambda d, x: V_LOAD[d].format(x), "opg_v_set1({})",
-                      lambda o, a: f"{V_OP[o]}({', '.join(a)})", lambda d, e: V_ROUND[d].format(e))
-    blk.insert(-3, "    " + V_NT[p.out_dtype].format(q, f"v_{p.result}"))
-    at = blk.index("int64_t j = 0;") + 1
     peel = [f"for (; j < n && ((uintptr_t)&{q}[j] & (OPG_W * sizeof(*{q}) - 1)); ++j) {{"]
     peel += ["    " + t for t in _body(p, load)] + ["}"]
-    return ["#if defined(OPG_VEC)", "if (c->stream) {"] + blk[:at] + peel + blk[at:] + ["}"] + ["#endif"]
+
+    def streamed(quiet: frozenset[int]) -> list[str]:
+        blk = _simd_block(p, True, "OPG_W", "opg_v", lambda d, x: V_LOAD[d].format(x),
+                          "opg_v_set1({})", lambda o, a: f"{V_OP[o]}({', '.join(a)})",
+                          lambda d, e: V_ROUND[d].format(e), quiet)
+        blk.insert(-3, "    " + V_NT[p.out_dtype].format(q, f"v_{p.result}"))
+        at = blk.index("int64_t j = 0;") + 1
+        return blk[:at] + peel + blk[at:]
+    return ["#if defined(OPG_VEC)", "if (c->stream) {"] + _quiet_or_not(streamed, p, True) + ["}", "#endif"]
 
 
 @functools.lru_cache(maxsize=256)
@@ -401,6 +453,9 @@ def render(p: Plan) -> str:
     out.append("        " + " ".join(f"{'' if k == nops - 1 else 'const '}{t} *const q{k} = b{k} + f{k};"
                                      for k, t in enumerate(ctypes_)))
     scalar_pre = [f"const float h{k} = q{k}[0];" for k in range(nb, nb + nh)]
+    if quiet_bf16(p):
+        dirty = " | ".join(f"opg_low_nan(h{k})" for k in range(nb, nb + nh)) or "0"
+        scalar_pre.append(f"const int quiet_row = !({dirty});  /* see quiet_bf16 */")
 
     def dense_load(scalar: bool) -> Callable[[int, str], str]:
         return lambda k, r: f"h{k}" if scalar and nb <= k < nb + nh else f"q{k}[j]"
