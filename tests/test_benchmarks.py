@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from backends import native
@@ -54,3 +55,29 @@ def test_bench_capture_compares_the_program_with_the_calls():
 def test_bench_syncbn_runs_the_layer_against_torch():
     out = run("bench_syncbn.py", "--quick", "--reps", "1", "--dtypes", "fp32")
     assert "opgraph SyncBatchNorm" in out and "torch BatchNorm2d" in out
+
+
+def _mapping_flags(address: int) -> list[str]:
+    """The VmFlags of the mapping holding ``address`` (/proc/self/smaps)."""
+    inside = False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split(" ", 1)[0]
+        if "-" in head and ":" not in head:
+            lo, hi = (int(x, 16) for x in head.split("-"))
+            inside = lo <= address < hi
+        elif inside and line.startswith("VmFlags:"):
+            return line.split()[1:]
+    raise AssertionError(f"no mapping holds {address:#x}")
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="needs Linux's /proc/self/smaps")
+def test_benchmark_arrays_sit_in_private_memory_advised_onto_huge_pages():
+    """Shared anonymous memory (mmap's default) is shmem, which gets no transparent huge pages
+    where ``shmem_enabled`` is ``never``: the arrays must be private, and advised."""
+    spec = importlib.util.spec_from_file_location("bench_common", ROOT / "benchmarks" / "bench_common.py")
+    bench_common = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench_common)
+    a = bench_common.on_huge_pages(np.ones((4, 1 << 18), np.float32))
+    flags = _mapping_flags(a.ctypes.data)
+    assert "sh" not in flags and "hg" in flags, flags
+    assert a.sum() == 4 << 18
