@@ -7,8 +7,9 @@ after an untimed call, ``bench_common.steady_time``; every array on huge pages,
 ``bench_common.on_huge_pages``); we report medians, the spread, native's speed-up over numpy,
 native's phase 1 alone (a cache hit: what the call costs besides the kernels), and native
 against the memory floor: ``c = a + b`` over raw bits compiled with the native backend's
-compiler on its thread team (``bench_common.c_floor_variant``; 3 tensor passes), scaled to the tensor passes the op_api needs at least (stats 2 reads, reduce 1,
-backward reduce 2, elemt 1 read + 1 write, elemt backward 2 + 1). The gather op_apis work on
+compiler on its thread team (``bench_common.c_floor_variant``; 3 tensor passes), scaled to the
+tensor passes the op_api needs at least (stats 2 reads, reduce 1, backward reduce 2, elemt 1
+read + 1 write, elemt backward 2 + 1). The gather op_apis work on
 [ranks, C] statistics: ``--ranks`` rows, C from the size. bfloat16 statistics exist on the 950
 only, so bf16 runs on Ascend950; fp32/fp16 on Ascend910B (``--platform`` overrides).
 

@@ -33,10 +33,9 @@ from opgraph.core.dtypes import DataType
 from . import build
 from .build import address
 from .prologue import HELPERS as SUM_HELPERS, Prologue
-from .render import HELPERS, Unsupported
+from .render import F32, HELPERS, Unsupported
 
 _ARGTYPES = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
-F32 = DataType.FLOAT
 
 
 @dataclass

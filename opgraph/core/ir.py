@@ -125,12 +125,20 @@ class Graph:
         opdef = get_op(op)
         if attrs is None:
             attrs = opdef.make_attrs(**attr_kwargs)
-        node = Node(op, inputs, attrs, source)
         if out_types is None:
             out_types = opdef.infer_types([v.type for v in inputs], attrs)
         names = list(out_names) if out_names else [self.fresh_name() for _ in out_types]
-        node.outputs = [Value(n, t, node) for n, t in zip(names, out_types)]
-        for v in inputs:
+        return self.add_typed_node(op, inputs, attrs, list(zip(names, out_types)), source, index)
+
+    def add_typed_node(self, op: str, inputs: Sequence[Value], attrs: BaseModel,
+                       outputs: Sequence[tuple[str, TensorType]], source: Optional[str] = None,
+                       index: "int | None" = None) -> Node:
+        """Append (or insert at ``index``) a call whose output names and types are given:
+        nothing looked up or inferred, for a graph rebuilt from one already checked (a copy,
+        the same graph at other sizes)."""
+        node = Node(op, inputs, attrs, source)
+        node.outputs = [Value(n, t, node) for n, t in outputs]
+        for v in node.inputs:
             v.users.append(node)
         if index is None:
             self.nodes.append(node)
@@ -169,13 +177,10 @@ class Graph:
         g._next = self._next
         env = {id(v): g.add_input(v.name, v.type) for v in self.inputs}
         for n in self.nodes:
-            m = Node(n.op, [env[id(v)] for v in n.inputs], n.attrs, n.source)
-            m.outputs = [Value(v.name, v.type, m) for v in n.outputs]
-            for v in m.inputs:
-                v.users.append(m)
+            m = g.add_typed_node(n.op, [env[id(v)] for v in n.inputs], n.attrs,
+                                 [(v.name, v.type) for v in n.outputs], n.source)
             for old, new in zip(n.outputs, m.outputs):
                 env[id(old)] = new
-            g.nodes.append(m)
         g.outputs = [env[id(v)] for v in self.outputs]
         return g
 

@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterator, Optional
 import numpy as np
 from pydantic import BaseModel
 
-from .ir import Graph, Node, Value
+from .ir import Graph, Value
 from .types import TensorType
 
 def monomial(v: int, primes: tuple[int, ...]) -> Optional[tuple[int, ...]]:
@@ -207,12 +207,9 @@ class Resizer:
             if check:
                 node = out.add_node(op, inputs, attrs, out_names=[name for name, _ in outs],
                                     source=source)
-            else:  # the mapping was checked once: build the node as Graph.copy does
-                node = Node(op, inputs, attrs, source)
-                node.outputs = [Value(name, types[k], node) for name, k in outs]
-                for v in inputs:
-                    v.users.append(node)
-                out.nodes.append(node)
+            else:  # the mapping was checked once: the output types are mapped, not inferred
+                node = out.add_typed_node(op, inputs, attrs, [(name, types[k]) for name, k in outs],
+                                          source)
             values += node.outputs
         out.outputs = [values[i] for i in self.results]
         out._next = g._next
