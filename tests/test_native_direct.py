@@ -1,7 +1,7 @@
 """The native backend's direct launch (a cached program whose nodes are all stores of fused
 kernels over the caller's tensors runs them from the tensors' addresses): results stay
 bit-identical to the numpy backend, and every case the direct launch cannot take (an overlap,
-a size threshold, a profiled run, a first run) goes the node-by-node way."""
+a size threshold, a profiled run, a read-only output) goes the node-by-node way."""
 from __future__ import annotations
 
 import concurrent.futures as futures
@@ -41,6 +41,32 @@ def test_repeated_calls_with_new_tensors_match_numpy(dtype):
             _, _, ex, _ = R.run_op(R.to_tensors(case), opgraph.tensor(out))
             R.assert_bits_equal(out, numpy_result(case))
     assert executable_of(ex).launches is not None  # the later calls took the direct launch
+
+
+def test_first_run_launches_directly_and_a_read_only_output_is_left_alone():
+    """A fresh executable prepares its launch on its first run (a new shape runs once); one
+    whose bound output is read-only never takes the direct launch, so never writes it."""
+    case = R.make_case(SHAPE, R.F32, seed=3)
+    with opgraph.use_backend("native"), opgraph.opt_level(2):
+        _, _, ex, _ = R.run_op(R.to_tensors(case), opgraph.tensor(np.zeros(SHAPE, np.float32)))
+    graph, plan = ex.program.compiled, ex.program.memory_plan
+    backend = backend_registry.get("native")
+    names = [v.name for v in graph.inputs]
+
+    def bindings(out: np.ndarray) -> dict:
+        tensors = [t for t in R.to_tensors(case) if t is not None] + [opgraph.tensor(out)]
+        return dict(zip(names, tensors))
+    exe = backend.compile(graph, plan, ex.platform)
+    out = np.zeros(SHAPE, np.float32)
+    exe.run(bindings(out))
+    assert exe.launches is not None
+    R.assert_bits_equal(out, numpy_result(case))
+    frozen = np.full(SHAPE, 7, np.float32)
+    frozen.flags.writeable = False
+    exe = backend.compile(graph, plan, ex.platform)
+    with pytest.raises(ValueError):
+        exe.run(bindings(frozen))
+    assert exe.launches is None and (frozen == 7).all()
 
 
 def test_same_tensors_new_data_is_read_afresh():

@@ -148,3 +148,20 @@ def test_a_size_hidden_in_a_value_leaves_the_structure_untemplated():
                                                     tensor(np.ones((5, 3), np.float32))), opgraph.get_platform(), 2)
     assert STRUCTURE_CACHE.get(key) is UNTEMPLATED
     assert (run(5) == 6.0).all()  # recorded at its own size: 1 + 5
+
+
+def test_a_read_only_output_of_a_known_structure_is_refused_and_left_alone():
+    """Writability is not part of the structure key: a hit checks it, and a read-only output
+    is recorded, refused with its name, and not written."""
+    spec = op_api_specs()["aclnnBatchNormElemtBackward"]
+    _call(spec, (2, 3, 4), opgraph.DataType.FLOAT)
+    cfg = InputConfig((5, 3, 4), opgraph.DataType.FLOAT, {o.name: o.default for o in spec.options})
+    arrays = spec.make_inputs(cfg, np.random.default_rng(0))
+    arrays["gradInput"][...] = 7
+    arrays["gradInput"].flags.writeable = False
+    hits = STRUCTURE_CACHE.hits
+    status, _, ex = spec.get_workspace_size(*spec.args_of(arrays, tensor, cfg))
+    assert STRUCTURE_CACHE.hits == hits + 1  # the structure was known
+    assert status == Status.ACLNN_ERR_PARAM_INVALID and ex is None
+    assert "gradInput" in twophase.aclGetRecentErrMsg()
+    assert (arrays["gradInput"] == 7).all()

@@ -317,11 +317,12 @@ NATIVE_LOWERINGS: LoweringTable = NUMPY_LOWERINGS.extend({"FusedElementwise": _l
 class NativeExecutable(NumpyExecutable):
     """A graph compiled for the native backend. When every node is a FusedElementwise that reads
     the caller's tensors and stores into one of them (BatchNormElemt and BatchNormElemtBackward at
-    level 2), a run after the first launches the kernels straight from the bound tensors'
-    addresses: the operand layouts are fixed for a compiled program, so no numpy views and no
-    per-call layout lookup. Anything else — a first run, a kernel without a C prologue, an output
-    that partly overlaps an input, a kernel below ``min_fused_elements``, a run with a
-    ``profile`` hook — takes the node-by-node path."""
+    level 2), the first run prepares each kernel's launch from the bound tensors' views and
+    every run launches the kernels straight from the bound tensors' addresses: the operand
+    layouts are fixed for a compiled program, so no numpy views and no per-call layout lookup.
+    Anything else — a kernel without a C prologue, a read-only output, an output that partly
+    overlaps an input, a kernel below ``min_fused_elements``, a run with a ``profile`` hook —
+    takes the node-by-node path."""
 
     def __init__(self, *args: Any):
         super().__init__(*args)
@@ -340,16 +341,16 @@ class NativeExecutable(NumpyExecutable):
         return nodes
 
     def run(self, bindings: Mapping[str, Tensor], workspace: Any = None) -> dict[str, np.ndarray]:
-        if self.launches is not None and self.profile is None:  # (profiled: node by node)
-            out = self._run_direct(bindings)
-            if out is not None:
-                return out
-        out = super().run(bindings, workspace)
-        if self.direct is not None and self.launches is None:
-            self.launches = self._prepared(bindings)
-            self.pointers = [([], None)] * len(self.launches or ())
-            self.direct = None if self.launches is None else self.direct
-        return out
+        if self.profile is None:  # (profiled: node by node)
+            if self.direct is not None and self.launches is None:  # prepared once, on first run
+                self.launches = self._prepared(bindings)
+                self.pointers = [([], None)] * len(self.launches or ())
+                self.direct = None if self.launches is None else self.direct
+            if self.launches is not None:
+                out = self._run_direct(bindings)
+                if out is not None:
+                    return out
+        return super().run(bindings, workspace)
 
     def _prepared(self, bindings: Mapping[str, Tensor]) -> Optional[list]:
         """Each direct node's launch (what the run just used) and the names of the bindings
@@ -360,6 +361,8 @@ class NativeExecutable(NumpyExecutable):
             a: FusedAttrs = node.attrs
             names = tuple(v.name for v in node.inputs)
             views = [bindings[n].view() for n in names]
+            if not views[-1].flags.writeable:
+                return None
             try:
                 ln = _launch(a, views[:-1], views[-1])
             except Unsupported:

@@ -1,9 +1,10 @@
 """The structure cache: a new shape of a call seen before skips recording and the passes.
 
 What phase 1 records and what the passes make of it depend on the arguments' dtypes, formats,
-ranks, NULL pattern, scalars, aliasing, writability, layout, platform and opt level — and on the
-sizes only through which dims are 0, 1 or equal to each other (the op_api's checks are rules
-about those). That is the *structure* key. The first call of a structure records as usual; the
+ranks, NULL pattern, scalars, aliasing, layout, platform and opt level — and on the sizes only
+through which dims are 0, 1 or equal to each other (the op_api's checks are rules about those).
+That is the *structure* key. (Whether the outputs are writable decides only whether phase 1
+refuses the call: a hit checks it, as an executor-cache hit does.) The first call of a structure records as usual; the
 cache then records the op_api once more on probe tensors (virtual storage, no memory) whose
 independent dims are distinct primes, so every size in the probe graphs factors into a monomial
 of the dims (:mod:`opgraph.core.resize`). The template is kept only if, evaluated at the first
@@ -25,41 +26,51 @@ executor cache alone. Bounded (LRU, 128 structures) and thread-safe, like the ex
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Hashable, Optional
+from typing import Any, Callable, Optional
 
 from opgraph.core.executor import CompiledProgram, Executor
 from opgraph.core.memo import BoundedMemo
 from opgraph.core.memory import plan_memory
 from opgraph.core.resize import Resizer, graph_numbers, monomial, same_graph
 from opgraph.core.tensor import Tensor, row_major_strides, virtual_tensor
-from .cache import CachedOp, ExecutorCache, call_key
+from .cache import CachedOp, ExecutorCache, cache_key
 
 # probe dims: primes far from the small constants graphs hold (axes, ranks, powers of two)
 PRIMES = tuple(p for p in range(11, 1000) if all(p % q for q in range(2, int(p ** 0.5) + 1)))
 MAX_PROBE_ELEMS = 1 << 24  # larger probes (high ranks, many distinct dims) are not templated
-_KINDS = BoundedMemo(limit=4096)  # signature id -> what the key holds besides the dims
+_KINDS = BoundedMemo(limit=4096)  # signature id -> (dtype, format, shape), () if not row-major
 
 
-def structure_key(name: str, args: tuple, platform: Any, level: int
-                  ) -> tuple[Optional[tuple], tuple[int, ...]]:
+def structure_key(name: str, args: tuple, platform: Any, level: int,
+                  key: Optional[tuple] = None) -> tuple[Optional[tuple], tuple[int, ...]]:
     """``(key, dims)``: the structure key (None when the call cannot take part) and the values
-    of its independent dims, in order of first appearance."""
-    classes: dict[int, int] = {}
-
-    def meta(t: Tensor) -> Optional[Hashable]:
-        sid = t.signature_id
-        kinds = _KINDS.get(sid)
-        if kinds is None:  # (dtype, format), or () for strides that are not row-major
-            kinds = _KINDS.put(sid, (int(t.dtype), int(t.format))
-                               if t.strides == row_major_strides(t.shape) else ())
-        if t.copied or not kinds:
-            return None
-        dims = tuple([n if n <= 1 else -1 - classes.setdefault(n, len(classes)) for n in t.shape])
-        return ("T", dims, *kinds, t.writeable)
-    key = call_key(name, args, platform, level, meta)
-    if key is None or len(classes) > len(PRIMES):
+    of its independent dims, in order of first appearance. Built from the call's exact
+    :func:`~.cache.cache_key` (``key``, computed when not given): each tensor's signature id
+    becomes its dtype, format and rank, and the key ends with every dim of every tensor as 0,
+    1 or its class. Whether the outputs are writable is not keyed (a hit checks it, as an
+    exact hit does)."""
+    if key is None:
+        key = cache_key(name, args, platform, level)
+    if key is None:
         return None, ()
-    return key, tuple(classes)
+    parts, shapes = list(key[:3]), ()
+    for a, part in zip(args, key[3:]):
+        if type(part) is int:  # a tensor (first appearance): keyed by its signature id
+            kind = _KINDS.get(part)
+            if kind is None:
+                kind = _KINDS.put(part, (int(a.dtype), int(a.format), a.shape)
+                                  if a.strides == row_major_strides(a.shape) else ())
+            if not kind:
+                return None, ()
+            parts.append(kind[:2] + (len(kind[2]),))
+            shapes += kind[2]
+        else:
+            parts.append(part)
+    classes: dict[int, int] = {}
+    parts.append(tuple([n if n <= 1 else -1 - classes.setdefault(n, len(classes)) for n in shapes]))
+    if len(classes) > len(PRIMES):
+        return None, ()
+    return tuple(parts), tuple(classes)
 
 
 def _probe_tensor(t: Tensor, dims: tuple[int, ...], primes: tuple[int, ...]) -> Tensor:

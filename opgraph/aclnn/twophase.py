@@ -180,13 +180,13 @@ def op_api(name: str, *, params: Sequence[Param], **spec: Any
                 _check_kinds(params, args)
             except AclnnError as e:
                 return fail(e.status, e.message), 0, None
-            skey, dims = structure_key(name, args, platform, level)
+            skey, dims = structure_key(name, args, platform, level, key)
             template = STRUCTURE_CACHE.get(skey) if skey is not None else None
             if isinstance(template, Template):  # a new shape of a known structure
                 hit = template.at(dims)
-                if key is not None:
-                    EXECUTOR_CACHE.put(key, hit)
-                return succeed(), hit.program.workspace_size, _captured(hit.instantiate(args), args)
+                EXECUTOR_CACHE.put(key, hit)
+                if hit.writable(args):
+                    return succeed(), hit.program.workspace_size, _captured(hit.instantiate(args), args)
             status, size, ex = record_call(args)
             if ex is not None and key is not None:
                 EXECUTOR_CACHE.put(key, CachedOp.of(ex, args))
