@@ -95,9 +95,7 @@ class _Launch:
     pointers and the prologue's table; otherwise the hoisted part runs in numpy per call and
     its registers ``hoisted`` (strides ``h_strides``) are passed."""
 
-    __slots__ = ("attrs", "fn", "fused", "tab", "small", "big", "hoisted", "h_strides", "ndim",
-                 "shape", "strides", "ptrs", "extents", "same", "out_extent", "empty", "last",
-                 "shapes", "small_layouts", "pinned", "h_kernel_strides")
+    # (no __slots__: resized() copies a launch's fields as one dict)
 
     def __init__(self, a: FusedAttrs, h: Hoisted, inputs: Sequence[np.ndarray], out: np.ndarray,
                  use_prologue: bool = True):
@@ -173,8 +171,7 @@ class _Launch:
                        for k, lay in zip(self.small, self.small_layouts))):
             return None
         made = object.__new__(_Launch)
-        for name in _Launch.__slots__:
-            setattr(made, name, getattr(self, name))
+        made.__dict__.update(self.__dict__)
         made.attrs, made.shapes = a, shapes
         big = [inputs[k] for k in self.big]
         # the prologue's registers keep their shapes and the rank is the same: so do their strides
@@ -207,15 +204,22 @@ def _launch(a: FusedAttrs, inputs: Sequence[np.ndarray], out: np.ndarray) -> _La
         (x.dtype, x.shape, x.strides) for x in inputs)
     ln = _LAUNCHES.get(key)
     if ln is None or ln.attrs is not a:
-        dtypes = (out.dtype,) + tuple([x.dtype for x in inputs])
-        last = _BY_BODY.peek(a.body, dtypes)  # a new batch size: the same kernel, laid out anew
-        ln = last.resized(a, inputs, out) if last is not None else None
-        if ln is None:
-            ln = _Launch(a, Hoisted(a, inputs), inputs, out)
-            _BY_BODY.put(a.body, dtypes, ln)
+        ln = _new_launch(a, inputs, out)
         if len(_LAUNCHES) >= 1024:
             _LAUNCHES.clear()
         _LAUNCHES[key] = ln
+    return ln
+
+
+def _new_launch(a: FusedAttrs, inputs: Sequence[np.ndarray], out: np.ndarray) -> _Launch:
+    """A launch for these operands: the last one of the same body and dtypes laid out at their
+    sizes (a new batch size: the same kernel) when it can be, else built."""
+    dtypes = (out.dtype,) + tuple([x.dtype for x in inputs])
+    last = _BY_BODY.peek(a.body, dtypes)
+    ln = last.resized(a, inputs, out) if last is not None else None
+    if ln is None:
+        ln = _Launch(a, Hoisted(a, inputs), inputs, out)
+        _BY_BODY.put(a.body, dtypes, ln)
     return ln
 
 
@@ -363,8 +367,8 @@ class NativeExecutable(NumpyExecutable):
             views = [bindings[n].view() for n in names]
             if not views[-1].flags.writeable:
                 return None
-            try:
-                ln = _launch(a, views[:-1], views[-1])
+            try:  # an executable prepares once: no need for the launch cache
+                ln = _new_launch(a, views[:-1], views[-1])
             except Unsupported:
                 return None
             if not ln.fused:
