@@ -91,13 +91,12 @@ def steady_time(fn: Callable[[], None], min_seconds: float = 0.005) -> float:
 
 def on_huge_pages(a: np.ndarray) -> np.ndarray:
     """A dense copy of ``a`` (same memory order) in fresh private anonymous memory advised onto
-    huge pages (where the kernel offers them). On this VM a streaming kernel over 4 KiB pages ran
-    2.3-2.8x slower than over huge pages (nested paging makes TLB misses dear), and whether
-    numpy's or torch's allocator hands out either depends on what the process freed before — so
-    every array a benchmark times goes through here. Private, not ``mmap``'s default shared
-    mapping: shared anonymous memory is shmem, which gets no transparent huge pages unless
-    ``shmem_enabled`` allows them (``never`` on this VM: np.sum over 25 MB 3.0 ms shared, 2.3 ms
-    private).
+    huge pages (where the kernel offers them). Whether numpy's or torch's allocator hands out
+    huge or 4 KiB pages depends on what the process freed before, and on this VM the kind
+    matters (nested paging makes TLB misses dear: np.sum over 25 MB took 3.0 ms on 4 KiB pages,
+    2.3 ms on huge ones) — so every array a benchmark times goes through here. Private, not
+    ``mmap``'s default shared mapping: shared anonymous memory is shmem, which gets no
+    transparent huge pages unless ``shmem_enabled`` allows them (``never`` on this VM).
 
         >>> on_huge_pages(np.arange(3, dtype=np.float32)).tolist()
         [0.0, 1.0, 2.0]

@@ -357,9 +357,9 @@ class NativeExecutable(NumpyExecutable):
         return super().run(bindings, workspace)
 
     def _prepared(self, bindings: Mapping[str, Tensor]) -> Optional[list]:
-        """Each direct node's launch (what the run just used) and the names of the bindings
-        whose addresses its kernel takes, in order (the output last); None if one has no C
-        prologue."""
+        """Each direct node's launch, laid out from the bound tensors' views, and the names of
+        the bindings whose addresses its kernel takes, in order (the output last); None if one
+        has no C prologue or a read-only output."""
         launches = []
         for node in self.direct or ():
             a: FusedAttrs = node.attrs

@@ -4,8 +4,9 @@ What phase 1 records and what the passes make of it depend on the arguments' dty
 ranks, NULL pattern, scalars, aliasing, layout, platform and opt level — and on the sizes only
 through which dims are 0, 1 or equal to each other (the op_api's checks are rules about those).
 That is the *structure* key. (Whether the outputs are writable decides only whether phase 1
-refuses the call: a hit checks it, as an executor-cache hit does.) The first call of a structure records as usual; the
-cache then records the op_api once more on probe tensors (virtual storage, no memory) whose
+refuses the call: a hit checks it, as an executor-cache hit does.) The first call of a
+structure records as usual; the cache then records the op_api once more on probe tensors
+(virtual storage, no memory) whose
 independent dims are distinct primes, so every size in the probe graphs factors into a monomial
 of the dims (:mod:`opgraph.core.resize`). The template is kept only if, evaluated at the first
 call's dims, it reproduces that call's recorded and optimised graphs exactly. A later call of
@@ -38,7 +39,8 @@ from .cache import CachedOp, ExecutorCache, cache_key
 # probe dims: primes far from the small constants graphs hold (axes, ranks, powers of two)
 PRIMES = tuple(p for p in range(11, 1000) if all(p % q for q in range(2, int(p ** 0.5) + 1)))
 MAX_PROBE_ELEMS = 1 << 24  # larger probes (high ranks, many distinct dims) are not templated
-_KINDS = BoundedMemo(limit=4096)  # signature id -> (dtype, format, shape), () if not row-major
+# signature id -> ((dtype, format, rank), shape), or () when the strides are not row-major
+_KINDS = BoundedMemo(limit=4096)
 
 
 def structure_key(name: str, args: tuple, platform: Any, level: int,
@@ -58,12 +60,12 @@ def structure_key(name: str, args: tuple, platform: Any, level: int,
         if type(part) is int:  # a tensor (first appearance): keyed by its signature id
             kind = _KINDS.get(part)
             if kind is None:
-                kind = _KINDS.put(part, (int(a.dtype), int(a.format), a.shape)
+                kind = _KINDS.put(part, ((int(a.dtype), int(a.format), len(a.shape)), a.shape)
                                   if a.strides == row_major_strides(a.shape) else ())
             if not kind:
                 return None, ()
-            parts.append(kind[:2] + (len(kind[2]),))
-            shapes += kind[2]
+            parts.append(kind[0])
+            shapes += kind[1]
         else:
             parts.append(part)
     classes: dict[int, int] = {}
@@ -115,8 +117,9 @@ class Template:
         compiled = self.resize_compiled(f, check=False)
         recorded = (compiled if self.compiled is self.recorded
                     else (lambda: self.resize_recorded(f, check=False)))
-        return CachedOp(CompiledProgram(recorded, compiled, self.memory_plan or plan_memory(compiled),
-                                        self.level, self.platform), self.positions, self.written)
+        plan = self.memory_plan or plan_memory(compiled)
+        return CachedOp(CompiledProgram(recorded, compiled, plan, self.level, self.platform),
+                        self.positions, self.written)
 
     def reproduces(self, ex: Executor, dims: tuple[int, ...]) -> bool:
         """Whether the template at ``dims`` gives exactly ``ex``'s recorded and compiled graphs."""

@@ -175,7 +175,7 @@ def op_api(name: str, *, params: Sequence[Param], **spec: Any
             key = cache_key(name, args, platform, level)
             hit = EXECUTOR_CACHE.get(key) if key is not None else None
             if hit is not None and hit.writable(args):  # the key fixes every argument's kind
-                return succeed(), hit.program.workspace_size, _captured(hit.instantiate(args), args)
+                return _reused(hit, args)
             try:
                 _check_kinds(params, args)
             except AclnnError as e:
@@ -186,7 +186,7 @@ def op_api(name: str, *, params: Sequence[Param], **spec: Any
                 hit = template.at(dims)
                 EXECUTOR_CACHE.put(key, hit)
                 if hit.writable(args):
-                    return succeed(), hit.program.workspace_size, _captured(hit.instantiate(args), args)
+                    return _reused(hit, args)
             status, size, ex = record_call(args)
             if ex is not None and key is not None:
                 EXECUTOR_CACHE.put(key, CachedOp.of(ex, args))
@@ -209,6 +209,11 @@ def op_api(name: str, *, params: Sequence[Param], **spec: Any
             name, params, get_workspace_size, run_executor, **spec), replace=True)
         return get_workspace_size
     return deco
+
+
+def _reused(hit: CachedOp, args: tuple) -> Phase1:
+    """Phase 1 answered from a cache: a fresh executor over ``hit``'s program, bound to ``args``."""
+    return succeed(), hit.program.workspace_size, _captured(hit.instantiate(args), args)
 
 
 def _captured(ex: Optional[Executor], args: Sequence[Any]) -> Optional[Executor]:
