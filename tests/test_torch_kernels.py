@@ -134,6 +134,34 @@ def test_batch_norm_backward_elemt(kw):
     close(gx, want, x.dtype)
 
 
+def test_shared_views_give_the_same_bits_and_view_each_tensor_once():
+    """One TorchViews across the calls (as SyncBatchNorm's step passes it): the bits of fresh
+    calls, each tensor viewed once (its opgraph Tensor reused), its memory still the tensor's."""
+    x, dy = data(), data(seed=1)
+    views = ot.TorchViews()
+    calls = []
+    for views_arg in (None, views):
+        k = dict(views=views_arg)
+        mean, invstd = ot.batch_norm_stats(x, EPS, **k)
+        y = ot.batch_norm_elemt(x, ch(1, 2, 3), ch(0, 1, 0), mean, invstd, EPS, **k)
+        red = ot.batch_norm_backward_reduce(dy, x, mean, invstd, None, True, False, True, **k)
+        gx = ot.batch_norm_backward_elemt(dy, x, mean, invstd, None, red[0], red[1],
+                                          torch.tensor([[4], [8]], dtype=torch.int32), **k)
+        calls.append([mean, invstd, y, red[0], red[1], red[3], gx])
+    assert same_bits(*calls)
+    seen = views(x)
+    assert views(x) is seen and views(x.detach()) is not seen    # another object: its own view
+    assert seen.data_address == x.data_ptr() and views(None) is None
+
+
+def test_a_view_it_cannot_make_is_left_for_the_op_api_to_name():
+    views = ot.TorchViews()
+    meta = torch.zeros(4, C, device="meta")                       # no memory to view
+    assert views(meta) is meta
+    with pytest.raises(opgraph.AclnnError, match="input: .*meta"):
+        ot.batch_norm_stats(meta, EPS, views=views)
+
+
 # --- torch.library registration ----------------------------------------------------------------
 def aten_calls(x, dy):
     """Every registered primitive through torch's own entry points."""

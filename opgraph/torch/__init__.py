@@ -19,13 +19,13 @@ except ImportError as e:  # the optional dependency is missing: say what to inst
     raise ImportError("opgraph.torch needs PyTorch: pip install 'opgraph[torch]' "
                       "(tested with torch==2.13.0)") from e
 
-from .kernels import (PRIMITIVES, batch_norm_backward_elemt, batch_norm_backward_reduce,
-                      batch_norm_elemt, batch_norm_gather_stats_with_counts, batch_norm_stats,
-                      register_cpu_kernels)
+from .kernels import (PRIMITIVES, TorchViews, batch_norm_backward_elemt,
+                      batch_norm_backward_reduce, batch_norm_elemt,
+                      batch_norm_gather_stats_with_counts, batch_norm_stats, register_cpu_kernels)
 from .launch import RankError, free_port, init_gloo, leave_group, run_ranks
 from .syncbn import SyncBatchNorm, SyncBatchNormFunction, convert_sync_batchnorm
 
-__all__ = ["PRIMITIVES", "RankError", "SyncBatchNorm", "SyncBatchNormFunction",
+__all__ = ["PRIMITIVES", "RankError", "SyncBatchNorm", "SyncBatchNormFunction", "TorchViews",
            "batch_norm_backward_elemt", "batch_norm_backward_reduce", "batch_norm_elemt",
            "batch_norm_gather_stats_with_counts", "batch_norm_stats", "convert_sync_batchnorm",
            "free_port", "init_gloo", "leave_group", "register_cpu_kernels", "run_ranks"]

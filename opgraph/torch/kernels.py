@@ -25,6 +25,7 @@ import torch
 from opgraph.core.config import BackendRef, use_backend
 from opgraph.core.dtypes import DataType
 from opgraph.core.platform import Platform, platform as use_platform
+from opgraph.core.tensor import tensor as op_tensor
 from opgraph.aclnn import (batch_norm_elemt as _elemt, batch_norm_elemt_backward as _elemt_bwd,
                            batch_norm_gather_stats_with_counts as _gather,
                            batch_norm_reduce_backward as _reduce_bwd, batch_norm_stats as _stats)
@@ -76,6 +77,39 @@ def as_numpy(t: Any) -> Any:
     return t.numpy()
 
 
+class TorchViews:
+    """Each CPU torch tensor passed in as an opgraph Tensor over its memory, made once per
+    instance (held with the torch tensor, so an id is never reused while remembered); anything
+    else (None, arrays, a tensor opgraph cannot view) unchanged, for the op_api's own checks to
+    name. SyncBatchNorm's step passes its input to five op_apis and the per-channel tensors to
+    several: one instance per step views each once (about 6 µs a view, its address included).
+
+    >>> views, x = TorchViews(), torch.ones(2, 3)
+    >>> views(x) is views(x), views(x).shape, views(None)
+    (True, (2, 3), None)
+    """
+
+    def __init__(self) -> None:
+        self._made: dict[int, tuple[Tensor, Any]] = {}
+
+    def __call__(self, t: Any) -> Any:
+        if not isinstance(t, Tensor):
+            return t
+        hit = self._made.get(id(t))
+        if hit is None:
+            a = as_numpy(t)
+            try:
+                view = op_tensor(a) if type(a) is np.ndarray else a
+            except (TypeError, ValueError):  # e.g. a rank opgraph refuses: the op_api names it
+                view = a
+            hit = self._made[id(t)] = (t, view)
+        return hit[1]
+
+
+def _views(views: Optional[TorchViews]) -> TorchViews:
+    return TorchViews() if views is None else views
+
+
 def to_torch(a: Optional[np.ndarray]) -> Optional[Tensor]:
     """A numpy result as a torch tensor sharing its memory (bfloat16 through 16-bit words)."""
     if a is None or isinstance(a, Tensor):
@@ -86,36 +120,40 @@ def to_torch(a: Optional[np.ndarray]) -> Optional[Tensor]:
 
 
 def batch_norm_stats(input: Tensor, eps: float, *, backend: Optional[BackendRef] = None,
-                     platform: PlatformRef = None) -> tuple[Tensor, Tensor]:
+                     platform: PlatformRef = None,
+                     views: Optional[TorchViews] = None) -> tuple[Tensor, Tensor]:
     """Per-channel mean and 1/sqrt(biased var + eps) of ``input`` [N, C, ...], float32
-    (aclnnBatchNormStats)."""
+    (aclnnBatchNormStats). ``views``: a :class:`TorchViews` shared by several calls (every
+    function here takes one) views each tensor once."""
     with on(backend, platform):
-        mean, invstd = _stats.batch_norm_stats(as_numpy(input), eps)
+        mean, invstd = _stats.batch_norm_stats(_views(views)(input), eps)
     return to_torch(mean), to_torch(invstd)
 
 
 def batch_norm_gather_stats_with_counts(
         input: Tensor, mean: Tensor, invstd: Tensor, running_mean: Optional[Tensor],
         running_var: Optional[Tensor], momentum: float, eps: float, counts: Tensor, *,
-        backend: Optional[BackendRef] = None,
-        platform: PlatformRef = None) -> tuple[Tensor, Tensor]:
+        backend: Optional[BackendRef] = None, platform: PlatformRef = None,
+        views: Optional[TorchViews] = None) -> tuple[Tensor, Tensor]:
     """Global mean and invstd from per-rank ``mean``/``invstd`` [W, C] and ``counts`` [W]; the
     running stats (when given) are updated in place (aclnnBatchNormGatherStatsWithCounts)."""
+    view = _views(views)
     with on(backend, platform):
         m, s = _gather.batch_norm_gather_stats_with_counts(
-            *map(as_numpy, (input, mean, invstd, running_mean, running_var)), momentum, eps,
-            as_numpy(counts))
+            *map(view, (input, mean, invstd, running_mean, running_var)), momentum, eps,
+            view(counts))
     return to_torch(m), to_torch(s)
 
 
 def batch_norm_elemt(input: Tensor, weight: Optional[Tensor], bias: Optional[Tensor],
                      mean: Tensor, invstd: Tensor, eps: float, *, out: Optional[Tensor] = None,
-                     backend: Optional[BackendRef] = None, platform: PlatformRef = None) -> Tensor:
+                     backend: Optional[BackendRef] = None, platform: PlatformRef = None,
+                     views: Optional[TorchViews] = None) -> Tensor:
     """``(input - mean) * invstd * weight + bias`` per channel into ``out`` (default: a new tensor
     like ``input``, channels_last kept) (aclnnBatchNormElemt)."""
     out = torch.empty_like(input) if out is None else out
     with on(backend, platform):  # out as a numpy view: the Pythonic API returns it, no copy
-        _elemt.batch_norm_elemt(*map(as_numpy, (input, weight, bias, mean, invstd)), eps,
+        _elemt.batch_norm_elemt(*map(_views(views), (input, weight, bias, mean, invstd)), eps,
                                 out=as_numpy(out))
     return out
 
@@ -123,27 +161,29 @@ def batch_norm_elemt(input: Tensor, weight: Optional[Tensor], bias: Optional[Ten
 def batch_norm_backward_reduce(
         grad_out: Tensor, input: Tensor, mean: Tensor, invstd: Tensor, weight: Optional[Tensor],
         input_g: bool, weight_g: bool, bias_g: bool, *,
-        backend: Optional[BackendRef] = None,
-        platform: PlatformRef = None) -> tuple[Optional[Tensor], ...]:
+        backend: Optional[BackendRef] = None, platform: PlatformRef = None,
+        views: Optional[TorchViews] = None) -> tuple[Optional[Tensor], ...]:
     """``(sum_dy, sum_dy_xmu, grad_weight, grad_bias)`` per channel; an output whose flag is
     False is None (aclnnBatchNormReduceBackward)."""
     with on(backend, platform):
         outs = _reduce_bwd.batch_norm_backward_reduce(
-            *map(as_numpy, (grad_out, input, mean, invstd, weight)), input_g, weight_g, bias_g)
+            *map(_views(views), (grad_out, input, mean, invstd, weight)), input_g, weight_g,
+            bias_g)
     return tuple(to_torch(o) for o in outs)
 
 
 def batch_norm_backward_elemt(
         grad_out: Tensor, input: Tensor, mean: Tensor, invstd: Tensor, weight: Optional[Tensor],
         sum_dy: Tensor, sum_dy_xmu: Tensor, count: Tensor, *, out: Optional[Tensor] = None,
-        backend: Optional[BackendRef] = None, platform: PlatformRef = None) -> Tensor:
+        backend: Optional[BackendRef] = None, platform: PlatformRef = None,
+        views: Optional[TorchViews] = None) -> Tensor:
     """SyncBatchNorm's input gradient from the all-reduced sums and the per-rank ``count``
     (aclnnBatchNormElemtBackward), into ``out`` (default: a new tensor like ``input``)."""
     out = torch.empty_like(input) if out is None else out
     with on(backend, platform):  # out as a numpy view: the Pythonic API returns it, no copy
         _elemt_bwd.batch_norm_elemt_backward(
-            *map(as_numpy, (grad_out, input, mean, invstd, weight, sum_dy, sum_dy_xmu, count)),
-            out=as_numpy(out))
+            *map(_views(views), (grad_out, input, mean, invstd, weight, sum_dy, sum_dy_xmu,
+                                 count)), out=as_numpy(out))
     return out
 
 
@@ -219,4 +259,4 @@ def register_cpu_kernels(backend: Optional[BackendRef] = None,
 
 __all__ = ["PRIMITIVES", "batch_norm_backward_elemt", "batch_norm_backward_reduce",
            "batch_norm_elemt", "batch_norm_gather_stats_with_counts", "batch_norm_stats",
-           "as_numpy", "on", "register_cpu_kernels", "to_torch"]
+           "as_numpy", "on", "register_cpu_kernels", "to_torch", "TorchViews"]

@@ -82,8 +82,9 @@ class SyncBatchNormFunction(torch.autograd.Function):
                  momentum: float) -> Tensor:
         C, process_group, world_size = input.shape[1], ctx.process_group, ctx.world_size
         per_channel = input.numel() // C
+        views = ctx.views = K.TorchViews()  # each tensor viewed once, backward included
         if input.numel() > 0:
-            mean, invstd = K.batch_norm_stats(input, eps)
+            mean, invstd = K.batch_norm_stats(input, eps, views=views)
             count = torch.full((1,), per_channel, dtype=mean.dtype)
             row = torch.cat([mean, invstd, count])
         else:  # an empty rank still takes part in the gather, with count 0 (dropped below)
@@ -102,13 +103,14 @@ class SyncBatchNormFunction(torch.autograd.Function):
             counts = counts.to(running_mean.dtype)
         if len(table):
             mean, invstd = K.batch_norm_gather_stats_with_counts(
-                input, mean_all, invstd_all, running_mean, running_var, momentum, eps, counts)
+                input, mean_all, invstd_all, running_mean, running_var, momentum, eps, counts,
+                views=views)
         else:  # no rank has data: nothing to normalise, running stats untouched
             mean = invstd = torch.zeros(C, dtype=table.dtype)
         ctx.save_for_backward(input, weight, mean, invstd, count_all.to(torch.int32))
         if input.numel() == 0:
             return torch.empty_like(input)
-        return K.batch_norm_elemt(input, weight, bias, mean, invstd, eps)
+        return K.batch_norm_elemt(input, weight, bias, mean, invstd, eps, views=views)
 
     @staticmethod
     def backward(ctx: Any, grad_output: Tensor) -> tuple[Optional[Tensor], ...]:
@@ -126,7 +128,8 @@ class SyncBatchNormFunction(torch.autograd.Function):
         C = input.shape[1]
         if input.numel() > 0:
             sum_dy, sum_dy_xmu, grad_weight, grad_bias = K.batch_norm_backward_reduce(
-                grad_output, input, mean, invstd, weight, need_input, need_weight, need_bias)
+                grad_output, input, mean, invstd, weight, need_input, need_weight, need_bias,
+                views=ctx.views)
             if need_input:
                 sums = torch.cat([sum_dy, sum_dy_xmu])
                 if ctx.world_size > 1:  # one rank: the sum over ranks is its own
@@ -134,7 +137,8 @@ class SyncBatchNormFunction(torch.autograd.Function):
                 if weight is not None and weight.dtype != mean.dtype:
                     weight = weight.to(mean.dtype)
                 grad_input = K.batch_norm_backward_elemt(
-                    grad_output, input, mean, invstd, weight, sums[:C], sums[C:], count)
+                    grad_output, input, mean, invstd, weight, sums[:C], sums[C:], count,
+                    views=ctx.views)
             if weight is None or not need_weight:
                 grad_weight = None
             if weight is None or not need_bias:
