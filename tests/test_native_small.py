@@ -21,14 +21,20 @@ pytestmark = pytest.mark.skipif(not native.available(), reason=native.availabili
 
 @pytest.fixture
 def small_calls(monkeypatch):
-    """Counts the serial C calls the native backend makes."""
+    """Counts the serial C calls the native backend makes: node by node, or as a program's
+    prepared direct run (:class:`small.DirectSmallReduce`)."""
     calls = []
-    real = small.run_small_reduce_native
+    real, real_direct = small.run_small_reduce_native, small.DirectSmallReduce.run
 
     def spy(a, inputs):
         calls.append(a)
         return real(a, inputs)
+
+    def spy_direct(self, bindings):
+        calls.append(self.attrs)
+        return real_direct(self, bindings)
     monkeypatch.setattr(native, "run_small_reduce_native", spy)
+    monkeypatch.setattr(small.DirectSmallReduce, "run", spy_direct)
     return calls
 
 

@@ -41,7 +41,7 @@ from . import build, render, team
 from .build import NativeBuildError, address, availability
 from .prologue import Prologue, render_fused
 from .reduce import run_fused_reduce_native
-from .small import run_small_reduce_native
+from .small import DirectSmallReduce, run_small_reduce_native
 from .render import Unsupported
 
 _ARGTYPES = [ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
@@ -326,13 +326,41 @@ class NativeExecutable(NumpyExecutable):
     layouts are fixed for a compiled program, so no numpy views and no per-call layout lookup.
     Anything else — a kernel without a C prologue, a read-only output, an output that partly
     overlaps an input, a kernel below ``min_fused_elements``, a run with a ``profile`` hook —
-    takes the node-by-node path."""
+    takes the node-by-node path. A graph that is one small FusedReduce whose results land in
+    the caller's tensors (BatchNormStats & co. on small inputs) runs as
+    :class:`.small.DirectSmallReduce`: one C call and a copy per result."""
 
     def __init__(self, *args: Any):
         super().__init__(*args)
         self.direct = self._direct_nodes()
         self.launches: Optional[list[tuple[_Launch, tuple[str, ...]]]] = None
         self.pointers: list[tuple[list[int], Any]] = []  # per node: the last addresses, pointers
+        self.reduce = None if self.direct is not None else self._direct_reduce()
+        self.small_reduce: Optional[DirectSmallReduce] = None  # prepared on the first run
+
+    def _direct_reduce(self) -> Optional[tuple]:
+        """``(node, dests, outputs)`` for :class:`.small.DirectSmallReduce` when the graph is one
+        FusedReduce over bound tensors whose every result the memory plan places in a bound
+        tensor, followed only by the redirected copies into those tensors; else None."""
+        nodes = [node for node, _ in self.steps]
+        bound = set(self.input_names)
+        if not nodes or nodes[0].op != "FusedReduce" or any(v.name not in bound
+                                                            for v in nodes[0].inputs):
+            return None
+        results = {v.name for v in nodes[0].outputs}
+        slots = [self.slots.get(v.name) for v in nodes[0].outputs]
+        if any(slot is None or slot.user is None for slot in slots):
+            return None
+        copies = {}
+        for node in nodes[1:]:
+            if (node.op != "ViewCopy" or not node.opdef.redirects(node)
+                    or node.inputs[0].name not in results):
+                return None
+            copies[node.outputs[0].name] = node.inputs[node.opdef.written(node)[0]].name
+        if any(v.name not in copies for v in self.graph.outputs):
+            return None
+        return (nodes[0], [(slot.user, slot.shape) for slot in slots],
+                [(v.name, copies[v.name]) for v in self.graph.outputs])
 
     def _direct_nodes(self) -> Optional[list[Any]]:
         bound = {v.name for v in self.graph.inputs}
@@ -354,6 +382,14 @@ class NativeExecutable(NumpyExecutable):
                 out = self._run_direct(bindings)
                 if out is not None:
                     return out
+            if self.reduce is not None:
+                if self.small_reduce is None:  # prepared once, on first run
+                    self.small_reduce = DirectSmallReduce.prepare(
+                        self.reduce[0], bindings, self.backend.min_elements, *self.reduce[1:])
+                    self.reduce = None if self.small_reduce is None else self.reduce
+                if (self.small_reduce is not None
+                        and self.small_reduce.elements < self.backend.min_elements):
+                    return self.small_reduce.run(bindings)
         return super().run(bindings, workspace)
 
     def _prepared(self, bindings: Mapping[str, Tensor]) -> Optional[list]:
@@ -438,5 +474,5 @@ def emit_c(node: Any) -> str:
     return render.render(render.plan(a, Hoisted(a, dummies[:-1] if a.store else dummies)))
 
 
-__all__ = ["NativeBackend", "NativeBuildError", "Unsupported", "available", "availability",
-           "collapse", "emit_c", "run_fused_native"]
+__all__ = ["DirectSmallReduce", "NativeBackend", "NativeBuildError", "Unsupported", "available",
+           "availability", "collapse", "emit_c", "run_fused_native"]

@@ -17,7 +17,7 @@ ones; bfloat16 statistics need ``platform="Ascend950"``).
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator, Optional, Union
+from typing import Any, Callable, Iterator, Optional, Union
 
 import numpy as np
 import torch
@@ -106,8 +106,9 @@ class TorchViews:
         return hit[1]
 
 
-def _views(views: Optional[TorchViews]) -> TorchViews:
-    return TorchViews() if views is None else views
+def _views(views: Optional[TorchViews]) -> Callable[[Any], Any]:
+    """How a call views its tensors: through the shared ``views``, else each as it comes."""
+    return as_numpy if views is None else views
 
 
 def to_torch(a: Optional[np.ndarray]) -> Optional[Tensor]:

@@ -1,0 +1,147 @@
+"""The native backend's direct run of a small FusedReduce program (BatchNormStats,
+BatchNormReduceBackward and BatchNormGatherStatsWithCounts at level 2 on small inputs: one C
+call on the bound tensors, each result copied into the caller's output): bit-identical to the
+numpy backend over a cached program with new tensors, for float16 results and aliased outputs
+too; a large input, a threshold lowered later or a profiled run goes node by node."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import opgraph
+from backends import native
+from opgraph import aclnn as A
+from opgraph.aclnn.cache import EXECUTOR_CACHE
+from opgraph.core import backend as backend_registry
+
+pytestmark = pytest.mark.skipif(not native.available(), reason=native.availability()[1])
+C = 5
+
+
+def stats(x, outs):
+    return A.aclnnBatchNormStatsGetWorkspaceSize, A.aclnnBatchNormStats, [x, 1e-5, *outs]
+
+
+def reduce_backward(x, outs):
+    rng = np.random.default_rng(int(x.view().sum() * 8) % 1000)
+    dy = opgraph.tensor(rng.standard_normal(x.shape).astype(x.dtype.np))
+    m, i, w = (opgraph.tensor(rng.standard_normal(C).astype(np.float32)) for _ in range(3))
+    return (A.aclnnBatchNormReduceBackwardGetWorkspaceSize, A.aclnnBatchNormReduceBackward,
+            [dy, x, m, i, w, True, True, True, *outs])
+
+
+def gather(x, outs):
+    rng = np.random.default_rng(7)
+    m, i = (opgraph.tensor(rng.random((3, C), np.float32) + 0.5) for _ in range(2))
+    rm, rv = opgraph.tensor(np.zeros(C, np.float32)), opgraph.tensor(np.ones(C, np.float32))
+    counts = opgraph.tensor(np.float32([4, 2, 6]))
+    return (A.aclnnBatchNormGatherStatsWithCountsGetWorkspaceSize,
+            A.aclnnBatchNormGatherStatsWithCounts, [x, m, i, rm, rv, 0.1, 1e-5, counts, *outs])
+
+
+OPS = {"stats": (stats, 2), "reduce_backward": (reduce_backward, 4), "gather": (gather, 2)}
+
+
+def run(backend: str, op: str, x: np.ndarray, out_dtype=np.float32, alias: bool = False):
+    """The op's outputs (and its executor) on ``backend`` at level 2."""
+    make, n = OPS[op]
+    outs = [np.full(C, np.nan, out_dtype) for _ in range(n)]
+    if alias:
+        outs = [outs[0]] * n
+    with opgraph.use_backend(backend), opgraph.opt_level(2):
+        p1, p2, args = make(opgraph.tensor(x), [opgraph.tensor(o) for o in outs])
+        status, ws, ex = p1(*args)
+        assert status == 0
+        assert p2(bytearray(ws) if ws else None, ws, ex) == 0
+    return outs, ex
+
+
+def data(seed: int, shape=(2, C, 3), dtype=np.float32) -> np.ndarray:
+    return (np.random.default_rng(seed).standard_normal(shape) * 3 + 1).astype(dtype)
+
+
+def direct_of(ex):
+    return ex.program.built_executable(backend_registry.get("native")).small_reduce
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_cached_program_with_new_tensors_matches_numpy_bit_for_bit(op):
+    EXECUTOR_CACHE.clear()
+    for seed in range(3):  # the later calls reuse the cached program, on new tensors
+        x = data(seed)
+        got, ex = run("native", op, x)
+        want, _ = run("numpy", op, x)
+        assert all(np.array_equal(g.view(np.uint32), w.view(np.uint32)) for g, w in zip(got, want))
+    assert direct_of(ex) is not None
+
+
+def test_float16_results_are_cast_as_the_node_casts_them():
+    """float16 input and mean: the reduce-backward sums are float16 registers, overflowing to
+    inf here, read back from the float32 scratch without a warning."""
+    EXECUTOR_CACHE.clear()
+    x = (data(4, dtype=np.float32) * 3000).astype(np.float16)
+    make, n = OPS["reduce_backward"]
+    results = {}
+    for backend in ("native", "numpy"):
+        outs = [np.zeros(C, np.float16) for _ in range(n)]
+        rng = np.random.default_rng(1)
+        dy = opgraph.tensor((rng.random(x.shape) * 5000 + 20000).astype(np.float16))  # Σ > 65504
+        m = opgraph.tensor(rng.standard_normal(C).astype(np.float16))
+        i, w = (opgraph.tensor(rng.standard_normal(C).astype(np.float32)) for _ in range(2))
+        with opgraph.use_backend(backend), opgraph.opt_level(2), np.errstate(all="raise"):
+            args = [dy, opgraph.tensor(x), m, i, w, True, True, True,
+                    *[opgraph.tensor(o) for o in outs]]
+            status, ws, ex = A.aclnnBatchNormReduceBackwardGetWorkspaceSize(*args)
+            assert status == 0
+            assert A.aclnnBatchNormReduceBackward(bytearray(ws) if ws else None, ws, ex) == 0
+        results[backend] = outs
+        if backend == "native":
+            assert direct_of(ex) is not None
+    assert any(np.isinf(o).any() for o in results["numpy"])  # the overflow case is exercised
+    assert all(np.array_equal(g.view(np.uint16), w.view(np.uint16))
+               for g, w in zip(results["native"], results["numpy"]))
+
+
+def test_aliased_outputs_end_as_the_node_by_node_run_leaves_them():
+    x = data(5)
+    got, ex = run("native", "stats", x, alias=True)
+    want, _ = run("numpy", "stats", x, alias=True)
+    assert np.array_equal(got[0].view(np.uint32), want[0].view(np.uint32))
+    assert direct_of(ex) is not None
+
+
+def test_a_large_input_or_a_lowered_threshold_runs_node_by_node(monkeypatch):
+    direct_runs = []
+    run_direct = native.DirectSmallReduce.run
+    monkeypatch.setattr(native.DirectSmallReduce, "run",
+                        lambda self, b: direct_runs.append(1) or run_direct(self, b))
+    EXECUTOR_CACHE.clear()
+    big = data(6, shape=(64, C, 16))  # 5120 elements: over the 4096 threshold
+    got, ex = run("native", "stats", big)
+    want, _ = run("numpy", "stats", big)
+    assert direct_of(ex) is None and not direct_runs
+    assert all(np.array_equal(g.view(np.uint32), w.view(np.uint32)) for g, w in zip(got, want))
+    x = data(7)
+    got, ex = run("native", "stats", x)
+    assert direct_of(ex) is not None and len(direct_runs) == 1
+    monkeypatch.setattr(native.NativeBackend, "min_elements", 8)
+    got, _ = run("native", "stats", x)  # the prepared direct run is not taken any more
+    assert len(direct_runs) == 1
+    want, _ = run("numpy", "stats", x)
+    assert all(np.array_equal(g.view(np.uint32), w.view(np.uint32)) for g, w in zip(got, want))
+
+
+def test_a_profiled_run_sees_every_node():
+    x = data(8)
+    run("native", "stats", x)
+    _, ex = run("native", "stats", x)
+    exe = ex.program.built_executable(backend_registry.get("native"))
+    seen = []
+    exe.profile = lambda node, start, stop: seen.append(node.op)
+    try:
+        got, _ = run("native", "stats", x)
+    finally:
+        del exe.profile
+    assert seen == ["FusedReduce", "ViewCopy", "ViewCopy"]
+    want, _ = run("numpy", "stats", x)
+    assert all(np.array_equal(g.view(np.uint32), w.view(np.uint32)) for g, w in zip(got, want))
