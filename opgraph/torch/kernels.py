@@ -100,7 +100,7 @@ class TorchViews:
             a = as_numpy(t)
             try:
                 view = op_tensor(a) if type(a) is np.ndarray else a
-            except (TypeError, ValueError):  # e.g. a rank opgraph refuses: the op_api names it
+            except (TypeError, ValueError):  # what opgraph.tensor refuses: the op_api names it
                 view = a
             hit = self._made[id(t)] = (t, view)
         return hit[1]
