@@ -363,7 +363,7 @@ class NativeExecutable(NumpyExecutable):
                 [(v.name, copies[v.name]) for v in self.graph.outputs])
 
     def _direct_nodes(self) -> Optional[list[Any]]:
-        bound = {v.name for v in self.graph.inputs}
+        bound = set(self.input_names)
         nodes = [node for node, _ in self.steps]
         if not nodes or any(n.op != "FusedElementwise" or not n.attrs.store
                             or any(v.name not in bound for v in n.inputs) for n in nodes):

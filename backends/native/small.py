@@ -116,27 +116,27 @@ class DirectSmallReduce:
     :meth:`prepare` gives None when the body is not one the serial C call covers or the
     inputs are not small (the program then runs node by node)."""
 
-    def __init__(self, node: Node, plan: _SmallPlan, dests: Sequence[tuple[str, tuple[int, ...]]],
-                 outputs: Sequence[tuple[str, str]]):
+    def __init__(self, node: Node, plan: _SmallPlan, elements: int,
+                 dests: Sequence[tuple[str, tuple[int, ...]]], outputs: Sequence[tuple[str, str]]):
         self.attrs: FusedReduceAttrs = node.attrs
         names = [v.name for v in node.inputs]
         self.plan, self.reads = plan, tuple(names[k] for k in plan.small)
+        self.elements = elements  # the inputs' total size, for the size threshold
         self.dests, self.outputs = tuple(dests), tuple(outputs)
-        self.elements = sum(math.prod(v.shape) for v in node.inputs)  # for the size threshold
 
     @classmethod
     def prepare(cls, node: Node, bindings: Mapping[str, Tensor], smaller_than: int,
                 dests: Sequence[tuple[str, tuple[int, ...]]],
                 outputs: Sequence[tuple[str, str]]) -> "Optional[DirectSmallReduce]":
         """The direct run of ``node`` for these bindings' layouts, or None."""
-        views = [bindings[v.name].view() for v in node.inputs]
-        if sum(x.size for x in views) >= smaller_than:  # as the node's lowering decides
+        elements = sum(math.prod(v.shape) for v in node.inputs)
+        if elements >= smaller_than:  # as the node's lowering decides
             return None
         try:
-            plan = _plan_of(node.attrs, views)
+            plan = _plan_of(node.attrs, [bindings[v.name].view() for v in node.inputs])
         except Unsupported:
             return None
-        return cls(node, plan, dests, outputs)
+        return cls(node, plan, elements, dests, outputs)
 
     def run(self, bindings: Mapping[str, Tensor]) -> dict[str, np.ndarray]:
         """Compute into the bound output tensors; returns the graph's outputs by value name."""
