@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from opgraph.core.collective import get_group
-from opgraph.core.opdef import Fidelity, OpAttrs, require
+from opgraph.core.opdef import Fidelity, L0Error, OpAttrs, require
 from opgraph.core.types import TensorType
 from .define import define_op
 
@@ -51,20 +51,23 @@ def _reduce_infer(ts, a: CollectiveAttrs):
 
 
 def _checked(op: str, got: list, want: list[tuple]) -> list[np.ndarray]:
-    require(len(got) == len(want), op, f"the group returned {len(got)} arrays for {len(want)}")
+    if len(got) != len(want):
+        raise L0Error(f"{op}: the group returned {len(got)} arrays for {len(want)}")
     out = []
     for g, (shape, dtype) in zip(got, want):
         g = np.asarray(g)
-        require(g.shape == shape and g.dtype == dtype, op,
-                f"the group returned {g.dtype}{list(g.shape)}, expected {dtype}{list(shape)}")
+        if g.shape != shape or g.dtype != dtype:  # the message built only when raised
+            raise L0Error(f"{op}: the group returned {g.dtype}{list(g.shape)}, expected "
+                          f"{dtype}{list(shape)}")
         out.append(g)
     return out
 
 
 def _gather(xs, a: GatherAttrs):
     group = get_group(a.group)
-    require(group.world_size == a.world, "AllGather",
-            f"group {a.group!r} has {group.world_size} ranks, the graph was captured with {a.world}")
+    if group.world_size != a.world:
+        raise L0Error(f"AllGather: group {a.group!r} has {group.world_size} ranks, the graph was "
+                      f"captured with {a.world}")
     xs = [np.ascontiguousarray(x) for x in xs]
     return _checked("AllGather", group.all_gather(xs), [((a.world,) + x.shape, x.dtype) for x in xs])
 

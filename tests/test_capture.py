@@ -6,6 +6,7 @@ serialisation and every refusal. Across real gloo processes: tests/test_capture_
 from __future__ import annotations
 
 import importlib.util
+import re
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +14,7 @@ import pytest
 
 import opgraph
 from backends import native
+from l0ops.collectives import AllGather, AllReduce
 from opgraph.aclnn.batch_norm_elemt import batch_norm_elemt
 from opgraph.aclnn.batch_norm_stats import (aclnnBatchNormStats, aclnnBatchNormStatsGetWorkspaceSize,
                                             batch_norm_stats)
@@ -20,6 +22,7 @@ from opgraph.capture import CaptureError, all_gather, all_reduce, capture, check
 from opgraph.core.collective import register_group
 from opgraph.core.dtypes import DataType as D
 from opgraph.core.ir import Graph, TensorType
+from opgraph.core.opdef import L0Error
 from opgraph.core.memory import plan_memory
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -265,3 +268,40 @@ def test_capture_arguments_and_platforms():
             batch_norm_stats(x, 1e-5)
             with opgraph.platform("Ascend950"):
                 batch_norm_stats(x, 1e-5)
+
+
+class Broken:
+    """A group that answers with the wrong arrays: one too few, or float64 / the wrong shape."""
+
+    world_size = 2
+
+    def __init__(self, how: str):
+        self.how = how
+
+    def _bad(self, arrays, shape):
+        if self.how == "count":
+            return [np.zeros(shape(a), a.dtype) for a in arrays[1:]]
+        if self.how == "dtype":
+            return [np.zeros(shape(a), np.float64) for a in arrays]
+        return [np.zeros(shape(a) + (1,), a.dtype) for a in arrays]
+
+    def all_gather(self, arrays):
+        return self._bad(arrays, lambda a: (2,) + a.shape)
+
+    def all_reduce(self, arrays):
+        return self._bad(arrays, lambda a: a.shape)
+
+
+@pytest.mark.parametrize("how, says", [("count", "returned 1 arrays for 2"),
+                                       ("dtype", "returned float64[2, 3], expected float32[2, 3]"),
+                                       ("shape", "returned float32[2, 3, 1], expected float32[2, 3]")])
+def test_a_group_answering_with_the_wrong_arrays_is_named(how, says):
+    register_group(f"broken-{how}", Broken(how))
+    xs = [np.ones(3, np.float32), np.ones(3, np.float32)]
+    with pytest.raises(L0Error, match=f"AllGather: the group {re.escape(says)}"):
+        AllGather.compute(xs, AllGather.make_attrs(group=f"broken-{how}", world=2))
+    ys = [np.ones((2, 3), np.float32)] * 2
+    with pytest.raises(L0Error, match=f"AllReduce: the group {re.escape(says)}"):
+        AllReduce.compute(ys, AllReduce.make_attrs(group=f"broken-{how}"))
+    with pytest.raises(L0Error, match="AllGather: group 'mirror2' has 2 ranks, the graph was captured with 3"):
+        AllGather.compute(xs, AllGather.make_attrs(group="mirror2", world=3))
