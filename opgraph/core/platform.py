@@ -8,10 +8,8 @@
 """
 from __future__ import annotations
 
-import contextlib
 import contextvars
 from dataclasses import dataclass
-from typing import Iterator
 
 
 @dataclass(frozen=True)
@@ -78,11 +76,19 @@ def set_platform(name: "str | Platform") -> Platform:
     return p
 
 
-@contextlib.contextmanager
-def platform(name: "str | Platform") -> Iterator[Platform]:
-    """Run a block on another SoC: ``with opgraph.platform("Ascend950"): ...``."""
-    token = _current.set(lookup(name))
-    try:
-        yield _current.get()
-    finally:
-        _current.reset(token)
+class platform:
+    """Run a block on another SoC: ``with opgraph.platform("Ascend950"): ...`` (a class, as
+    :class:`opgraph.core.config.use_backend`)."""
+
+    __slots__ = ("name", "_token")
+
+    def __init__(self, name: "str | Platform") -> None:
+        self.name = name
+
+    def __enter__(self) -> Platform:
+        p = lookup(self.name)
+        self._token = _current.set(p)
+        return p
+
+    def __exit__(self, *exc: object) -> None:
+        _current.reset(self._token)

@@ -17,7 +17,7 @@ ones; bfloat16 statistics need ``platform="Ascend950"``).
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Iterator, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 import numpy as np
 import torch
@@ -43,20 +43,44 @@ _UNCHANGED = contextlib.nullcontext()
 def on(backend: Optional[BackendRef] = None,
        platform: PlatformRef = None) -> contextlib.AbstractContextManager:
     """Inside: phase 2 on ``backend`` and the op_apis on ``platform`` (a SoC name, e.g.
-    ``"Ascend950"``, where bfloat16 batch_norm_stats exists); None keeps the current one."""
+    ``"Ascend950"``, where bfloat16 batch_norm_stats exists); None keeps the current one.
+
+    >>> from opgraph.core.platform import get_platform
+    >>> with on("numpy", "Ascend950"):
+    ...     get_platform().soc
+    'Ascend950'
+    """
     if backend is None and platform is None:
         return _UNCHANGED
-    return _on(backend, platform)
+    if platform is None:
+        return use_backend(backend)
+    if backend is None:
+        return use_platform(platform)
+    return _Both(use_backend(backend), use_platform(platform))
 
 
-@contextlib.contextmanager
-def _on(backend: Optional[BackendRef], platform: PlatformRef) -> Iterator[None]:
-    with contextlib.ExitStack() as stack:
-        if backend is not None:
-            stack.enter_context(use_backend(backend))
-        if platform is not None:
-            stack.enter_context(use_platform(platform))
-        yield
+class _Both:
+    """Two context managers entered in order and left in reverse (what an ExitStack does for
+    two, at a fifth of its cost: SyncBatchNorm enters one per forward and per backward)."""
+
+    __slots__ = ("first", "second")
+
+    def __init__(self, first: Any, second: Any) -> None:
+        self.first, self.second = first, second
+
+    def __enter__(self) -> None:
+        self.first.__enter__()
+        try:
+            self.second.__enter__()
+        except BaseException:
+            self.first.__exit__(None, None, None)
+            raise
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            self.second.__exit__(*exc)
+        finally:
+            self.first.__exit__(*exc)
 
 
 def as_numpy(t: Any) -> Any:

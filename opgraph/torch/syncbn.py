@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -83,31 +84,33 @@ class SyncBatchNormFunction(torch.autograd.Function):
         C, process_group, world_size = input.shape[1], ctx.process_group, ctx.world_size
         per_channel = input.numel() // C
         views = ctx.views = K.TorchViews()  # each tensor viewed once, backward included
+        # the per-channel bookkeeping in numpy: a torch op on C values costs several µs
         if input.numel() > 0:
             mean, invstd = K.batch_norm_stats(input, eps, views=views)
-            count = torch.full((1,), per_channel, dtype=mean.dtype)
-            row = torch.cat([mean, invstd, count])
+            row = np.concatenate([K.as_numpy(mean), K.as_numpy(invstd),
+                                  np.full(1, per_channel, np.float32)])
         else:  # an empty rank still takes part in the gather, with count 0 (dropped below)
-            row = torch.zeros(2 * C + 1, dtype=STATS_DTYPE)
+            row = np.zeros(2 * C + 1, np.float32)
         if world_size > 1:
-            rows = [torch.empty_like(row) for _ in range(world_size)]
-            dist.all_gather(rows, row, process_group)
-            table = torch.stack(rows)
+            rows = [torch.empty(2 * C + 1, dtype=STATS_DTYPE) for _ in range(world_size)]
+            dist.all_gather(rows, torch.from_numpy(row), process_group)
+            table = torch.stack(rows).numpy()
         else:  # one rank: the gather would return its own row
             table = row[None]
         if table[:, 2 * C].min() < 1:  # ranks with data only (a test costs a third of a mask)
             table = table[table[:, 2 * C] >= 1]
         mean_all, invstd_all, count_all = table[:, :C], table[:, C:2 * C], table[:, 2 * C:]
         counts = count_all.reshape(-1)
-        if running_mean is not None and counts.dtype != running_mean.dtype:
-            counts = counts.to(running_mean.dtype)
+        if running_mean is not None and running_mean.dtype != STATS_DTYPE:  # torch's rounding
+            counts = K.as_numpy(torch.from_numpy(counts).to(running_mean.dtype))
         if len(table):
             mean, invstd = K.batch_norm_gather_stats_with_counts(
                 input, mean_all, invstd_all, running_mean, running_var, momentum, eps, counts,
                 views=views)
         else:  # no rank has data: nothing to normalise, running stats untouched
-            mean = invstd = torch.zeros(C, dtype=table.dtype)
-        ctx.save_for_backward(input, weight, mean, invstd, count_all.to(torch.int32))
+            mean = invstd = torch.zeros(C, dtype=STATS_DTYPE)
+        ctx.count = count_all.astype(np.int32)  # per rank, as batch_norm_backward_elemt takes it
+        ctx.save_for_backward(input, weight, mean, invstd)
         if input.numel() == 0:
             return torch.empty_like(input)
         return K.batch_norm_elemt(input, weight, bias, mean, invstd, eps, views=views)
@@ -122,7 +125,7 @@ class SyncBatchNormFunction(torch.autograd.Function):
 
     @staticmethod
     def _backward(ctx: Any, grad_output: Tensor) -> tuple[Optional[Tensor], ...]:
-        input, weight, mean, invstd, count = ctx.saved_tensors
+        input, weight, mean, invstd = ctx.saved_tensors
         need_input, need_weight, need_bias = ctx.needs_input_grad[:3]
         grad_input = grad_weight = grad_bias = None
         C = input.shape[1]
@@ -131,13 +134,14 @@ class SyncBatchNormFunction(torch.autograd.Function):
                 grad_output, input, mean, invstd, weight, need_input, need_weight, need_bias,
                 views=ctx.views)
             if need_input:
-                sums = torch.cat([sum_dy, sum_dy_xmu])
                 if ctx.world_size > 1:  # one rank: the sum over ranks is its own
+                    sums = torch.cat([sum_dy, sum_dy_xmu])
                     dist.all_reduce(sums, dist.ReduceOp.SUM, ctx.process_group)
+                    sum_dy, sum_dy_xmu = sums[:C], sums[C:]
                 if weight is not None and weight.dtype != mean.dtype:
                     weight = weight.to(mean.dtype)
                 grad_input = K.batch_norm_backward_elemt(
-                    grad_output, input, mean, invstd, weight, sums[:C], sums[C:], count,
+                    grad_output, input, mean, invstd, weight, sum_dy, sum_dy_xmu, ctx.count,
                     views=ctx.views)
             if weight is None or not need_weight:
                 grad_weight = None
