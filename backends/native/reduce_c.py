@@ -126,7 +126,10 @@ def _cols_items(big, kept, live, sums) -> list[str]:
 
 
 def _chunks(big, live, sums) -> list[str]:
-    """Whole 64-lane chunks from lane 0: the lane accumulators held in registers."""
+    """Whole 64-lane chunks from any lane ``l`` that is a multiple of ``OPG_W`` (a row of 784
+    starts at lane 16 after one of 784): the lane accumulators held in registers, register
+    ``u`` holding lanes ``(l + u·OPG_W) mod 64``, which element ``j + u·OPG_W`` of every
+    chunk adds to."""
     S = len(sums)
     body = [f"const opg_v v_{r} = {V_LOAD[d].format(f'(q{i} + u * OPG_W)')};" for i, (r, d) in enumerate(big)]
     for dst, ins in live:
@@ -134,16 +137,16 @@ def _chunks(big, live, sums) -> list[str]:
         expr = args[0] if ins.op == "cast" else f"{V_OP[ins.op]}({', '.join(args)})"
         body.append(f"const opg_v v_{dst} = {V_ROUND[ins.dtype].format(expr)};")
     body += [f"va[{s}][u] = opg_v_add(va[{s}][u], v_{x});" for s, x in enumerate(sums)]
-    return ["if (l == 0 && j + OPG_LANES <= run) {",
+    return ["if (j + OPG_LANES <= run) {  /* l is a multiple of OPG_W here */",
             f"    opg_v va[{S}][OPG_LANES / OPG_W];",
             f"    for (int s = 0; s < {S}; ++s) for (int u = 0; u < OPG_LANES / OPG_W; ++u)",
-            "        va[s][u] = opg_v_ld_f32(&acc[s][u * OPG_W]);",
+            "        va[s][u] = opg_v_ld_f32(&acc[s][(l + u * OPG_W) & (OPG_LANES - 1)]);",
             "    for (; j + OPG_LANES <= run; j += OPG_LANES) {",
             "        #pragma GCC unroll 16",
             "        for (int u = 0; u < OPG_LANES / OPG_W; ++u) {"]     + ["            " + b for b in body] + [
             "        }", "    }",
             f"    for (int s = 0; s < {S}; ++s) for (int u = 0; u < OPG_LANES / OPG_W; ++u)",
-            "        opg_v_st_f32(&acc[s][u * OPG_W], va[s][u]);",
+            "        opg_v_st_f32(&acc[s][(l + u * OPG_W) & (OPG_LANES - 1)], va[s][u]);",
             "}"]
 
 
