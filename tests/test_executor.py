@@ -10,6 +10,7 @@ import pytest
 
 import backends
 import opgraph
+from opgraph.core import backend as backend_registry
 from opgraph.core.backend import Backend, BackendUnavailable, Executable
 from backends.numpy_backend import NumpyBackend
 from opgraph import aclnn
@@ -302,6 +303,30 @@ def test_opt_level_context_and_validation():
                 pass
         with pytest.raises(ValueError):
             opgraph.set_opt_level(bad)
+
+
+def test_backend_and_platform_contexts_nest_restore_and_decorate():
+    @opgraph.use_backend("numpy")
+    @opgraph.platform("Ascend950")
+    def where(depth: int) -> list:  # each decorated call enters its own context, recursion too
+        here = [(opgraph.get_backend_name(), opgraph.get_platform().soc)]
+        with opgraph.platform("Ascend910"):
+            here.append(opgraph.get_platform().soc)
+        return here + (where(depth - 1) if depth else [])
+
+    before = (opgraph.get_backend_name(), opgraph.get_platform().soc)
+    with opgraph.platform("Ascend910_93") as p:
+        assert p.soc == "Ascend910_93"
+        assert where(2) == [("numpy", "Ascend950"), "Ascend910"] * 3
+        assert opgraph.get_platform().soc == "Ascend910_93"
+    with pytest.raises(opgraph.BackendUnavailable, match="unknown backend 'nope'"):
+        with opgraph.use_backend("nope"):
+            pass
+    with pytest.raises(RuntimeError):
+        with opgraph.use_backend(backend_registry.get("numpy")) as b:
+            assert b.name == opgraph.get_backend_name() == "numpy"
+            raise RuntimeError("boom")
+    assert (opgraph.get_backend_name(), opgraph.get_platform().soc) == before
 
 
 def test_executor_repr_and_bindings(case):

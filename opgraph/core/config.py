@@ -49,15 +49,19 @@ def set_backend(backend: BackendRef) -> None:
     _backend.set(_check_backend(backend))
 
 
-class use_backend:
+class use_backend(contextlib.ContextDecorator):
     """``with opgraph.use_backend("native"): ...`` runs phase 2 there inside the block; an
-    instance works too (``use_backend(MyBackend())``). (A class, not a generator: entering and
-    leaving cost a third as much, and SyncBatchNorm enters one per step.)"""
+    instance works too (``use_backend(MyBackend())``), and so does decorating a function. (A
+    class, not a generator: entering and leaving cost a third as much, and SyncBatchNorm enters
+    one per step.)"""
 
     __slots__ = ("backend", "_token")
 
     def __init__(self, backend: BackendRef) -> None:
         self.backend = backend
+
+    def _recreate_cm(self) -> "use_backend":  # each decorated call enters its own
+        return use_backend(self.backend)
 
     def __enter__(self) -> BackendRef:
         self._token = _backend.set(_check_backend(self.backend))

@@ -8,6 +8,7 @@
 """
 from __future__ import annotations
 
+import contextlib
 import contextvars
 from dataclasses import dataclass
 
@@ -76,14 +77,17 @@ def set_platform(name: "str | Platform") -> Platform:
     return p
 
 
-class platform:
-    """Run a block on another SoC: ``with opgraph.platform("Ascend950"): ...`` (a class, as
-    :class:`opgraph.core.config.use_backend`)."""
+class platform(contextlib.ContextDecorator):
+    """Run a block on another SoC: ``with opgraph.platform("Ascend950"): ...`` (or decorate a
+    function; a class, as :class:`opgraph.core.config.use_backend`)."""
 
     __slots__ = ("name", "_token")
 
     def __init__(self, name: "str | Platform") -> None:
         self.name = name
+
+    def _recreate_cm(self) -> "platform":  # each decorated call enters its own
+        return platform(self.name)
 
     def __enter__(self) -> Platform:
         p = lookup(self.name)
