@@ -14,6 +14,7 @@ torch = pytest.importorskip("torch", reason="torch is not installed (pip install
 
 import torch.distributed as dist  # noqa: E402
 
+from backends import native  # noqa: E402
 from opgraph.torch import RankError, leave_group, run_ranks  # noqa: E402
 
 
@@ -21,6 +22,12 @@ def who(rank, world, tag):
     t = torch.tensor([float(rank + 1)])
     dist.all_reduce(t)
     return rank, world, dist.get_rank(), dist.get_world_size(), tag, float(t), os.getpid()
+
+
+def threads_here(rank, world):
+    """torch's threads, what opgraph's read, and the native team's size (None without a compiler)."""
+    team = native.team.threads() if native.available() else None
+    return torch.get_num_threads(), os.environ.get("OPGRAPH_NUM_THREADS"), team
 
 
 def fail_on_1(rank, world):
@@ -111,3 +118,14 @@ def test_leave_group_frees_ddp_before_leaving():
 def test_bad_world_size():
     with pytest.raises(ValueError, match="world_size must be >= 1"):
         run_ranks(who, 0)
+
+
+def test_ranks_share_the_cores_with_opgraphs_threads_too(monkeypatch):
+    monkeypatch.delenv("OPGRAPH_NUM_THREADS", raising=False)
+    shared = max(1, (os.cpu_count() or 1) // 2)
+    out = run_ranks(threads_here, 2, timeout=60)
+    team = shared if out[0][2] is not None else None
+    assert out == [(shared, str(shared), team)] * 2
+    monkeypatch.setenv("OPGRAPH_NUM_THREADS", "3")  # the user's choice is kept
+    out = run_ranks(threads_here, 2, timeout=60, threads=1)
+    assert [o[:2] for o in out] == [(1, "3")] * 2 and out[0][2] in (3, None)

@@ -82,11 +82,14 @@ def leave_group() -> None:
 
 
 def _rank_main(fn: RankFn, rank: int, world_size: int, port: int, args: Sequence[Any],
-               conn: Any, pg_timeout: float, threads: int) -> None:
+               conn: Any, pg_timeout: float, threads: int, opgraph_threads: str) -> None:
     """The body of one spawned rank: join the group, run ``fn``, send back its result — before
     leaving the group, so that a failing rank reports before its peers notice it is gone."""
     try:
         torch.set_num_threads(threads)
+        # opgraph's thread teams too (the native kernels', the numpy chunks'): ranks sharing the
+        # cores must not each start a team as large as the machine, whose idle workers spin
+        os.environ["OPGRAPH_NUM_THREADS"] = opgraph_threads
         init_gloo(rank, world_size, port, pg_timeout)
         message = ("ok", fn(rank, world_size, *args))
     except BaseException:  # noqa: BLE001 — everything goes back to the parent as text
@@ -105,11 +108,14 @@ def run_ranks(fn: RankFn, world_size: int, args: Sequence[Any] = (), *, timeout:
     """``[fn(rank, world_size, *args) for each rank]``, each rank a fresh process in
     a gloo group of ``world_size``. ``fn`` must be importable (a module-level function) and its
     result picklable. ``timeout`` bounds the whole run, ``pg_timeout`` each collective;
-    ``threads`` is torch's intra-op thread count per rank (default: the cores shared out).
+    ``threads`` is torch's intra-op thread count per rank and, unless ``$OPGRAPH_NUM_THREADS``
+    is set, opgraph's (default: the cores shared out).
     """
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
     threads = threads or max(1, (os.cpu_count() or 1) // world_size)
+    # read here: a fork server's children have the environment it started with, not ours
+    opgraph_threads = os.environ.get("OPGRAPH_NUM_THREADS", "").strip() or str(threads)
     ctx = _context()
     port = free_port()
     procs, conns, ok = [], {}, False
@@ -118,7 +124,7 @@ def run_ranks(fn: RankFn, world_size: int, args: Sequence[Any] = (), *, timeout:
             recv, send = ctx.Pipe(duplex=False)
             p = ctx.Process(target=_rank_main, name=f"opgraph-rank{rank}", daemon=True,
                             args=(fn, rank, world_size, port, tuple(args), send, pg_timeout,
-                                  threads))
+                                  threads, opgraph_threads))
             p.start()
             send.close()
             procs.append(p)
