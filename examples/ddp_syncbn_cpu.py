@@ -120,7 +120,9 @@ def main(argv: list[str]) -> int:
     args = parse(argv)
     start = time.perf_counter()
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # started by torchrun
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["WORLD_SIZE"])))
+        shared = max(1, (os.cpu_count() or 1) // int(os.environ["WORLD_SIZE"]))
+        torch.set_num_threads(shared)
+        os.environ.setdefault("OPGRAPH_NUM_THREADS", str(shared))  # as run_ranks shares them
         dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
         try:
             rank, world = dist.get_rank(), dist.get_world_size()
