@@ -10,6 +10,7 @@ import opgraph
 import reference as R
 from backends import native
 from backends.native import small
+from backends.native.direct_reduce import DirectReduce
 from l0ops.fused_reduce import FusedReduce, FusedReduceAttrs, Instr
 from opgraph.aclnn import batch_norm_gather_stats_with_counts as gather
 from opgraph.core import backend as backend_registry
@@ -22,19 +23,21 @@ pytestmark = pytest.mark.skipif(not native.available(), reason=native.availabili
 @pytest.fixture
 def small_calls(monkeypatch):
     """Counts the serial C calls the native backend makes: node by node, or as a program's
-    prepared direct run (:class:`small.DirectSmallReduce`)."""
+    prepared direct run (:class:`direct_reduce.DirectReduce` on its small side)."""
     calls = []
-    real, real_direct = small.run_small_reduce_native, small.DirectSmallReduce.run
+    real, real_direct = small.run_small_reduce_native, DirectReduce.run
 
     def spy(a, inputs):
         calls.append(a)
         return real(a, inputs)
 
-    def spy_direct(self, bindings):
-        calls.append(self.attrs)
-        return real_direct(self, bindings)
+    def spy_direct(self, bindings, small_below):
+        out = real_direct(self, bindings, small_below)
+        if out is not None and self.small:
+            calls.append(self.attrs)
+        return out
     monkeypatch.setattr(native, "run_small_reduce_native", spy)
-    monkeypatch.setattr(small.DirectSmallReduce, "run", spy_direct)
+    monkeypatch.setattr(DirectReduce, "run", spy_direct)
     return calls
 
 

@@ -1,8 +1,10 @@
-"""The native backend's direct run of a small FusedReduce program (BatchNormStats,
-BatchNormReduceBackward and BatchNormGatherStatsWithCounts at level 2 on small inputs: one C
-call on the bound tensors, each result copied into the caller's output): bit-identical to the
-numpy backend over a cached program with new tensors, for float16 results and aliased outputs
-too; a large input, a threshold lowered later or a profiled run goes node by node."""
+"""The native backend's direct run of a FusedReduce program (BatchNormStats,
+BatchNormReduceBackward and BatchNormGatherStatsWithCounts at level 2: below the size threshold
+one serial C call on the bound tensors, above it the reduction passes on their views, each
+result copied into the caller's output, no interpreter): bit-identical to the numpy backend
+over a cached program with new tensors, on both sides of the threshold, for float16 results and
+aliased outputs too; a threshold moved across the size after preparing, or a profiled run, goes
+node by node."""
 from __future__ import annotations
 
 import numpy as np
@@ -10,6 +12,7 @@ import pytest
 
 import opgraph
 from backends import native
+from backends.native.direct_reduce import DirectReduce
 from opgraph import aclnn as A
 from opgraph.aclnn.cache import EXECUTOR_CACHE
 from opgraph.core import backend as backend_registry
@@ -56,30 +59,40 @@ def run(backend: str, op: str, x: np.ndarray, out_dtype=np.float32, alias: bool 
     return outs, ex
 
 
-def data(seed: int, shape=(2, C, 3), dtype=np.float32) -> np.ndarray:
+SMALL, LARGE = (2, C, 3), (64, C, 16)  # 30 and 5120 elements: under and over the 4096 threshold
+SIZES = pytest.mark.parametrize("shape", [SMALL, LARGE], ids=["small", "large"])
+
+
+def data(seed: int, shape=SMALL, dtype=np.float32) -> np.ndarray:
     return (np.random.default_rng(seed).standard_normal(shape) * 3 + 1).astype(dtype)
 
 
 def direct_of(ex):
-    return ex.program.built_executable(backend_registry.get("native")).small_reduce
+    return ex.program.built_executable(backend_registry.get("native")).direct_reduce
 
 
+@SIZES
 @pytest.mark.parametrize("op", OPS)
-def test_cached_program_with_new_tensors_matches_numpy_bit_for_bit(op):
+def test_cached_program_with_new_tensors_matches_numpy_bit_for_bit(op, shape, monkeypatch):
+    runs = []
+    real = DirectReduce.run
+    monkeypatch.setattr(DirectReduce, "run", lambda self, *a: runs.append(self.small) or real(self, *a))
     EXECUTOR_CACHE.clear()
     for seed in range(3):  # the later calls reuse the cached program, on new tensors
-        x = data(seed)
+        x = data(seed, shape)
         got, ex = run("native", op, x)
         want, _ = run("numpy", op, x)
         assert all(np.array_equal(g.view(np.uint32), w.view(np.uint32)) for g, w in zip(got, want))
-    assert direct_of(ex) is not None
+    small = shape == SMALL or op == "gather"  # the gather's body reads [ranks, C] values only
+    assert direct_of(ex) is not None and runs == [small] * 3
 
 
-def test_float16_results_are_cast_as_the_node_casts_them():
+@SIZES
+def test_float16_results_are_cast_as_the_node_casts_them(shape):
     """float16 input and mean: the reduce-backward sums are float16 registers, overflowing to
-    inf here, read back from the float32 scratch without a warning."""
+    inf here, read back without a warning (the caller's errstate raises)."""
     EXECUTOR_CACHE.clear()
-    x = (data(4, dtype=np.float32) * 3000).astype(np.float16)
+    x = (data(4, shape, dtype=np.float32) * 3000).astype(np.float16)
     make, n = OPS["reduce_backward"]
     results = {}
     for backend in ("native", "numpy"):
@@ -102,37 +115,34 @@ def test_float16_results_are_cast_as_the_node_casts_them():
                for g, w in zip(results["native"], results["numpy"]))
 
 
-def test_aliased_outputs_end_as_the_node_by_node_run_leaves_them():
-    x = data(5)
+@SIZES
+def test_aliased_outputs_end_as_the_node_by_node_run_leaves_them(shape):
+    x = data(5, shape)
     got, ex = run("native", "stats", x, alias=True)
     want, _ = run("numpy", "stats", x, alias=True)
     assert np.array_equal(got[0].view(np.uint32), want[0].view(np.uint32))
     assert direct_of(ex) is not None
 
 
-def test_a_large_input_or_a_lowered_threshold_runs_node_by_node(monkeypatch):
-    direct_runs = []
-    run_direct = native.DirectSmallReduce.run
-    monkeypatch.setattr(native.DirectSmallReduce, "run",
-                        lambda self, b: direct_runs.append(1) or run_direct(self, b))
+@pytest.mark.parametrize("shape, moved", [(SMALL, 8), (LARGE, 1 << 20)], ids=["lowered", "raised"])
+def test_a_threshold_moved_across_the_size_runs_node_by_node(shape, moved, monkeypatch):
+    done = []
+    real = DirectReduce.run
+    monkeypatch.setattr(DirectReduce, "run", lambda self, *a: done.append(real(self, *a)) or done[-1])
     EXECUTOR_CACHE.clear()
-    big = data(6, shape=(64, C, 16))  # 5120 elements: over the 4096 threshold
-    got, ex = run("native", "stats", big)
-    want, _ = run("numpy", "stats", big)
-    assert direct_of(ex) is None and not direct_runs
-    assert all(np.array_equal(g.view(np.uint32), w.view(np.uint32)) for g, w in zip(got, want))
-    x = data(7)
+    x = data(6, shape)
     got, ex = run("native", "stats", x)
-    assert direct_of(ex) is not None and len(direct_runs) == 1
-    monkeypatch.setattr(native.NativeBackend, "min_elements", 8)
-    got, _ = run("native", "stats", x)  # the prepared direct run is not taken any more
-    assert len(direct_runs) == 1
+    assert direct_of(ex).small == (shape == SMALL) and done[-1] is not None
+    monkeypatch.setattr(native.NativeBackend, "min_elements", moved)
+    got, _ = run("native", "stats", x)  # the prepared direct run does not apply any more
+    assert len(done) == 2 and done[-1] is None
     want, _ = run("numpy", "stats", x)
     assert all(np.array_equal(g.view(np.uint32), w.view(np.uint32)) for g, w in zip(got, want))
 
 
-def test_a_profiled_run_sees_every_node():
-    x = data(8)
+@SIZES
+def test_a_profiled_run_sees_every_node(shape):
+    x = data(8, shape)
     run("native", "stats", x)
     _, ex = run("native", "stats", x)
     exe = ex.program.built_executable(backend_registry.get("native"))

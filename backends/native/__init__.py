@@ -41,7 +41,8 @@ from . import build, render, team
 from .build import NativeBuildError, address, availability
 from .prologue import Prologue, render_fused
 from .reduce import run_fused_reduce_native
-from .small import DirectSmallReduce, run_small_reduce_native
+from .direct_reduce import DirectReduce
+from .small import run_small_reduce_native
 from .render import Unsupported
 
 _ARGTYPES = [ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
@@ -326,9 +327,9 @@ class NativeExecutable(NumpyExecutable):
     layouts are fixed for a compiled program, so no numpy views and no per-call layout lookup.
     Anything else — a kernel without a C prologue, a read-only output, an output that partly
     overlaps an input, a kernel below ``min_fused_elements``, a run with a ``profile`` hook —
-    takes the node-by-node path. A graph that is one small FusedReduce whose results land in
-    the caller's tensors (BatchNormStats & co. on small inputs) runs as
-    :class:`.small.DirectSmallReduce`: one C call and a copy per result."""
+    takes the node-by-node path. A graph that is one FusedReduce whose results land in the
+    caller's tensors (BatchNormStats & co.) runs as :class:`.direct_reduce.DirectReduce`: the
+    node's computation on the bound tensors and a copy per result, without the interpreter."""
 
     def __init__(self, *args: Any):
         super().__init__(*args)
@@ -336,10 +337,10 @@ class NativeExecutable(NumpyExecutable):
         self.launches: Optional[list[tuple[_Launch, tuple[str, ...]]]] = None
         self.pointers: list[tuple[list[int], Any]] = []  # per node: the last addresses, pointers
         self.reduce = None if self.direct is not None else self._direct_reduce()
-        self.small_reduce: Optional[DirectSmallReduce] = None  # prepared on the first run
+        self.direct_reduce: Optional[DirectReduce] = None  # prepared on the first run
 
     def _direct_reduce(self) -> Optional[tuple]:
-        """``(node, dests, outputs)`` for :class:`.small.DirectSmallReduce` when the graph is one
+        """``(node, dests, outputs)`` for :class:`.direct_reduce.DirectReduce` when the graph is one
         FusedReduce over bound tensors whose every result the memory plan places in a bound
         tensor, followed only by the redirected copies into those tensors; else None."""
         nodes = [node for node, _ in self.steps]
@@ -383,13 +384,14 @@ class NativeExecutable(NumpyExecutable):
                 if out is not None:
                     return out
             if self.reduce is not None:
-                if self.small_reduce is None:  # prepared once, on first run
-                    self.small_reduce = DirectSmallReduce.prepare(
+                if self.direct_reduce is None:  # prepared once, on first run
+                    self.direct_reduce = DirectReduce.prepare(
                         self.reduce[0], bindings, self.backend.min_elements, *self.reduce[1:])
-                    self.reduce = None if self.small_reduce is None else self.reduce
-                if (self.small_reduce is not None
-                        and self.small_reduce.elements < self.backend.min_elements):
-                    return self.small_reduce.run(bindings)
+                    self.reduce = None if self.direct_reduce is None else self.reduce
+                if self.direct_reduce is not None:
+                    out = self.direct_reduce.run(bindings, self.backend.min_elements)
+                    if out is not None:
+                        return out
         return super().run(bindings, workspace)
 
     def _prepared(self, bindings: Mapping[str, Tensor]) -> Optional[list]:
@@ -474,5 +476,5 @@ def emit_c(node: Any) -> str:
     return render.render(render.plan(a, Hoisted(a, dummies[:-1] if a.store else dummies)))
 
 
-__all__ = ["DirectSmallReduce", "NativeBackend", "NativeBuildError", "Unsupported", "available",
+__all__ = ["DirectReduce", "NativeBackend", "NativeBuildError", "Unsupported", "available",
            "availability", "collapse", "emit_c", "run_fused_native"]

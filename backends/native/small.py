@@ -21,9 +21,8 @@ a body with an instruction the renderer does not cover raises :class:`Unsupporte
 from __future__ import annotations
 
 import ctypes
-import math
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -31,8 +30,6 @@ from l0ops.expansion import array_types
 from l0ops.fused_reduce import FusedReduceAttrs, as_output
 from l0ops.primitives import IdentityMemo, body_types
 from opgraph.core.dtypes import DataType
-from opgraph.core.ir import Node
-from opgraph.core.tensor import Tensor
 from . import build
 from .build import address
 from .prologue import HELPERS as SUM_HELPERS, Prologue
@@ -78,12 +75,14 @@ def _plan(a: FusedReduceAttrs, inputs: Sequence[np.ndarray]) -> _SmallPlan:
 _PLANS = IdentityMemo(limit=256)
 
 
-def _plan_of(a: FusedReduceAttrs, inputs: Sequence[np.ndarray]) -> _SmallPlan:
+def plan_small(a: FusedReduceAttrs, inputs: Sequence[np.ndarray]) -> _SmallPlan:
+    """The cached serial C call of ``a`` for operands of these layouts (Unsupported if the
+    prologue renderer does not cover the body)."""
     return _PLANS.get(a, tuple((x.dtype, x.shape, x.strides) for x in inputs),
                       lambda: _plan(a, inputs))
 
 
-def _results(plan: _SmallPlan, a: FusedReduceAttrs, scr: np.ndarray) -> list[np.ndarray]:
+def results_of(plan: _SmallPlan, a: FusedReduceAttrs, scr: np.ndarray) -> list[np.ndarray]:
     """Each result read from the call's own scratch ``scr``, as its output."""
     out = []
     for (off, shape, strides, dtype), out_shape in zip(plan.results, a.out_shapes):
@@ -97,56 +96,10 @@ def _results(plan: _SmallPlan, a: FusedReduceAttrs, scr: np.ndarray) -> list[np.
 def run_small_reduce_native(a: FusedReduceAttrs, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
     """The results of ``a`` on ``inputs`` (new arrays), computed by one serial C call."""
     inputs = [np.asarray(x) for x in inputs]
-    plan = _plan_of(a, inputs)
+    plan = plan_small(a, inputs)
     scr = np.empty(plan.scratch, np.float32)
     plan.fn(plan.table, plan.pointers(*[address(inputs[k]) for k in plan.small]), address(scr))
-    return _results(plan, a, scr)
+    return results_of(plan, a, scr)
 
 
-class DirectSmallReduce:
-    """A compiled program that is one small FusedReduce over the caller's tensors whose results
-    the memory plan places in the caller's output tensors (the copies after it redirected:
-    BatchNormStats, BatchNormReduceBackward and BatchNormGatherStatsWithCounts at level 2 on
-    small inputs), run without interpreting it node by node: the C call on the bound tensors'
-    addresses, then each result copied from the call's scratch into its tensor, as the node's
-    own lowering and the interpreter's placement do (the same bits). ``dests``: per result,
-    the output tensor's binding name and the result's shape there; ``outputs``: the graph's
-    outputs as ``(value name, binding name)``.
-
-    :meth:`prepare` gives None when the body is not one the serial C call covers or the
-    inputs are not small (the program then runs node by node)."""
-
-    def __init__(self, node: Node, plan: _SmallPlan, elements: int,
-                 dests: Sequence[tuple[str, tuple[int, ...]]], outputs: Sequence[tuple[str, str]]):
-        self.attrs: FusedReduceAttrs = node.attrs
-        names = [v.name for v in node.inputs]
-        self.plan, self.reads = plan, tuple(names[k] for k in plan.small)
-        self.elements = elements  # the inputs' total size, for the size threshold
-        self.dests, self.outputs = tuple(dests), tuple(outputs)
-
-    @classmethod
-    def prepare(cls, node: Node, bindings: Mapping[str, Tensor], smaller_than: int,
-                dests: Sequence[tuple[str, tuple[int, ...]]],
-                outputs: Sequence[tuple[str, str]]) -> "Optional[DirectSmallReduce]":
-        """The direct run of ``node`` for these bindings' layouts, or None."""
-        elements = sum(math.prod(v.shape) for v in node.inputs)
-        if elements >= smaller_than:  # as the node's lowering decides
-            return None
-        try:
-            plan = _plan_of(node.attrs, [bindings[v.name].view() for v in node.inputs])
-        except Unsupported:
-            return None
-        return cls(node, plan, elements, dests, outputs)
-
-    def run(self, bindings: Mapping[str, Tensor]) -> dict[str, np.ndarray]:
-        """Compute into the bound output tensors; returns the graph's outputs by value name."""
-        plan = self.plan
-        scr = np.empty(plan.scratch, np.float32)
-        plan.fn(plan.table, plan.pointers(*[bindings[n].data_address for n in self.reads]),
-                address(scr))
-        for (dest, shape), r in zip(self.dests, _results(plan, self.attrs, scr)):
-            np.copyto(bindings[dest].view().reshape(shape), r)
-        return {name: bindings[dest].view() for name, dest in self.outputs}
-
-
-__all__ = ["DirectSmallReduce", "run_small_reduce_native"]
+__all__ = ["plan_small", "results_of", "run_small_reduce_native"]

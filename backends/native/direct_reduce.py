@@ -1,0 +1,87 @@
+"""A compiled program that is one FusedReduce over the caller's tensors whose results the memory
+plan places in the caller's output tensors (the copies after it redirected): BatchNormStats,
+BatchNormReduceBackward, BatchNormReduce and BatchNormGatherStatsWithCounts at level 2. It runs
+without the node-by-node interpreter — no environment of views, no per-node lowering lookup,
+no placement — computing exactly what the node's lowering computes and copying each result
+into its tensor as the interpreter's placement does, so the bits are the same:
+
+* below the backend's ``min_elements``, the serial C call of :mod:`.small` on the bound
+  tensors' addresses, its results read from the call's scratch;
+* from there on, the reduction passes of :mod:`.reduce` on the bound tensors' views (their
+  per-channel numpy instructions under ``np.errstate(all="ignore")``, as the interpreter runs).
+
+:meth:`DirectReduce.prepare` gives None when the body is one its path does not cover (the
+program then runs node by node, where the node falls back to numpy); a run whose size no longer
+falls on the prepared side of the threshold (it was changed since) returns None likewise.
+
+    >>> DirectReduce.__name__, callable(DirectReduce.prepare)
+    ('DirectReduce', True)
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping, Optional, Sequence
+
+import numpy as np
+
+from l0ops.fused_reduce import FusedReduceAttrs
+from opgraph.core.ir import Node
+from opgraph.core.tensor import Tensor
+from .build import address
+from .reduce import plan_for, run_fused_reduce_native
+from .render import Unsupported
+from .small import plan_small, results_of
+
+
+class DirectReduce:
+    """The direct run of one FusedReduce program for its bound tensors' layouts. ``dests``: per
+    result, the output tensor's binding name and the result's shape there; ``outputs``: the
+    graph's outputs as ``(value name, binding name)``; ``small``: whether it was prepared for
+    the serial C call (below the threshold) or for the reduction passes."""
+
+    def __init__(self, node: Node, small: bool, plan: Any, elements: int,
+                 dests: Sequence[tuple[str, tuple[int, ...]]], outputs: Sequence[tuple[str, str]]):
+        self.attrs: FusedReduceAttrs = node.attrs
+        self.names = tuple(v.name for v in node.inputs)
+        self.small, self.plan, self.elements = small, plan, elements
+        self.reads = tuple(self.names[k] for k in plan.small) if small else ()
+        self.dests, self.outputs = tuple(dests), tuple(outputs)
+
+    @classmethod
+    def prepare(cls, node: Node, bindings: Mapping[str, Tensor], small_below: int,
+                dests: Sequence[tuple[str, tuple[int, ...]]],
+                outputs: Sequence[tuple[str, str]]) -> "Optional[DirectReduce]":
+        """The direct run of ``node`` for these bindings' layouts, or None."""
+        elements = sum(math.prod(v.shape) for v in node.inputs)
+        small = elements < small_below  # as the node's lowering decides
+        views = [bindings[v.name].view() for v in node.inputs]
+        try:
+            plan = plan_small(node.attrs, views) if small else plan_for(node.attrs, views)
+        except Unsupported:
+            return None
+        return cls(node, small, plan, elements, dests, outputs)
+
+    def run(self, bindings: Mapping[str, Tensor],
+            small_below: int) -> Optional[dict[str, np.ndarray]]:
+        """Compute into the bound output tensors; the graph's outputs by value name, or None
+        (nothing done) when the size is no longer on the prepared side of ``small_below``."""
+        if (self.elements < small_below) != self.small:
+            return None
+        if self.small:
+            plan = self.plan
+            scr = np.empty(plan.scratch, np.float32)
+            plan.fn(plan.table, plan.pointers(*[bindings[n].data_address for n in self.reads]),
+                    address(scr))
+            self._place(bindings, results_of(plan, self.attrs, scr))
+        else:
+            with np.errstate(all="ignore"):
+                self._place(bindings, run_fused_reduce_native(
+                    self.attrs, [bindings[n].view() for n in self.names]))
+        return {name: bindings[dest].view() for name, dest in self.outputs}
+
+    def _place(self, bindings: Mapping[str, Tensor], results: Sequence[np.ndarray]) -> None:
+        for (dest, shape), r in zip(self.dests, results):
+            np.copyto(bindings[dest].view().reshape(shape), r)
+
+
+__all__ = ["DirectReduce"]
