@@ -28,7 +28,7 @@ from l0ops.fused_reduce import FusedReduceAttrs
 from opgraph.core.ir import Node
 from opgraph.core.tensor import Tensor
 from .build import address
-from .reduce import plan_for, run_fused_reduce_native
+from .reduce import plan_for, run_planned
 from .render import Unsupported
 from .small import plan_small, results_of
 
@@ -74,9 +74,9 @@ class DirectReduce:
                     address(scr))
             self._place(bindings, results_of(plan, self.attrs, scr))
         else:
-            with np.errstate(all="ignore"):
-                self._place(bindings, run_fused_reduce_native(
-                    self.attrs, [bindings[n].view() for n in self.names]))
+            with np.errstate(all="ignore"):  # the plan is for these layouts: no lookup
+                self._place(bindings, run_planned(
+                    self.plan, self.attrs, [bindings[n].view() for n in self.names]))
         return {name: bindings[dest].view() for name, dest in self.outputs}
 
     def _place(self, bindings: Mapping[str, Tensor], results: Sequence[np.ndarray]) -> None:

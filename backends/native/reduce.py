@@ -238,7 +238,12 @@ def run_fused_reduce_native(a: FusedReduceAttrs, inputs: Sequence[np.ndarray]) -
     """The results of ``a`` on ``inputs``; :class:`Unsupported` for bodies the C pass does not
     cover (full-size results, reductions over different shapes, non-float data)."""
     inputs = [np.asarray(x) for x in inputs]
-    plan = plan_for(a, inputs)
+    return run_planned(plan_for(a, inputs), a, inputs)
+
+
+def run_planned(plan: _Plan, a: FusedReduceAttrs, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """:func:`run_fused_reduce_native` with the plan already made for these operands' layouts
+    (:func:`plan_for`): a caller whose layouts are fixed looks it up once."""
     values: dict[str, np.ndarray] = {}
     for k, narrow in plan.small:
         values[f"in{k}"] = inputs[k].astype(np.float32) if narrow else inputs[k]
@@ -261,4 +266,4 @@ def run_fused_reduce_native(a: FusedReduceAttrs, inputs: Sequence[np.ndarray]) -
     return out
 
 
-__all__ = ["collapse_reduced", "plan_for", "run_fused_reduce_native"]
+__all__ = ["collapse_reduced", "plan_for", "run_fused_reduce_native", "run_planned"]
