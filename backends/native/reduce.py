@@ -75,6 +75,7 @@ class _Plan:
     K: int
     R: int
     kept_view: tuple[int, ...]      # kept registers broadcast to this shape, then flattened
+    consts: dict                    # the fill instructions' values (read-only), made once
 
 
 _PLANS = IdentityMemo(limit=256)
@@ -145,6 +146,7 @@ def _plan(a: FusedReduceAttrs, inputs: Sequence[np.ndarray]) -> _Plan:
     small = [(k, t.dtype in _NARROW) for k, t in enumerate(in_types) if f"in{k}" not in full]
     ready = {f"in{k}" for k, _ in small}
     steps: list = []
+    consts: dict = {}
     done: set[int] = set()
     for k, ins in enumerate(a.body):
         name = f"t{k}"
@@ -161,10 +163,14 @@ def _plan(a: FusedReduceAttrs, inputs: Sequence[np.ndarray]) -> _Plan:
             continue
         if any(r in full for r in ins.args):
             raise Unsupported(f"{ins.render(name)} reads per-element data")
-        steps.append(("instr", name, compile_instr(ins, types), ins.args))
+        fn = compile_instr(ins, types)
+        if ins.op == "fill":  # no operands: the same read-only value on every run
+            consts[name] = fn()
+        else:
+            steps.append(("instr", name, fn, ins.args))
         ready.add(name)
     kept_view = tuple(1 if d in raxes else n for d, n in enumerate(full_shape))
-    return _Plan(steps, small, types, K, R, kept_view)
+    return _Plan(steps, small, types, K, R, kept_view, consts)
 
 
 def _make_pass(body, batch, full, types, inputs, full_shape, raxes, K) -> _Pass:
@@ -244,7 +250,7 @@ def run_fused_reduce_native(a: FusedReduceAttrs, inputs: Sequence[np.ndarray]) -
 def run_planned(plan: _Plan, a: FusedReduceAttrs, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
     """:func:`run_fused_reduce_native` with the plan already made for these operands' layouts
     (:func:`plan_for`): a caller whose layouts are fixed looks it up once."""
-    values: dict[str, np.ndarray] = {}
+    values: dict[str, np.ndarray] = dict(plan.consts)
     for k, narrow in plan.small:
         values[f"in{k}"] = inputs[k].astype(np.float32) if narrow else inputs[k]
     for step in plan.steps:
