@@ -14,8 +14,14 @@ into its tensor as the interpreter's placement does, so the bits are the same:
 program then runs node by node, where the node falls back to numpy); a run whose size no longer
 falls on the prepared side of the threshold (it was changed since) returns None likewise.
 
-    >>> DirectReduce.__name__, callable(DirectReduce.prepare)
-    ('DirectReduce', True)
+    >>> import numpy as np, opgraph
+    >>> from opgraph import ops
+    >>> ok = __import__("backends.native.build", fromlist=["_"]).availability()[0]
+    >>> x = np.arange(24, dtype=np.float32).reshape(2, 3, 4)   # channel 0: 0..3 and 12..15
+    >>> with opgraph.use_backend("native" if ok else "numpy"):  # the second call runs directly
+    ...     runs = [ops.batch_norm_stats(x, 1e-5)[0].tolist() for _ in range(2)]
+    >>> runs[1]
+    [7.5, 11.5, 15.5]
 """
 from __future__ import annotations
 
