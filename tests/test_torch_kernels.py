@@ -154,6 +154,24 @@ def test_shared_views_give_the_same_bits_and_view_each_tensor_once():
     assert seen.data_address == x.data_ptr() and views(None) is None
 
 
+@pytest.mark.parametrize("backend, platform, error", [
+    ("numpy", "Ascend999", ValueError), ("nope", "Ascend950", BackendUnavailable)])
+def test_on_restores_backend_and_platform_when_one_is_refused(backend, platform, error):
+    before = (opgraph.get_backend_name(), opgraph.get_platform().soc)
+    with ot.kernels.on("native" if get("native").availability()[0] else "numpy", "Ascend950"):
+        inside = (opgraph.get_backend_name(), opgraph.get_platform().soc)
+        with pytest.raises(error):
+            with ot.kernels.on(backend, platform):
+                pass
+        assert (opgraph.get_backend_name(), opgraph.get_platform().soc) == inside
+    assert (opgraph.get_backend_name(), opgraph.get_platform().soc) == before
+    with pytest.raises(RuntimeError):
+        with ot.kernels.on("numpy", "Ascend910"):
+            assert (opgraph.get_backend_name(), opgraph.get_platform().soc) == ("numpy", "Ascend910")
+            raise RuntimeError("boom")
+    assert (opgraph.get_backend_name(), opgraph.get_platform().soc) == before
+
+
 def test_a_view_it_cannot_make_is_left_for_the_op_api_to_name():
     views = ot.TorchViews()
     meta = torch.zeros(4, C, device="meta")                       # no memory to view
