@@ -33,10 +33,9 @@ import numpy as np
 from l0ops.fused_reduce import FusedReduceAttrs
 from opgraph.core.ir import Node
 from opgraph.core.tensor import Tensor
-from .build import address
 from .reduce import plan_for, run_planned
 from .render import Unsupported
-from .small import plan_small, results_of
+from .small import call_small, plan_small
 
 
 class DirectReduce:
@@ -74,11 +73,8 @@ class DirectReduce:
         if (self.elements < small_below) != self.small:
             return None
         if self.small:
-            plan = self.plan
-            scr = np.empty(plan.scratch, np.float32)
-            plan.fn(plan.table, plan.pointers(*[bindings[n].data_address for n in self.reads]),
-                    address(scr))
-            self._place(bindings, results_of(plan, self.attrs, scr))
+            self._place(bindings, call_small(self.plan, self.attrs,
+                                             [bindings[n].data_address for n in self.reads]))
         else:
             with np.errstate(all="ignore"):  # the plan is for these layouts: no lookup
                 self._place(bindings, run_planned(

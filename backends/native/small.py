@@ -93,13 +93,19 @@ def results_of(plan: _SmallPlan, a: FusedReduceAttrs, scr: np.ndarray) -> list[n
     return out
 
 
+def call_small(plan: _SmallPlan, a: FusedReduceAttrs, addresses: Sequence[int]) -> list[np.ndarray]:
+    """The results of ``plan``'s serial C call on the inputs at ``addresses`` (the per-channel
+    inputs ``plan.small`` reads, in that order), read from the call's own scratch."""
+    scr = np.empty(plan.scratch, np.float32)
+    plan.fn(plan.table, plan.pointers(*addresses), address(scr))
+    return results_of(plan, a, scr)
+
+
 def run_small_reduce_native(a: FusedReduceAttrs, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
     """The results of ``a`` on ``inputs`` (new arrays), computed by one serial C call."""
     inputs = [np.asarray(x) for x in inputs]
     plan = plan_small(a, inputs)
-    scr = np.empty(plan.scratch, np.float32)
-    plan.fn(plan.table, plan.pointers(*[address(inputs[k]) for k in plan.small]), address(scr))
-    return results_of(plan, a, scr)
+    return call_small(plan, a, [address(inputs[k]) for k in plan.small])
 
 
-__all__ = ["plan_small", "results_of", "run_small_reduce_native"]
+__all__ = ["call_small", "plan_small", "results_of", "run_small_reduce_native"]
