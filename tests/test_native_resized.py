@@ -10,6 +10,7 @@ import pytest
 import opgraph
 import reference as R
 from backends import native
+from l0ops.interpreter import Hoisted
 from l0ops.primitives import FusedAttrs, Instr
 from opgraph.core.dtypes import DataType as D
 
@@ -69,3 +70,28 @@ def test_new_batch_sizes_of_the_op_api_match_the_numpy_backend(dtype):
         with opgraph.use_backend("native"), opgraph.opt_level(2):
             got = R.compute(case)
         assert np.array_equal(np.asarray(got).view(np.uint8), np.asarray(want).view(np.uint8)), n
+
+
+def loop_of(ln) -> tuple:
+    """What a launch's kernel call and overlap check take from its layout."""
+    return (ln.ndim, list(ln.shape), list(ln.strides), ln.extents, ln.out_extent, ln.same)
+
+
+@pytest.mark.parametrize("first_n, n", [(2, 2), (2, 5), (2, 64), (1, 1)])
+@pytest.mark.parametrize("layout", ["row-major", "strided input", "strided output"])
+def test_a_resized_launch_lays_its_loop_out_as_a_fresh_one_would(first_n, n, layout):
+    first, _ = launch_and_result(first_n, operands(first_n))
+    assert first.groups is not None  # row-major operands: resized() reuses the merged dims
+    ins = operands(n, seed=n)
+    out = np.zeros((n, C, W), np.float32)
+    if layout == "strided input":
+        ins[1] = np.repeat(ins[1], 2, axis=2)[:, :, ::2]
+    elif layout == "strided output":
+        out = np.zeros((n, C, 2 * W), np.float32)[:, :, ::2]
+    a = BASE.model_copy(update={"shape": (n, C, W)})
+    ln = first.resized(a, ins, out)
+    fresh = native._Launch(a, Hoisted(a, ins), ins, out)
+    assert ln is not None and loop_of(ln) == loop_of(fresh)
+    assert (ln.groups is not None) == (layout == "row-major")
+    native.run_fused_native(a, ins, out)
+    assert np.array_equal(out.view(np.uint32), expected(ins).view(np.uint32))

@@ -70,21 +70,47 @@ def collapse(shape: Sequence[int], strides: Sequence[Sequence[int]]) -> tuple[li
     >>> collapse((2, 1, 4), [[4, 4, 1], [4, 0, 1]])
     ([8], [[1], [1]])
     """
-    dims = [d for d, n in enumerate(shape) if n != 1]
-    out_shape: list[int] = []
-    out_st: list[list[int]] = [[] for _ in strides]
-    for d in dims:
-        if out_shape and all(st[-1] == s[d] * shape[d] for st, s in zip(out_st, strides)):
-            out_shape[-1] *= shape[d]
-            for st, s in zip(out_st, strides):
-                st[-1] = s[d]
+    return collapsed(shape, strides, collapse_groups(shape, strides))
+
+
+def collapse_groups(shape: Sequence[int], strides: Sequence[Sequence[int]]) -> list[list[int]]:
+    """The dims :func:`collapse` merges into each of its dims, in order (size-1 dims dropped).
+
+    >>> collapse_groups((2, 1, 4), [[4, 4, 1], [4, 0, 1]]), collapse_groups((1, 1), [[5, 7]])
+    ([[0, 2]], [])
+    """
+    groups: list[list[int]] = []
+    for d, n in enumerate(shape):
+        if n == 1:
             continue
-        out_shape.append(shape[d])
-        for st, s in zip(out_st, strides):
-            st.append(s[d])
-    if not out_shape:
+        if groups and all(s[groups[-1][-1]] == s[d] * n for s in strides):
+            groups[-1].append(d)
+        else:
+            groups.append([d])
+    return groups
+
+
+def collapsed(shape: Sequence[int], strides: Sequence[Sequence[int]],
+              groups: Sequence[Sequence[int]]) -> tuple[list[int], list[list[int]]]:
+    """:func:`collapse`'s result from its ``groups``: each group's size, and per operand the
+    stride of each group's last dim."""
+    if not groups:
         return [1], [[0] for _ in strides]
-    return out_shape, out_st
+    return ([math.prod([shape[d] for d in g]) for g in groups],
+            [[s[g[-1]] for g in groups] for s in strides])
+
+
+def row_major(shape: Sequence[int]) -> list[int]:
+    """Element strides of a C-contiguous array of ``shape``.
+
+    >>> row_major([6, 4, 2])
+    [8, 2, 1]
+    """
+    out, step = [], 1
+    for n in reversed(shape):
+        out.append(step)
+        step *= n
+    return out[::-1]
 
 
 class _Launch:
@@ -148,14 +174,34 @@ class _Launch:
         """The parts that follow the operands' sizes and layouts: the collapsed loop (C arrays),
         the byte extents read and written, which operands have the output's layout."""
         self.empty = math.prod(full) == 0
-        shape, strides = collapse(full, strides + [_element_strides(out)])
+        strides = strides + [_element_strides(out)]
+        groups = collapse_groups(full, strides)
+        shape, loop_strides = collapsed(full, strides, groups)
+        self._set_loop(shape, loop_strides)
+        self.extents = [_extent(x) for x in read]
+        self.out_extent = _extent(out)
+        self.same = [x.shape == out.shape and x.strides == out.strides for x in read]
+        # operands all row-major at the full shape: every size of them merges the same dims
+        # (a size-1 dim stays 1 under resized()'s renaming, and the dims a hoisted register
+        # walks are sizes it pins), so resized() lays the loop out from these groups
+        self.groups = groups if _row_major_at(full, read, out) else None
+        self.hoisted_loop_strides = loop_strides[len(self.big):-1]
+
+    def _set_loop(self, shape: list[int], strides: list[list[int]]) -> None:
         self.ndim = len(shape)
         self.shape = (ctypes.c_int64 * len(shape))(*shape)
         self.strides = (ctypes.c_int64 * (len(shape) * len(strides)))(*sum(strides, []))
         self.last: tuple = ()  # fused: (weak references to the arrays, their pointer array)
-        self.extents = [_extent(x) for x in read]
-        self.out_extent = _extent(out)
-        self.same = [x.shape == out.shape and x.strides == out.strides for x in read]
+
+    def _relay(self, full: tuple[int, ...], big: Sequence[np.ndarray], out: np.ndarray) -> None:
+        """:meth:`_lay_out` for operands row-major at ``full`` when this launch's were too."""
+        assert self.groups is not None
+        shape = [math.prod([full[d] for d in g]) for g in self.groups] or [1]
+        steps = row_major(shape) if self.groups else [0]
+        self._set_loop(shape, [steps] * len(big) + self.hoisted_loop_strides + [steps])
+        self.extents = [(0, x.nbytes) for x in big]
+        self.out_extent = (0, out.nbytes)
+        self.same = [x.strides == out.strides for x in big]
 
     def resized(self, a: FusedAttrs, inputs: Sequence[np.ndarray], out: np.ndarray) -> "_Launch | None":
         """This launch for the same body and operand dtypes at other sizes — the same kernel and
@@ -164,7 +210,7 @@ class _Launch:
         of this launch's that keeps every size the body, the prologue and its per-channel inputs
         fix, and those inputs keep their layouts."""
         full = tuple(a.shape)
-        shapes = tuple(x.shape for x in inputs) + (full,)
+        shapes = tuple([x.shape for x in inputs]) + (full,)
         if (not self.fused or a.body is not self.attrs.body or a.result != self.attrs.result
                 or a.out_dtype != self.attrs.out_dtype or out.shape != full
                 or renaming(self.shapes, shapes, self.pinned) is None
@@ -175,9 +221,17 @@ class _Launch:
         made.__dict__.update(self.__dict__)
         made.attrs, made.shapes = a, shapes
         big = [inputs[k] for k in self.big]
-        # the prologue's registers keep their shapes and the rank is the same: so do their strides
-        made._lay_out(full, [_element_strides(x) for x in big] + self.h_kernel_strides, big, out)
+        if self.groups is not None and _row_major_at(full, big, out):
+            made._relay(full, big, out)
+        else:  # the prologue's registers keep their shapes and the rank: so do their strides
+            made._lay_out(full, [_element_strides(x) for x in big] + self.h_kernel_strides, big, out)
         return made
+
+
+def _row_major_at(full: tuple[int, ...], arrays: Sequence[np.ndarray], out: np.ndarray) -> bool:
+    """Whether ``out`` and every array in ``arrays`` is C-contiguous of shape ``full``."""
+    return bool(out.flags.c_contiguous) and all(x.shape == full and x.flags.c_contiguous
+                                                for x in arrays)
 
 
 def _as_f32(v: Any) -> np.ndarray:
