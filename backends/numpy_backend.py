@@ -65,6 +65,18 @@ class Slot:
         self.size = math.prod(shape)  # elements, counted once (np.prod costs µs at every run)
 
 
+def _slots(graph: Graph, plan: MemoryPlan) -> dict[str, Slot]:
+    """The slot of every node output the memory plan places (in the arena or a user tensor)."""
+    slots: dict[str, Slot] = {}
+    for node in graph.nodes:
+        for v in node.outputs:
+            if v.name in plan.offsets:
+                slots[v.name] = Slot(plan.offsets[v.name][0], v.dtype.np, v.shape, None)
+            elif v.name in plan.placed_in:
+                slots[v.name] = Slot(0, v.dtype.np, v.shape, plan.placed_in[v.name])
+    return slots
+
+
 def _in_place(exe: Any, node: Node, args: list) -> list:
     """A redirected copy (``opdef.redirects``): the memory plan placed the copied value in the
     destination user tensor, where its producer wrote it, so nothing is copied."""
@@ -89,13 +101,7 @@ class NumpyExecutable(Executable):
         self.backend, self.graph, self.plan, self.platform = backend, graph, plan, platform
         self.steps = [(node, _in_place if node.opdef.redirects(node) else lowerings.lower(node))
                       for node in graph.nodes]
-        self.slots: dict[str, Slot] = {}
-        for node in graph.nodes:
-            for v in node.outputs:
-                if v.name in plan.offsets:
-                    self.slots[v.name] = Slot(plan.offsets[v.name][0], v.dtype.np, v.shape, None)
-                elif v.name in plan.placed_in:
-                    self.slots[v.name] = Slot(0, v.dtype.np, v.shape, plan.placed_in[v.name])
+        self.slots = _slots(graph, plan)
         frees = last_uses(graph)
         # per step: node, lowering, input names, (output name, slot or None)s, names dead after it
         self.program = [(node, lower, tuple(v.name for v in node.inputs),
@@ -103,6 +109,23 @@ class NumpyExecutable(Executable):
                          tuple(frees.get(i, ())))
                         for i, (node, lower) in enumerate(self.steps)]
         self.input_names = tuple(v.name for v in graph.inputs)
+
+    def resized(self, graph: Graph, memory_plan: MemoryPlan) -> "NumpyExecutable | None":
+        """See :meth:`opgraph.core.backend.Executable.resized` (subclasses with state of their
+        own: None unless they override it)."""
+        return self._resized(graph, memory_plan) if type(self) is NumpyExecutable else None
+
+    def _resized(self, graph: Graph, plan: MemoryPlan) -> Any:
+        """A new executable of this type for ``graph`` (this one's at other sizes): the
+        lowerings, names and frees shared, the slots made from ``graph``'s types and ``plan``."""
+        made = object.__new__(type(self))
+        made.backend, made.graph, made.plan, made.platform = self.backend, graph, plan, self.platform
+        made.steps = [(node, lower) for node, (_, lower) in zip(graph.nodes, self.steps)]
+        made.slots = slots = _slots(graph, plan)
+        made.program = [(node, lower, names, tuple([(name, slots.get(name)) for name, _ in outs]), dead)
+                        for node, (_, lower, names, outs, dead) in zip(graph.nodes, self.program)]
+        made.input_names = self.input_names
+        return made
 
     def _place(self, slot: Slot, value: np.ndarray, arena: Optional[np.ndarray],
                bindings: Mapping[str, Tensor]) -> np.ndarray:

@@ -17,8 +17,11 @@ from opgraph.core.opapi import InputConfig, Param, op_api_specs
 from opgraph.core.platform import lookup
 from opgraph.core.serialize import graph_to_dict
 from opgraph.core.status import Status
+from opgraph.core.memory import plan_memory
 from opgraph.core.tensor import tensor
 import l0ops
+import backends
+from backends import native
 
 def _builtin_specs():
     return [s for s in op_api_specs().values()
@@ -100,6 +103,56 @@ def test_a_new_shape_gives_what_recording_gives(name, soc, level):
         assert np.array_equal(_bits(outs[k]), _bits(ref_outs[k])), k
 
 
+def _third_size(spec, first, second, dtype):
+    """A third size of the structure: ``second`` with another batch size (the sizes a kernel
+    pins, such as the channels, kept) when the structure allows one, else any other."""
+    key = lambda s: structure_key(spec.name, tuple(_args(spec, s, dtype)[1]), "p", 0)[0]
+    batches = ((n, *second[1:]) for n in range(second[0] + 1, second[0] + 40))
+    return next(s for s in itertools.chain(batches, _other_sizes(second))
+                if s not in (first, second) and key(s) == key(first))
+
+
+# level 2 on both backends; level 0 (intermediates in the workspace: slots at every size) on numpy
+THIRD_SIZE_CASES = ([(n, soc, 2, b) for n, soc, level in CASES if level == 2 for b in ("numpy", "native")]
+                    + [(n, soc, 0, "numpy") for n, soc, level in CASES if level == 0 and soc == "Ascend910B"])
+
+
+@pytest.mark.parametrize("name, soc, level, backend", THIRD_SIZE_CASES)
+def test_a_third_size_derives_its_executable_and_gives_what_recording_gives(name, soc, level, backend,
+                                                                            monkeypatch):
+    """The second size's executable joins its structure's family; the third size's is derived
+    from it (Executable.resized: no compile) and runs to the bits of a call recorded afresh."""
+    be = backends.get(backend) if backend == "numpy" or native.available() else None
+    if be is None:
+        pytest.skip(native.availability()[1])
+    spec = op_api_specs()[name]
+    dtype = spec.dtypes(lookup(soc))[-1]
+    first = tuple(spec.default_shape)
+    second = _same_structure(spec, first, dtype)
+    third = _third_size(spec, first, second, dtype)
+    compiled = []
+    compile_graph = type(be).compile
+    monkeypatch.setattr(type(be), "compile", lambda self, *a: compiled.append(a[0]) or compile_graph(self, *a))
+    with opgraph.platform(soc), opgraph.opt_level(level), opgraph.use_backend(backend):
+        _call(spec, first, dtype)
+        ex2 = _call(spec, second, dtype, seed=1)[0]
+        ex, ws, outs, _ = _call(spec, third, dtype, seed=2)
+        assert compiled[-1] is ex2.program.compiled  # the third size compiled nothing
+        derived = ex.program.built_executable(be)
+        assert derived is not ex2.program.built_executable(be)
+        assert derived.graph is ex.program.compiled and derived.plan is ex.program.memory_plan
+        seed = ex2.program.built_executable(be)
+        if getattr(seed, "launches", None):  # native's direct launches: the same kernels, resized
+            assert [ln.fn for ln, _ in derived.launches] == [ln.fn for ln, _ in seed.launches]
+            assert all(ln is not s for (ln, _), (s, _) in zip(derived.launches, seed.launches))
+        EXECUTOR_CACHE.clear()
+        STRUCTURE_CACHE.clear()
+        ref, ref_ws, ref_outs, _ = _call(spec, third, dtype, seed=2)  # recorded from scratch
+    assert ws == ref_ws and outs.keys() == ref_outs.keys() and outs
+    for k in outs:
+        assert np.array_equal(_bits(outs[k]), _bits(ref_outs[k])), k
+
+
 def test_a_bad_call_of_a_known_structure_is_still_checked():
     """A wrong-length per-channel tensor changes the equality pattern: recorded, and refused."""
     spec = op_api_specs()["aclnnBatchNormElemtBackward"]
@@ -165,3 +218,15 @@ def test_a_read_only_output_of_a_known_structure_is_refused_and_left_alone():
     assert status == Status.ACLNN_ERR_PARAM_INVALID and ex is None
     assert "gradInput" in twophase.aclGetRecentErrMsg()
     assert (arrays["gradInput"] == 7).all()
+
+
+def test_an_executable_with_state_of_its_own_is_not_derived():
+    """A subclass of the numpy executable (ascend-sim's keeps traces) compiles afresh unless it
+    says how to resize itself; numpy's and native's do."""
+    ex = opgraph.Executor("demo")
+    x = ex.input("x", tensor(np.ones((2, 3), np.float32)))
+    ex.output(l0ops.Cast(ex, x, to="float16"))
+    plan = plan_memory(ex.graph)
+    for name, derived in (("ascend-sim", False), ("numpy", True)):
+        exe = backends.get(name).compile(ex.graph, plan, opgraph.get_platform())
+        assert (exe.resized(ex.graph, plan) is not None) == derived, name

@@ -185,12 +185,15 @@ class _Launch:
         # (a size-1 dim stays 1 under resized()'s renaming, and the dims a hoisted register
         # walks are sizes it pins), so resized() lays the loop out from these groups
         self.groups = groups if _row_major_at(full, read, out) else None
-        self.hoisted_loop_strides = loop_strides[len(self.big):-1]
+        self.hoisted_loop_strides = sum(loop_strides[len(self.big):-1], [])
 
     def _set_loop(self, shape: list[int], strides: list[list[int]]) -> None:
+        self._set_flat_loop(shape, sum(strides, []))
+
+    def _set_flat_loop(self, shape: list[int], strides: list[int]) -> None:
         self.ndim = len(shape)
         self.shape = (ctypes.c_int64 * len(shape))(*shape)
-        self.strides = (ctypes.c_int64 * (len(shape) * len(strides)))(*sum(strides, []))
+        self.strides = (ctypes.c_int64 * len(strides))(*strides)
         self.last: tuple = ()  # fused: (weak references to the arrays, their pointer array)
 
     def _relay(self, full: tuple[int, ...], big: Sequence[np.ndarray], out: np.ndarray) -> None:
@@ -198,7 +201,7 @@ class _Launch:
         assert self.groups is not None
         shape = [math.prod([full[d] for d in g]) for g in self.groups] or [1]
         steps = row_major(shape) if self.groups else [0]
-        self._set_loop(shape, [steps] * len(big) + self.hoisted_loop_strides + [steps])
+        self._set_flat_loop(shape, steps * len(big) + self.hoisted_loop_strides + steps)
         self.extents = [(0, x.nbytes) for x in big]
         self.out_extent = (0, out.nbytes)
         self.same = [x.strides == out.strides for x in big]
@@ -214,8 +217,8 @@ class _Launch:
         if (not self.fused or a.body is not self.attrs.body or a.result != self.attrs.result
                 or a.out_dtype != self.attrs.out_dtype or out.shape != full
                 or renaming(self.shapes, shapes, self.pinned) is None
-                or any((inputs[k].shape, inputs[k].strides) != lay
-                       for k, lay in zip(self.small, self.small_layouts))):
+                or tuple([(inputs[k].shape, inputs[k].strides) for k in self.small])
+                != self.small_layouts):
             return None
         made = object.__new__(_Launch)
         made.__dict__.update(self.__dict__)
@@ -387,25 +390,40 @@ class NativeExecutable(NumpyExecutable):
 
     def __init__(self, *args: Any):
         super().__init__(*args)
-        self.direct = self._direct_nodes()
+        self.all_direct = self._all_direct()
+        self.copies = None if self.all_direct else self._reduce_copies()
+        self._start()
+
+    def resized(self, graph: Graph, memory_plan: MemoryPlan) -> "NativeExecutable | None":
+        """See :meth:`opgraph.core.backend.Executable.resized`: which path the graph takes is
+        shared too; launches are laid out on the first run, as for a compiled one."""
+        if type(self) is not NativeExecutable:
+            return None
+        made = self._resized(graph, memory_plan)
+        made.all_direct, made.copies = self.all_direct, self.copies
+        made._start()
+        made.seed = self
+        return made
+
+    def _start(self) -> None:
+        """The state of the direct paths before the first run."""
+        self.direct: Optional[list[Any]] = [node for node, _ in self.steps] if self.all_direct else None
         self.launches: Optional[list[tuple[_Launch, tuple[str, ...]]]] = None
         self.pointers: list[tuple[list[int], Any]] = []  # per node: the last addresses, pointers
-        self.reduce = None if self.direct is not None else self._direct_reduce()
+        self.reduce = self._direct_reduce() if self.copies is not None else None
         self.direct_reduce: Optional[DirectReduce] = None  # prepared on the first run
+        self.seed: Optional[NativeExecutable] = None  # what resized() made this from
 
-    def _direct_reduce(self) -> Optional[tuple]:
-        """``(node, dests, outputs)`` for :class:`.direct_reduce.DirectReduce` when the graph is one
-        FusedReduce over bound tensors whose every result the memory plan places in a bound
-        tensor, followed only by the redirected copies into those tensors; else None."""
+    def _reduce_copies(self) -> Optional[list[tuple[str, str]]]:
+        """When the graph is one FusedReduce over bound tensors followed only by redirected
+        copies of its results into bound tensors, one per graph output: ``(output, the bound
+        tensor it is copied into)`` per output; else None."""
         nodes = [node for node, _ in self.steps]
         bound = set(self.input_names)
         if not nodes or nodes[0].op != "FusedReduce" or any(v.name not in bound
                                                             for v in nodes[0].inputs):
             return None
         results = {v.name for v in nodes[0].outputs}
-        slots = [self.slots.get(v.name) for v in nodes[0].outputs]
-        if any(slot is None or slot.user is None for slot in slots):
-            return None
         copies = {}
         for node in nodes[1:]:
             if (node.op != "ViewCopy" or not node.opdef.redirects(node)
@@ -414,18 +432,27 @@ class NativeExecutable(NumpyExecutable):
             copies[node.outputs[0].name] = node.inputs[node.opdef.written(node)[0]].name
         if any(v.name not in copies for v in self.graph.outputs):
             return None
-        return (nodes[0], [(slot.user, slot.shape) for slot in slots],
-                [(v.name, copies[v.name]) for v in self.graph.outputs])
+        return [(v.name, copies[v.name]) for v in self.graph.outputs]
 
-    def _direct_nodes(self) -> Optional[list[Any]]:
+    def _direct_reduce(self) -> Optional[tuple]:
+        """``(node, dests, outputs)`` for :class:`.direct_reduce.DirectReduce` when, besides
+        :meth:`_reduce_copies`, the memory plan places every result of the reduction in a bound
+        tensor; else None."""
+        node = self.steps[0][0]
+        slots = [self.slots.get(v.name) for v in node.outputs]
+        if self.copies is None or any(slot is None or slot.user is None for slot in slots):
+            return None
+        return node, [(slot.user, slot.shape) for slot in slots], self.copies
+
+    def _all_direct(self) -> bool:
+        """Whether every node is a FusedElementwise that reads bound tensors and stores into
+        one of them, the graph's outputs being the nodes' results in order."""
         bound = set(self.input_names)
         nodes = [node for node, _ in self.steps]
         if not nodes or any(n.op != "FusedElementwise" or not n.attrs.store
                             or any(v.name not in bound for v in n.inputs) for n in nodes):
-            return None
-        if [v.name for v in self.graph.outputs] != [n.outputs[0].name for n in nodes]:
-            return None
-        return nodes
+            return False
+        return [v.name for v in self.graph.outputs] == [n.outputs[0].name for n in nodes]
 
     def run(self, bindings: Mapping[str, Tensor], workspace: Any = None) -> dict[str, np.ndarray]:
         if self.profile is None:  # (profiled: node by node)
@@ -452,13 +479,19 @@ class NativeExecutable(NumpyExecutable):
         """Each direct node's launch, laid out from the bound tensors' views, and the names of
         the bindings whose addresses its kernel takes, in order (the output last); None if one
         has no C prologue or a read-only output."""
+        seeded = self.seed.launches if self.seed is not None else None
         launches = []
-        for node in self.direct or ():
+        for i, node in enumerate(self.direct or ()):
             a: FusedAttrs = node.attrs
-            names = tuple(v.name for v in node.inputs)
+            names = self.program[i][2]
             views = [bindings[n].view() for n in names]
             if not views[-1].flags.writeable:
                 return None
+            if seeded:  # the launch its seed prepared, at these sizes (its operands in order)
+                ln = seeded[i][0].resized(a, views[:-1], views[-1])
+                if ln is not None:
+                    launches.append((ln, seeded[i][1]))
+                    continue
             try:  # an executable prepares once: no need for the launch cache
                 ln = _new_launch(a, views[:-1], views[-1])
             except Unsupported:

@@ -105,6 +105,7 @@ class Template:
         # tensor, which aliases which): the same at every size; otherwise planned per size
         plan = plan_memory(self.compiled)
         self.memory_plan = None if plan.offsets or plan.lifetimes else plan
+        self.executables: dict = {}  # per backend: the executable later sizes derive theirs from
 
     def size_map(self, dims: tuple[int, ...]) -> Callable[[int], int]:
         """Each probe size → its value at ``dims``."""
@@ -118,8 +119,8 @@ class Template:
         recorded = (compiled if self.compiled is self.recorded
                     else (lambda: self.resize_recorded(f, check=False)))
         plan = self.memory_plan or plan_memory(compiled)
-        return CachedOp(CompiledProgram(recorded, compiled, plan, self.level, self.platform),
-                        self.positions, self.written)
+        return CachedOp(CompiledProgram(recorded, compiled, plan, self.level, self.platform,
+                                        self.executables), self.positions, self.written)
 
     def reproduces(self, ex: Executor, dims: tuple[int, ...]) -> bool:
         """Whether the template at ``dims`` gives exactly ``ex``'s recorded and compiled graphs."""

@@ -56,6 +56,14 @@ class Executable:
     def run(self, bindings: Mapping[str, Tensor], workspace: Any = None) -> Any:
         raise NotImplementedError
 
+    def resized(self, graph: Graph, memory_plan: MemoryPlan) -> "Executable | None":
+        """This executable for ``graph`` — the graph it was compiled from at other sizes: the
+        same nodes, value names and ops in the same order, as
+        :class:`opgraph.core.resize.Resizer` builds it — with ``memory_plan``; or None (the
+        default), and the backend compiles ``graph`` afresh. Shares what does not depend on
+        sizes (the lowering of each node, which values die where)."""
+        return None
+
 
 class Backend:
     """Base class of backends: set ``name``, implement :meth:`compile`."""

@@ -35,10 +35,17 @@ class CompiledProgram:
     phase 2 runs at ``opt_level`` (``compiled``), its memory plan (``workspace_size`` bytes)
     and, per backend instance, the executable compiled from it (built on first use, then
     reused). ``graph`` may be given as a function that builds it: it is then built on first
-    access (a program made for new sizes of a known structure records nothing until asked)."""
+    access (a program made for new sizes of a known structure records nothing until asked).
+
+    ``family``: the executables of the same compiled graph at other sizes, per backend, shared
+    by a structure's programs (:mod:`opgraph.aclnn.structure`): a backend's first executable
+    joins it, and a later program's executable is derived from it
+    (:meth:`~opgraph.core.backend.Executable.resized`) rather than compiled, when it can be."""
 
     def __init__(self, graph: "Graph | Callable[[], Graph]", compiled: Graph,
-                 memory_plan: MemoryPlan, opt_level: int, platform: Platform):
+                 memory_plan: MemoryPlan, opt_level: int, platform: Platform,
+                 family: Optional[dict[int, tuple[Backend, Executable]]] = None):
+        self.family = family
         self._graph = graph if isinstance(graph, Graph) else None
         self._make_graph = None if isinstance(graph, Graph) else graph
         self.compiled, self.memory_plan = compiled, memory_plan
@@ -68,9 +75,20 @@ class CompiledProgram:
         with self._lock:
             built = self.built_executable(backend)
             if built is None:
-                built = backend.compile(self.compiled, self.memory_plan, self.platform)
+                built = self._from_family(backend)
+                if built is None:
+                    built = backend.compile(self.compiled, self.memory_plan, self.platform)
+                    if self.family is not None:
+                        self.family.setdefault(id(backend), (backend, built))
                 self._executables[id(backend)] = (backend, built)
         return built
+
+    def _from_family(self, backend: Backend) -> Optional[Executable]:
+        """``backend``'s executable derived from its family's, or None."""
+        seed = self.family.get(id(backend)) if self.family is not None else None
+        if seed is None or seed[0] is not backend:
+            return None
+        return seed[1].resized(self.compiled, self.memory_plan)
 
     def built_executable(self, backend: Optional[Backend]) -> Optional[Executable]:
         """``backend``'s executable if :meth:`executable` has built it, else None."""
