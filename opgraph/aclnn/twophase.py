@@ -273,13 +273,15 @@ def run_executor(workspace: Any, workspace_size: int, executor: Optional[Executo
                  stream: Any = None) -> Status:
     """Phase 2 (``CommonOpExecutorRun``): run the compiled program on the current backend, with
     the caller's ``workspace`` as the arena the memory plan lays out. A backend that has built
-    this program's executable runs it without asking again whether it is available."""
+    this program's executable, or one this program's can be derived from (a structure's other
+    sizes: :meth:`~opgraph.core.executor.CompiledProgram.known_executable`), runs it without
+    asking again whether it is available."""
     try:
         check_runnable(workspace, workspace_size, executor)
         assert executor is not None and executor.program is not None
         program = executor.program
         backend = made(current_backend_ref())
-        exe = program.built_executable(backend)
+        exe = program.known_executable(backend)
         if exe is None:
             backend = current_backend()
     except AclnnError as e:

@@ -69,26 +69,35 @@ class CompiledProgram:
 
     def executable(self, backend: Backend) -> Executable:
         """``backend``'s executable of the compiled graph (compiled once, thread-safe)."""
-        built = self.built_executable(backend)
+        built = self.known_executable(backend)
         if built is not None:
             return built
         with self._lock:
             built = self.built_executable(backend)
             if built is None:
-                built = self._from_family(backend)
-                if built is None:
-                    built = backend.compile(self.compiled, self.memory_plan, self.platform)
-                    if self.family is not None:
-                        self.family.setdefault(id(backend), (backend, built))
+                built = backend.compile(self.compiled, self.memory_plan, self.platform)
+                if self.family is not None:
+                    self.family.setdefault(id(backend), (backend, built))
                 self._executables[id(backend)] = (backend, built)
         return built
 
-    def _from_family(self, backend: Backend) -> Optional[Executable]:
-        """``backend``'s executable derived from its family's, or None."""
-        seed = self.family.get(id(backend)) if self.family is not None else None
+    def known_executable(self, backend: Optional[Backend]) -> Optional[Executable]:
+        """``backend``'s executable when it has one already, or when it can be derived from
+        the one its family holds (kept as this program's); else None — nothing compiled. Phase
+        2 takes such a backend as it is, without asking again whether it is available."""
+        built = self.built_executable(backend)
+        if built is not None or self.family is None or backend is None:
+            return built
+        seed = self.family.get(id(backend))
         if seed is None or seed[0] is not backend:
             return None
-        return seed[1].resized(self.compiled, self.memory_plan)
+        with self._lock:
+            built = self.built_executable(backend)
+            if built is None:
+                built = seed[1].resized(self.compiled, self.memory_plan)
+                if built is not None:
+                    self._executables[id(backend)] = (backend, built)
+        return built
 
     def built_executable(self, backend: Optional[Backend]) -> Optional[Executable]:
         """``backend``'s executable if :meth:`executable` has built it, else None."""
