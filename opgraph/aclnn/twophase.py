@@ -176,10 +176,7 @@ def op_api(name: str, *, params: Sequence[Param], **spec: Any
             hit = EXECUTOR_CACHE.get(key) if key is not None else None
             if hit is not None and hit.writable(args):  # the key fixes every argument's kind
                 return _reused(hit, args)
-            try:
-                _check_kinds(params, args)
-            except AclnnError as e:
-                return fail(e.status, e.message), 0, None
+            # a known structure fixes every argument's kind, as the key does
             skey, dims = structure_key(name, args, platform, level, key)
             template = STRUCTURE_CACHE.get(skey) if skey is not None else None
             if isinstance(template, Template):  # a new shape of a known structure
@@ -187,6 +184,10 @@ def op_api(name: str, *, params: Sequence[Param], **spec: Any
                 EXECUTOR_CACHE.put(key, hit)
                 if hit.writable(args):
                     return _reused(hit, args)
+            try:
+                _check_kinds(params, args)
+            except AclnnError as e:
+                return fail(e.status, e.message), 0, None
             status, size, ex = record_call(args)
             if ex is not None and key is not None:
                 EXECUTOR_CACHE.put(key, CachedOp.of(ex, args))
