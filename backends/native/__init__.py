@@ -38,7 +38,7 @@ from opgraph.core.platform import Platform
 from opgraph.core.tensor import Tensor
 from ..numpy_backend import NUMPY_LOWERINGS, NumpyBackend, NumpyExecutable
 from . import build, render, team
-from .build import NativeBuildError, address, availability
+from .build import NativeBuildError, PointerArray, address, availability, int64_array
 from .prologue import Prologue, render_fused
 from .reduce import run_fused_reduce_native
 from .direct_reduce import DirectReduce
@@ -144,7 +144,7 @@ class _Launch:
             hv: list[np.ndarray] = []
             self.h_kernel_strides = [pro.kernel_strides(r, full) for r in p.hoisted]
             strides += self.h_kernel_strides
-            self.small, self.tab = pro.small, (ctypes.c_int64 * len(pro.table))(*pro.table)
+            self.small, self.tab = pro.small, int64_array(pro.table)
             source = render_fused(p, pro.source, len(pro.small), pro.hoisted_at)
         else:  # hoisted registers: numpy arrays passed per call
             self.h_kernel_strides = []
@@ -153,7 +153,7 @@ class _Launch:
             self.small, self.tab = (), None
             source = render.render(p)
         self.h_strides = tuple(v.strides for v in hv)
-        self.ptrs = ctypes.c_void_p * (len(self.small) + len(big) + len(hv) + 1)
+        self.ptrs = PointerArray(len(self.small) + len(big) + len(hv) + 1)
         kernel = build.load(source, symbol="opg_fused" if pro is not None else build.SYMBOL)
         self.fused = pro is not None
         self._lay_out(full, strides, big if self.fused else big + hv, out)
@@ -192,8 +192,7 @@ class _Launch:
 
     def _set_flat_loop(self, shape: list[int], strides: list[int]) -> None:
         self.ndim = len(shape)
-        self.shape = (ctypes.c_int64 * len(shape))(*shape)
-        self.strides = (ctypes.c_int64 * len(strides))(*strides)
+        self.shape, self.strides = int64_array(shape), int64_array(strides)
         self.last: tuple = ()  # fused: (weak references to the arrays, their pointer array)
 
     def _relay(self, full: tuple[int, ...], big: Sequence[np.ndarray], out: np.ndarray) -> None:

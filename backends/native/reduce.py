@@ -35,7 +35,7 @@ from l0ops.primitives import IdentityMemo, Instr, body_types, cast_array, compil
 from opgraph.core.dtypes import DataType, dtype_of
 from opgraph.core.types import TensorType
 from . import build, team
-from .build import address
+from .build import PointerArray, address
 from .reduce_c import render_pass
 from .render import C_OP, FLOATS, Unsupported
 
@@ -60,7 +60,7 @@ class _Pass:
     cols: bool = False      # the channels_last kernel (items across contiguous kept indices)
 
     def __post_init__(self) -> None:
-        self.ptr_array = ctypes.c_void_p * (len(self.big) + len(self.kept))
+        self.ptr_array = PointerArray(len(self.big) + len(self.kept))
         self.addresses = tuple(int(a.ctypes.data) for a in (self.rshape, self.koff, self.rstr))
 
 

@@ -31,7 +31,7 @@ from l0ops.fused_reduce import FusedReduceAttrs, as_output
 from l0ops.primitives import IdentityMemo, body_types
 from opgraph.core.dtypes import DataType
 from . import build
-from .build import address
+from .build import PointerArray, address, int64_array
 from .prologue import HELPERS as SUM_HELPERS, Prologue
 from .render import F32, HELPERS, Unsupported
 
@@ -51,7 +51,7 @@ class _SmallPlan:
     results: tuple[tuple[int, tuple[int, ...], tuple[int, ...], DataType], ...]
 
     def __post_init__(self) -> None:
-        self.pointers = ctypes.c_void_p * max(len(self.small), 1)  # the array type, made once
+        self.pointers = PointerArray(max(len(self.small), 1))  # packs the addresses
 
 
 def _plan(a: FusedReduceAttrs, inputs: Sequence[np.ndarray]) -> _SmallPlan:
@@ -68,7 +68,7 @@ def _plan(a: FusedReduceAttrs, inputs: Sequence[np.ndarray]) -> _SmallPlan:
         fn.argtypes, fn.restype = _ARGTYPES, ctypes.c_int
     results = tuple((pro.regs[r][0], tuple(pro.regs[r][1]), tuple(4 * s for s in pro.regs[r][2]),
                      types[r][0]) for r in a.results)
-    return _SmallPlan(fn, (ctypes.c_int64 * len(pro.table))(*pro.table), pro.small, pro.scratch,
+    return _SmallPlan(fn, int64_array(pro.table), pro.small, pro.scratch,
                       results)
 
 
