@@ -55,7 +55,7 @@ def structure_key(name: str, args: tuple, platform: Any, level: int,
         key = cache_key(name, args, platform, level)
     if key is None:
         return None, ()
-    parts, shapes = list(key[:3]), ()
+    parts, sizes = list(key[:3]), []
     for a, part in zip(args, key[3:]):
         if type(part) is int:  # a tensor (first appearance): keyed by its signature id
             kind = _KINDS.get(part)
@@ -65,11 +65,11 @@ def structure_key(name: str, args: tuple, platform: Any, level: int,
             if not kind:
                 return None, ()
             parts.append(kind[0])
-            shapes += kind[1]
+            sizes += kind[1]
         else:
             parts.append(part)
     classes: dict[int, int] = {}
-    parts.append(tuple([n if n <= 1 else -1 - classes.setdefault(n, len(classes)) for n in shapes]))
+    parts.append(tuple([n if n <= 1 else -1 - classes.setdefault(n, len(classes)) for n in sizes]))
     if len(classes) > len(PRIMES):
         return None, ()
     return tuple(parts), tuple(classes)
