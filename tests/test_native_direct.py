@@ -13,6 +13,7 @@ import opgraph
 import reference as R
 from backends import native
 from opgraph.aclnn.cache import EXECUTOR_CACHE
+from opgraph.aclnn.structure import STRUCTURE_CACHE
 from opgraph.core import backend as backend_registry
 
 pytestmark = pytest.mark.skipif(not native.available(), reason=native.availability()[1])
@@ -147,3 +148,28 @@ def test_threads_share_one_program_and_its_direct_launch():
         return True
     with futures.ThreadPoolExecutor(4) as pool:
         assert all(pool.map(worker, range(4)))
+
+
+def test_threads_calling_new_sizes_of_one_structure_get_their_own_bits():
+    """Four threads call new batch sizes of one structure at once: each size's executable is
+    derived from the structure's family and its direct launch resized from the seed's, while
+    the other threads do the same."""
+    sizes = [(n, 2, 8) for n in range(3, 60) if n != 8]  # n = 8 = W would be another structure
+    cases = [R.make_case(s, R.F32, seed=s[0]) for s in sizes]
+    expected = [numpy_result(c) for c in cases]
+    EXECUTOR_CACHE.clear()
+    STRUCTURE_CACHE.clear()
+    with opgraph.use_backend("native"), opgraph.opt_level(2):
+        R.compute(R.make_case((61, 2, 8), R.F32))  # records and templates the structure
+
+    def worker(k: int) -> list[int]:
+        wrong = []
+        with opgraph.use_backend("native"), opgraph.opt_level(2):
+            for i in range(k, len(cases), 4):
+                if not np.array_equal(R.bits(R.compute(cases[i])), R.bits(expected[i])):
+                    wrong.append(i)
+        return wrong
+    hits = STRUCTURE_CACHE.hits
+    with futures.ThreadPoolExecutor(4) as pool:
+        assert sum(pool.map(worker, range(4)), []) == []
+    assert STRUCTURE_CACHE.hits - hits >= len(cases)  # every size a new shape of the structure
