@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from backends import native
-from backends.native import build
+from backends.native import build, launch
 from l0ops.interpreter import run_fused
 from l0ops.primitives import FusedAttrs, Instr
 from opgraph.core.dtypes import DataType as D
@@ -31,7 +31,7 @@ def check(a: FusedAttrs, inputs, fused: bool = True):
     expected = run_fused(a, inputs)
     got = native.run_fused_native(a, inputs)
     R.assert_bits_equal(got, expected)
-    launches = [ln for ln in native._LAUNCHES.values() if ln.attrs is a]
+    launches = [ln for ln in launch._LAUNCHES.values() if ln.attrs is a]
     assert launches and all(ln.fused == fused for ln in launches)
     return got
 

@@ -1,5 +1,5 @@
 """A new batch size on the native backend reuses the kernel and prologue table built for the same
-body at another size (``_Launch.resized``) and only lays the loop out anew — when the sizes the
+body at another size (``launch.Launch.resized``) and only lays the loop out anew — when the sizes the
 body and its per-channel part fix, and the per-channel inputs' layouts, are unchanged. Results
 are checked against float32 numpy written out here and against the numpy backend."""
 from __future__ import annotations
@@ -10,6 +10,7 @@ import pytest
 import opgraph
 import reference as R
 from backends import native
+from backends.native import launch
 from l0ops.interpreter import Hoisted
 from l0ops.primitives import FusedAttrs, Instr
 from opgraph.core.dtypes import DataType as D
@@ -40,7 +41,7 @@ def expected(ins: list[np.ndarray]) -> np.ndarray:
 def launch_and_result(n: int, ins: list[np.ndarray]):
     a = BASE.model_copy(update={"shape": (n, C, W)})  # the body object kept, as the cache does
     out = native.run_fused_native(a, ins)
-    return native._launch(a, ins, out), out
+    return launch.launch_for(a, ins, out), out
 
 
 @pytest.mark.parametrize("n", [5, 7, 64, 4099])
@@ -90,7 +91,7 @@ def test_a_resized_launch_lays_its_loop_out_as_a_fresh_one_would(first_n, n, lay
         out = np.zeros((n, C, 2 * W), np.float32)[:, :, ::2]
     a = BASE.model_copy(update={"shape": (n, C, W)})
     ln = first.resized(a, ins, out)
-    fresh = native._Launch(a, Hoisted(a, ins), ins, out)
+    fresh = launch.Launch(a, Hoisted(a, ins), ins, out)
     assert ln is not None and loop_of(ln) == loop_of(fresh)
     assert (ln.groups is not None) == (layout == "row-major")
     native.run_fused_native(a, ins, out)
