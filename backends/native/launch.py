@@ -28,8 +28,6 @@ _FUSED_ARGTYPES = [ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_in
                    ctypes.c_void_p, ctypes.c_void_p]
 
 
-
-
 def _element_strides(x: np.ndarray) -> list[int]:
     if any(s % x.itemsize for s in x.strides):
         raise Unsupported("an operand's strides are not a multiple of its element size")
