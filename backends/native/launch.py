@@ -17,6 +17,7 @@ import numpy as np
 
 from l0ops.interpreter import Hoisted, program, renaming
 from l0ops.primitives import FusedAttrs, IdentityMemo
+from opgraph.core.tensor import row_major_strides
 from . import build, render, team
 from .build import PointerArray, address, int64_array
 from .prologue import Prologue, render_fused
@@ -70,19 +71,6 @@ def collapsed(shape: Sequence[int], strides: Sequence[Sequence[int]],
         return [1], [[0] for _ in strides]
     return ([math.prod([shape[d] for d in g]) for g in groups],
             [[s[g[-1]] for g in groups] for s in strides])
-
-
-def row_major(shape: Sequence[int]) -> list[int]:
-    """Element strides of a C-contiguous array of ``shape``.
-
-    >>> row_major([6, 4, 2])
-    [8, 2, 1]
-    """
-    out, step = [], 1
-    for n in reversed(shape):
-        out.append(step)
-        step *= n
-    return out[::-1]
 
 
 class Launch:
@@ -149,7 +137,7 @@ class Launch:
         strides = strides + [_element_strides(out)]
         groups = collapse_groups(full, strides)
         shape, loop_strides = collapsed(full, strides, groups)
-        self._set_loop(shape, loop_strides)
+        self._set_flat_loop(shape, sum(loop_strides, []))
         self.extents = [_extent(x) for x in read]
         self.out_extent = _extent(out)
         self.same = [x.shape == out.shape and x.strides == out.strides for x in read]
@@ -158,9 +146,6 @@ class Launch:
         # walks are sizes it pins), so resized() lays the loop out from these groups
         self.groups = groups if _row_major_at(full, read, out) else None
         self.hoisted_loop_strides = sum(loop_strides[len(self.big):-1], [])
-
-    def _set_loop(self, shape: list[int], strides: list[list[int]]) -> None:
-        self._set_flat_loop(shape, sum(strides, []))
 
     def _set_flat_loop(self, shape: list[int], strides: list[int]) -> None:
         self.ndim = len(shape)
@@ -171,7 +156,7 @@ class Launch:
         """:meth:`_lay_out` for operands row-major at ``full`` when this launch's were too."""
         assert self.groups is not None
         shape = [math.prod([full[d] for d in g]) for g in self.groups] or [1]
-        steps = row_major(shape) if self.groups else [0]
+        steps = list(row_major_strides(tuple(shape))) if self.groups else [0]
         self._set_flat_loop(shape, steps * len(big) + self.hoisted_loop_strides + steps)
         self.extents = [(0, x.nbytes) for x in big]
         self.out_extent = (0, out.nbytes)
@@ -310,4 +295,4 @@ def _fused_pointers(ln: Launch, arrays: Sequence[np.ndarray]) -> Any:
 
 
 __all__ = ["Launch", "check_overlap", "collapse", "collapse_groups", "collapsed", "launch_for",
-           "new_launch", "row_major", "run_fused_native"]
+           "new_launch", "run_fused_native"]

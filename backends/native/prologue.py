@@ -34,6 +34,7 @@ import numpy as np
 from l0ops.ordered import BLOCK, LANES
 from l0ops.primitives import Instr
 from opgraph.core.dtypes import DataType
+from opgraph.core.tensor import row_major_strides
 from .render import C_OP, FLOATS, LOAD, ROUND, Plan, Unsupported, render
 
 INT_C = {DataType.INT32: "int32_t", DataType.INT64: "int64_t"}
@@ -91,11 +92,7 @@ static void opg_osum(int r, const float *x, const int64_t *ksh, const int64_t *r
 
 
 def _contig(shape: Sequence[int]) -> list[int]:
-    st, acc = [], 1
-    for n in reversed(shape):
-        st.append(acc)
-        acc *= n
-    return st[::-1]
+    return list(row_major_strides(tuple(shape)))
 
 
 class Prologue:
