@@ -17,6 +17,7 @@ import backends
 import opgraph
 from backends import native
 from backends.native import build
+from backends.native import reduce as native_reduce
 from backends.native.reduce import collapse_reduced, plan_for, run_fused_reduce_native
 from l0ops.fused_reduce import FusedReduce, FusedReduceAttrs, Instr
 from opgraph.core.dtypes import DataType as D
@@ -105,6 +106,60 @@ def test_two_pass_statistics_bits_equal_numpy(shape, dt, half):
     axes = tuple(d for d in range(len(shape)) if d != 1)
     assert np.allclose(mean, x.astype(np.float64).mean(axes), rtol=1e-5, atol=1e-5)
     assert np.allclose(var, x.astype(np.float64).var(axes), rtol=1e-2 if half else 1e-5)
+
+
+def steps_of(a, inputs):
+    return [st[0] for st in plan_for(a, inputs).steps if st[0] != "instr"]
+
+
+@pytest.mark.parametrize("half", [None, F16, BF16], ids=["f32", "f16-diff", "bf16-diff"])
+@pytest.mark.parametrize("dt", list(DTYPES))
+@pytest.mark.parametrize("shape", [(3, 9, 33, 31), (2, 64, 28, 28), (2, 8, 40001), (1, 12, 32768 + 5)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_statistics_run_channel_by_channel_with_the_bits_of_two_passes(shape, dt, half, monkeypatch):
+    """From BLOCKED_MIN_K channels the two passes run channel by channel in one C call (the
+    mean, then the squared differences while the channel is in cache): numpy's bits, and the
+    bits of the two passes run one after the other."""
+    x = (np.random.default_rng(12).standard_normal(shape) * 3 + 2).astype(DTYPES[dt])
+    x.reshape(-1)[5::1009] = 3e4  # large values among small ones: a change of order shows
+    a = stats_body(shape, half)
+    blocked = check_same(a, [x])
+    assert steps_of(a, [x]) == ["blocked"]
+    monkeypatch.setattr(native_reduce, "BLOCKED_MIN_K", 10 ** 9)
+    a = stats_body(shape, half)  # a new body object: planned anew
+    assert steps_of(a, [x]) == ["pass", "pass"]
+    apart = run_fused_reduce_native(a, [x])
+    assert all(np.array_equal(bits(p), bits(q)) for p, q in zip(blocked, apart))
+    axes = tuple(d for d in range(len(shape)) if d != 1)
+    assert np.allclose(blocked[0], x.astype(np.float64).mean(axes), rtol=1e-5, atol=1e-5)
+
+
+def test_statistics_with_nan_inf_and_signed_zero_run_channel_by_channel():
+    shape = (2, 8, 3000)
+    x = np.random.default_rng(13).standard_normal(shape).astype(np.float32)
+    x[:, 0] = -0.0
+    x[1, 1, 17] = np.nan
+    x[0, 2, 5] = np.inf
+    x[:, 3, ::2], x[:, 3, 1::2] = np.inf, -np.inf
+    a = stats_body(shape)
+    with np.errstate(invalid="ignore"):
+        mean, var = check_same(a, [x])
+    assert steps_of(a, [x]) == ["blocked"]
+    assert np.signbit(mean[0]) and np.isnan(mean[1]) and mean[2] == np.inf and np.isnan(mean[3])
+    assert np.isnan(var[1]) and np.isnan(var[2]) and np.all(np.isfinite(var[4:]))
+
+
+def test_a_pass_reading_a_per_channel_input_keeps_two_passes():
+    """An instruction between the passes that reads a per-channel input (not computed from the
+    first pass) is not rendered per channel: the passes run one after the other."""
+    shape = (3, 16, 50)
+    body = list(stats_body(shape).body)
+    body[3] = Instr(op="mul", args=("t1", "in1"), dtype=F32)  # the mean's scale from an input
+    a = FusedReduceAttrs(body=tuple(body), results=("t3", f"t{len(body) - 1}"), out_shapes=((16,),) * 2)
+    x = np.random.default_rng(14).standard_normal(shape).astype(np.float32)
+    scale = np.full((1, 16, 1), 1 / 150, np.float32)
+    check_same(a, [x, scale])
+    assert steps_of(a, [x, scale]) == ["pass", "pass"]
 
 
 def test_exact_sums_equal_the_exact_values():
@@ -196,6 +251,8 @@ rng = np.random.default_rng(7)
 dy, x = rng.standard_normal(shape).astype(np.float32), rng.standard_normal(shape).astype(np.float32)
 m = rng.standard_normal((1, 3, 1, 1)).astype(np.float32)
 outs = run_fused_reduce_native(backward_body(shape, "f32"), [dy, x, m]) + run_fused_reduce_native(stats_body(shape), [x])
+wide = rng.standard_normal((3, 24, 28, 100)).astype(np.float32)  # channel by channel
+outs += run_fused_reduce_native(stats_body(wide.shape), [wide])
 sys.stdout.write(b"".join(o.tobytes() for o in outs).hex())
 """
 
@@ -225,7 +282,8 @@ def op_calls(x, dy):
 
 @pytest.mark.parametrize("dt, soc", [(dt, soc) for dt in DTYPES for soc in ("Ascend910B", "Ascend950")
                                      if dt != "bf16" or soc == "Ascend950"])  # bf16 stats: 950 only
-@pytest.mark.parametrize("shape", [(2, 3, 28, 28), (3, 5, 9, 70)], ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("shape", [(2, 3, 28, 28), (3, 5, 9, 70), (2, 16, 9, 70)],
+                         ids=lambda s: "x".join(map(str, s)))
 def test_family_op_apis_bits_equal_numpy(shape, dt, soc, monkeypatch):
     monkeypatch.setattr(native.NativeBackend, "min_elements", 0)
     rng = np.random.default_rng(9)

@@ -5,7 +5,10 @@ A reduction pass computes the per-element instructions its sums need and adds th
 lane accumulators of each (kept index, block) — the order of :mod:`l0ops.ordered` — then folds
 the lanes and blocks with the same tree (:mod:`.reduce_c`). numpy runs the per-channel
 instructions between passes (a variance's mean, the epilogue). Sums that need only inputs and
-finished per-channel values share one pass over the data. Everything that depends only on the
+finished per-channel values share one pass over the data. Two passes with only simple
+per-channel arithmetic between them (a mean, then the squared differences from it) run channel
+by channel in one C call, the second while the channel's data is still in cache
+(:func:`_blocked`); each block's sum and fold is the same, so are the bits. Everything that depends only on the
 operands' dtypes, shapes and strides (which registers are per element, the passes, their C
 kernels, offsets and strides) is planned once per FusedReduce and reused.
 
@@ -36,11 +39,15 @@ from opgraph.core.dtypes import DataType, dtype_of
 from opgraph.core.types import TensorType
 from . import build, team
 from .build import PointerArray, address
-from .reduce_c import render_pass
+from .reduce_c import render_blocked, render_pass
 from .render import C_OP, FLOATS, Unsupported
 
 _ARGTYPES = [ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
              ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p]
+_PASS_ARGS = [ctypes.c_int64] + [ctypes.c_void_p] * 5  # nr, rshape, ptrs, koff, rstr, out
+_BLOCKED_ARGTYPES = [ctypes.c_int64] * 3 + _PASS_ARGS * 2 + [ctypes.c_void_p]
+BLOCKED_MIN_K = 8  # kept indices from which two passes run index by index (see _blocked)
+_PER_INDEX_OPS = (*C_OP, "sqrt", "cast", "view")  # instructions the blocked call renders per index
 _NARROW = (DataType.FLOAT16, DataType.BF16)
 
 
@@ -58,6 +65,7 @@ class _Pass:
     rstr: np.ndarray
     stores: tuple = ()      # per sum: (register, dtype to round to or None, shape)
     cols: bool = False      # the channels_last kernel (items across contiguous kept indices)
+    spec: tuple = ()        # render_pass's (big, kept, live, sums)
 
     def __post_init__(self) -> None:
         self.ptr_array = PointerArray(len(self.big) + len(self.kept))
@@ -76,6 +84,18 @@ class _Plan:
     R: int
     kept_view: tuple[int, ...]      # kept registers broadcast to this shape, then flattened
     consts: dict                    # the fill instructions' values (read-only), made once
+
+
+@dataclass
+class _Blocked:
+    """Two passes run kept index by kept index in one C call (:func:`.reduce_c.render_blocked`):
+    pass ``a``, the per-index instructions between them, pass ``b`` over the same data while it
+    is in cache. ``derived``: pass b's kept registers the call computes, ``(row, register)``."""
+
+    a: _Pass
+    b: _Pass
+    fn: Any
+    derived: tuple[tuple[int, str], ...]
 
 
 _PLANS = IdentityMemo(limit=256)
@@ -170,7 +190,41 @@ def _plan(a: FusedReduceAttrs, inputs: Sequence[np.ndarray]) -> _Plan:
             steps.append(("instr", name, fn, ins.args))
         ready.add(name)
     kept_view = tuple(1 if d in raxes else n for d, n in enumerate(full_shape))
-    return _Plan(steps, small, types, K, R, kept_view, consts)
+    return _Plan(_blocked(steps, a.body, types, consts, K), small, types, K, R, kept_view, consts)
+
+
+def _blocked(steps: list, body: Sequence[Instr], types: dict, consts: dict, K: int) -> list:
+    """``steps`` with its first two passes and the instructions between them as one
+    ("blocked", :class:`_Blocked`) step where that applies — at least :data:`BLOCKED_MIN_K`
+    kept indices, both passes kept-index major (not channels_last), every instruction between
+    them a float add/sub/mul/div/sqrt/cast/view of pass a's sums, one-element constants or each
+    other, with one value per kept index or one for all — else ``steps`` unchanged. The
+    instructions stay as numpy steps after it too: they give the registers later steps read."""
+    at = [i for i, st in enumerate(steps) if st[0] == "pass"][:2]
+    if K < BLOCKED_MIN_K or len(at) < 2 or steps[at[0]][1].cols or steps[at[1]][1].cols:
+        return steps
+    a, b = steps[at[0]][1], steps[at[1]][1]
+    a_regs = [(name, types[name][0]) for name, _, _ in a.stores]
+    between = [(name, f"opg_f(0x{int(v.reshape(()).view(np.uint32)):08X}u)", DataType.FLOAT)
+               for name, v in consts.items() if v.size == 1 and v.dtype == np.float32]
+    known = {name for name, _ in a_regs} | {name for name, _, _ in between}
+    for _, name, _, args in steps[at[0] + 1:at[1]]:
+        ins = body[int(name[1:])]
+        dtype, shape = types[name]
+        if (ins.op not in _PER_INDEX_OPS or dtype not in FLOATS or any(r not in known for r in args)
+                or any(math.prod(types[r][1]) not in (1, K) for r in (name, *args))):
+            return steps
+        x = [f"r_{r}" for r in args]  # float values; the call rounds the result to dtype
+        between.append((name, f"sqrtf({x[0]})" if ins.op == "sqrt" else x[0] if len(x) == 1
+                        else f" {C_OP[ins.op]} ".join(x), dtype))
+        known.add(name)
+    derived = tuple((j, r) for j, r in enumerate(b.kept) if r in known)
+    src = render_blocked(a.spec, b.spec, a_regs, between, derived)
+    fn = build.load(src).fn
+    if fn.argtypes is None:
+        fn.argtypes, fn.restype = _BLOCKED_ARGTYPES, ctypes.c_int
+    return [*steps[:at[0]], ("blocked", _Blocked(a, b, fn, derived)), *steps[at[0] + 1:at[1]],
+            *steps[at[1] + 1:]]
 
 
 def _make_pass(body, batch, full, types, inputs, full_shape, raxes, K) -> _Pass:
@@ -200,8 +254,9 @@ def _make_pass(body, batch, full, types, inputs, full_shape, raxes, K) -> _Pass:
     # channels_last: kept indices contiguous in every big input, the reduced dims strided
     cols = bool(big) and any(st[-1] != 1 for st in rstr) and K > 1 and all(
         np.array_equal(row - row[0], np.arange(K)) for row in koff)
-    src = render_pass([(r, types[r][0]) for r in big], kept,
-                      [(f"t{i}", body[i]) for i in live_idx], [body[j].args[0] for j in batch], cols)
+    spec = ([(r, types[r][0]) for r in big], kept, [(f"t{i}", body[i]) for i in live_idx],
+            [body[j].args[0] for j in batch])
+    src = render_pass(*spec, cols)
     fn = build.load(src).fn
     if fn.argtypes is None:
         fn.argtypes, fn.restype = _ARGTYPES, ctypes.c_int
@@ -209,7 +264,7 @@ def _make_pass(body, batch, full, types, inputs, full_shape, raxes, K) -> _Pass:
                     types[f"t{j}"][1]) for j in batch)
     return _Pass(tuple(batch), tuple(int(r[2:]) for r in big), tuple(kept), fn,
                  np.asarray(rshape, np.int64), koff, np.ascontiguousarray(rstr, np.int64).reshape(-1),
-                 stores, cols)
+                 stores, cols, spec)
 
 
 def plan_for(a: FusedReduceAttrs, inputs: Sequence[np.ndarray]) -> _Plan:
@@ -218,26 +273,59 @@ def plan_for(a: FusedReduceAttrs, inputs: Sequence[np.ndarray]) -> _Plan:
                       lambda: _plan(a, inputs))
 
 
+def _fill_kept(p: _Pass, plan: _Plan, values: dict, rows: np.ndarray, skip: Sequence[int] = ()) -> None:
+    """Pass ``p``'s kept registers into ``rows`` (one row of K each; rows in ``skip`` are the
+    call's own to fill)."""
+    for j, r in enumerate(p.kept):
+        if j in skip:
+            continue
+        v = values[r]  # a register of K elements is in kept order; others broadcast
+        if v.size == plan.K:
+            rows[j] = v.reshape(plan.K)
+        else:  # assigning broadcasts (np.broadcast_to costs ~6 µs)
+            rows[j].reshape(plan.kept_view)[...] = v
+
+
+def _store(p: _Pass, sums: np.ndarray, values: dict) -> None:
+    """Pass ``p``'s folded sums (one row each) as their registers, rounded to a narrow dtype."""
+    for total, (name, narrow, shape) in zip(sums, p.stores):
+        values[name] = (total.astype(narrow).astype(np.float32) if narrow is not None else total).reshape(shape)
+
+
 def _run_pass(p: _Pass, plan: _Plan, inputs: Sequence[np.ndarray], values: dict) -> None:
     """One C sweep; stores the folded sums of ``p.batch`` into ``values``. The kept registers
     and the sums share one float32 buffer (one address to fetch)."""
     K, nk = plan.K, len(p.kept)
     buf = np.empty((nk + len(p.batch), K), np.float32)
-    for j, r in enumerate(p.kept):
-        v = values[r]  # a register of K elements is in kept order; others broadcast
-        if v.size == K:
-            buf[j] = v.reshape(K)
-        else:  # assigning broadcasts (np.broadcast_to costs ~6 µs)
-            buf[j].reshape(plan.kept_view)[...] = v
+    _fill_kept(p, plan, values, buf)
     base = address(buf)
     ptrs = p.ptr_array(*[address(inputs[i]) for i in p.big], *[base + 4 * K * j for j in range(nk)])
     rshape, koff, rstr = p.addresses
     if p.fn(K, plan.R, len(p.rshape), rshape, ptrs, koff, rstr, -(-plan.R // BLOCK),
             base + 4 * K * nk, team.runner()):
         raise MemoryError("FusedReduce: no memory for the per-block sums")
-    for s, (name, narrow, shape) in enumerate(p.stores):
-        total = buf[nk + s]
-        values[name] = (total.astype(narrow).astype(np.float32) if narrow is not None else total).reshape(shape)
+    _store(p, buf[nk:], values)
+
+
+def _run_blocked(bp: _Blocked, plan: _Plan, inputs: Sequence[np.ndarray], values: dict) -> None:
+    """Both passes of ``bp`` in one C call; stores their sums into ``values``. One float32
+    buffer holds pass a's kept registers, pass b's (the derived ones written by the call), then
+    the two passes' sums."""
+    a, b, K = bp.a, bp.b, plan.K
+    na, nb = len(a.kept), len(b.kept)
+    buf = np.empty((na + nb + len(a.batch) + len(b.batch), K), np.float32)
+    _fill_kept(a, plan, values, buf[:na])
+    _fill_kept(b, plan, values, buf[na:na + nb], [j for j, _ in bp.derived])
+    base, row = address(buf), 4 * K
+    ptrs_a = a.ptr_array(*[address(inputs[i]) for i in a.big], *[base + row * j for j in range(na)])
+    ptrs_b = b.ptr_array(*[address(inputs[i]) for i in b.big], *[base + row * (na + j) for j in range(nb)])
+    out_a = na + nb
+    if bp.fn(K, plan.R, -(-plan.R // BLOCK), len(a.rshape), a.addresses[0], ptrs_a, a.addresses[1],
+             a.addresses[2], base + row * out_a, len(b.rshape), b.addresses[0], ptrs_b,
+             b.addresses[1], b.addresses[2], base + row * (out_a + len(a.batch)), team.runner()):
+        raise MemoryError("FusedReduce: no memory for the per-block sums")
+    _store(a, buf[out_a:out_a + len(a.batch)], values)
+    _store(b, buf[out_a + len(a.batch):], values)
 
 
 def run_fused_reduce_native(a: FusedReduceAttrs, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
@@ -256,6 +344,8 @@ def run_planned(plan: _Plan, a: FusedReduceAttrs, inputs: Sequence[np.ndarray]) 
     for step in plan.steps:
         if step[0] == "pass":
             _run_pass(step[1], plan, inputs, values)
+        elif step[0] == "blocked":
+            _run_blocked(step[1], plan, inputs, values)
         else:
             _, name, fn, args = step
             values[name] = fn(*[values[r] for r in args])

@@ -156,12 +156,21 @@ def render_pass(big: Sequence[tuple[str, DataType]], kept: Sequence[str],
     adding the registers ``sums`` into their lanes; ``kept`` registers are per-kept-index
     float32 values (``ptrs[len(big) + j][k]``). ``cols``: every big input's kept indices are
     contiguous (``koff[i*K + k] = koff[i*K] + k``); the items run across them (channels_last)."""
-    nb, S = len(big), len(sums)
-    pad = " " * 16
-    L = [HELPERS, V_HELPERS, C_DECL, FOLD,
-         "struct opg_rctx { int64_t K, R, nr, nblocks; const int64_t *rshape, *koff, *rstr;",
-         "                  void *const *ptrs; float *blocks; };", "",
-         "static void opg_items(void *vctx, int64_t w_begin, int64_t w_end)", "{",
+    if cols:
+        return _finish(_HEADER + _item_head("opg_items", big, kept) + _cols_items(big, kept, live, sums),
+                       len(sums), "((K + OPG_KC - 1) / OPG_KC) * nblocks")
+    return _finish(_HEADER + _items("opg_items", big, kept, live, sums), len(sums), "K * nblocks")
+
+
+_HEADER = [HELPERS, V_HELPERS, C_DECL, FOLD,
+           "struct opg_rctx { int64_t K, R, nr, nblocks; const int64_t *rshape, *koff, *rstr;",
+           "                  void *const *ptrs; float *blocks; };", ""]
+
+
+def _item_head(name: str, big: Sequence[tuple[str, DataType]], kept: Sequence[str]) -> list[str]:
+    """The opening of work-item function ``name``: the context's fields and operand pointers."""
+    nb = len(big)
+    L = [f"static void {name}(void *vctx, int64_t w_begin, int64_t w_end)", "{",
          "    const struct opg_rctx *const c = (const struct opg_rctx *)vctx;",
          "    const int64_t K = c->K, R = c->R, nr = c->nr, nblocks = c->nblocks;",
          "    const int64_t *const rshape = c->rshape, *const koff = c->koff, *const rstr = c->rstr;"]
@@ -171,8 +180,16 @@ def render_pass(big: Sequence[tuple[str, DataType]], kept: Sequence[str],
     L += ["    const int64_t inner = rshape[nr - 1];",
           "    const int dense = " + " && ".join([f"rstr[{i} * nr + nr - 1] == 1" for i in range(nb)]
                                               or ["1"]) + ";"]
-    if cols:
-        return _finish(L + _cols_items(big, kept, live, sums), S, "((K + OPG_KC - 1) / OPG_KC) * nblocks")
+    return L
+
+
+def _items(name: str, big: Sequence[tuple[str, DataType]], kept: Sequence[str],
+           live: Sequence[tuple[str, Instr]], sums: Sequence[str]) -> list[str]:
+    """Work-item function ``name`` of a pass whose items are (kept index, block), kept-index
+    major: items ``[k * nblocks, (k + 1) * nblocks)`` are kept index ``k``'s blocks."""
+    nb, S = len(big), len(sums)
+    pad = " " * 16
+    L = _item_head(name, big, kept)
     L += ["    for (int64_t w = w_begin; w < w_end; ++w) {",
           "        const int64_t k = w / nblocks, blk = w % nblocks;",
           f"        float acc[{S}][OPG_LANES] __attribute__((aligned(64)));",
@@ -218,7 +235,7 @@ def render_pass(big: Sequence[tuple[str, DataType]], kept: Sequence[str],
           "            c->blocks[(s * K + k) * nblocks + blk] = acc[s][0];",
           "        }",
           "    }", "}", ""]
-    return _finish(L, S, "K * nblocks")
+    return L
 
 
 def _finish(L: list[str], S: int, work: str) -> str:
@@ -242,4 +259,58 @@ def _finish(L: list[str], S: int, work: str) -> str:
     return "\n".join(L)
 
 
-__all__ = ["render_pass"]
+
+
+
+def render_blocked(a: tuple, b: tuple, a_regs: Sequence[tuple[str, DataType]],
+                   between: Sequence[tuple[str, str, DataType]], derived: Sequence[tuple[int, str]]) -> str:
+    """C for two passes run kept index by kept index: pass ``a`` over index ``k``'s blocks, its
+    sums folded, the per-index instructions ``between`` (``(register, C expression over
+    r_<register>, dtype)``, rounded to the dtype), then pass ``b`` over the same blocks while they
+    are still in this core's cache. ``a`` and ``b`` are :func:`render_pass`'s ``(big, kept,
+    live, sums)``; ``a_regs`` names the registers pass a's sums become (rounded to their dtype);
+    ``derived`` lists ``(j, register)``: pass b's kept register ``j`` is computed here. Each
+    block's sum and each fold are those of the two passes run one after the other, so the bits
+    are too. Entry: ``int opg_kernel(K, R, nblocks, nr_a, rshape_a, ptrs_a, koff_a, rstr_a,
+    out_a, nr_b, rshape_b, ptrs_b, koff_b, rstr_b, out_b, run)``."""
+    SA, SB, nbb = len(a[3]), len(b[3]), len(b[0])
+    L = _HEADER + _items("opg_items_a", *a) + _items("opg_items_b", *b)
+    L += ["struct opg_bctx { struct opg_rctx a, b; float *out_a, *out_b; };", "",
+          "static void opg_fold_out(const struct opg_rctx *r, int S, int64_t k, float *out)", "{",
+          "    for (int s = 0; s < S; ++s) {",
+          "        float *const bl = r->blocks + (s * r->K + k) * r->nblocks;",
+          "        opg_fold(bl, r->nblocks, 1);",
+          "        out[s * r->K + k] = bl[0];",
+          "    }", "}", "",
+          "static void opg_channels(void *vctx, int64_t k0, int64_t k1)", "{",
+          "    const struct opg_bctx *const c = (const struct opg_bctx *)vctx;",
+          "    const int64_t K = c->a.K, nb = c->a.nblocks;"]
+    L += [f"    float *const d{j} = (float *)c->b.ptrs[{nbb + j}];" for j, _ in derived]
+    L += ["    for (int64_t k = k0; k < k1; ++k) {",
+          "        opg_items_a((void *)&c->a, k * nb, (k + 1) * nb);",
+          f"        opg_fold_out(&c->a, {SA}, k, c->out_a);"]
+    L += [f"        const float r_{r} = {ROUND[d].format(f'c->out_a[{s} * K + k]')};"
+          for s, (r, d) in enumerate(a_regs)]
+    L += [f"        const float r_{r} = {ROUND[d].format(expr)};" for r, expr, d in between]
+    L += [f"        d{j}[k] = r_{r};" for j, r in derived]
+    L += ["        opg_items_b((void *)&c->b, k * nb, (k + 1) * nb);",
+          f"        opg_fold_out(&c->b, {SB}, k, c->out_b);",
+          "    }", "}", "",
+          "int opg_kernel(int64_t K, int64_t R, int64_t nblocks,",
+          "               int64_t nr_a, const int64_t *rshape_a, void *const *ptrs_a,",
+          "               const int64_t *koff_a, const int64_t *rstr_a, float *out_a,",
+          "               int64_t nr_b, const int64_t *rshape_b, void *const *ptrs_b,",
+          "               const int64_t *koff_b, const int64_t *rstr_b, float *out_b, opg_run run)", "{",
+          f"    float *const blocks = (float *)malloc(sizeof(float) * {SA + SB} * K * nblocks);",
+          "    if (blocks == 0) return 1;",
+          "    const struct opg_bctx c = {",
+          "        {K, R, nr_a, nblocks, rshape_a, koff_a, rstr_a, ptrs_a, blocks},",
+          f"        {{K, R, nr_b, nblocks, rshape_b, koff_b, rstr_b, ptrs_b, blocks + {SA} * K * nblocks}},",
+          "        out_a, out_b};",
+          f"    if (run == 0 || K < 2 || K * R < {PARALLEL_MIN}) opg_channels((void *)&c, 0, K);",
+          "    else run(opg_channels, (void *)&c, K, 1);",
+          "    free(blocks);",
+          "    return 0;",
+          "}", ""]
+    return "\n".join(L)
+__all__ = ["render_blocked", "render_pass"]
