@@ -1,6 +1,6 @@
 """The native backend's C prologue (the hoisted per-channel part of a fused body): bit-identical
 to the numpy interpreter (:func:`l0ops.interpreter.run_fused`) for casts, rounding arithmetic, sqrt,
-fill, view and ordered sums (several blocks, keepdims, NaN/Inf/-0.0), int32/int64 counters,
+max/fma/eq/where, fill, view and ordered sums (several blocks, keepdims, NaN/Inf/-0.0), int32/int64 counters,
 strided per-channel inputs and per-channel data larger than the on-stack scratch; bodies it does
 not cover fall back to numpy hoisting with the same bits; a new size reuses the compiled code."""
 from __future__ import annotations
@@ -100,9 +100,51 @@ def test_strided_and_large_per_channel_inputs():
 
 
 def test_unsupported_prologue_falls_back_to_numpy_hoisting():
-    body = (I("max", "in0", "in0"), I("view", "t0", shape=(3, 1)), I("mul", "in1", "t1"))
-    a = FusedAttrs(shape=(3, 40), body=body, result="t2", out_dtype=D.FLOAT)
-    check(a, [np.float32([1, 2, 3]), np.ones((3, 40), np.float32)], fused=False)
+    """An f16 fma rounds from double straight to f16: not rendered, hoisted in numpy."""
+    body = (I("fma", "in0", "in0", "in0", dtype=D.FLOAT16), I("view", "t0", dtype=D.FLOAT16, shape=(3, 1)),
+            I("mul", "in1", "t1", dtype=D.FLOAT16))
+    a = FusedAttrs(shape=(3, 40), body=body, result="t2", out_dtype=D.FLOAT16)
+    check(a, [np.float16([1, 2, 3]), np.ones((3, 40), np.float16)], fused=False)
+
+
+def special_triples(n: int = 400):
+    """Per-channel a, b, c: NaN either side or both (different payloads), ±0 both ways, ±Inf,
+    ties, then random values whose a·b + c rounds differently in float32 and in double."""
+    nan2 = np.uint32(0x7FC12345).view(np.float32)
+    a = [np.nan, 1, nan2, -0.0, 0.0, np.inf, -np.inf, 3, np.inf, 1e-45, 0.0]
+    b = [1, np.nan, np.nan, 0.0, -0.0, np.inf, 5, 3, 0.0, 1e-45, -0.0]
+    c = [1, 2, 3, 0.0, -0.0, -np.inf, 1, -9, 1, 0.0, -0.0]
+    rng = np.random.default_rng(5)
+    k = n - len(a)
+    a = np.concatenate([np.float32(a), rng.standard_normal(k).astype(np.float32)])
+    b = np.concatenate([np.float32(b), rng.standard_normal(k).astype(np.float32)])
+    c = np.concatenate([np.float32(c), (-a[len(c):] * b[len(c):]).astype(np.float32)])  # cancels
+    return a, b, c
+
+
+@pytest.mark.parametrize("op", ["max", "fma", "eq"])
+def test_max_fma_eq_where_in_the_prologue(op):
+    """The arch35 kernels' per-channel steps (BatchNormElemt on the 950): numpy's bits — which
+    NaN np.maximum returns and its tie rule for ±0, fma in double rounded once, eq picking
+    through where."""
+    a, b, c = special_triples()
+    if op == "fma":  # which of two NaN payloads a product keeps is the compiler's operand order
+        b[2] = 2
+    C = a.size
+    first = (I("max", "in0", "in1") if op == "max" else I("fma", "in0", "in1", "in2") if op == "fma"
+             else I("eq", "in0", "in1", dtype=D.BOOL))
+    pick = [] if op != "eq" else [I("where", "t0", "in2", "in1")]
+    view = I("view", f"t{len(pick)}", shape=(C, 1))
+    body = (first, *pick, view, I("mul", "in3", f"t{len(pick) + 1}"))
+    a_ = FusedAttrs(shape=(C, 40), body=body, result=f"t{len(pick) + 2}", out_dtype=D.FLOAT)
+    with np.errstate(all="ignore"):
+        got = check(a_, [a, b, c, np.ones((C, 40), np.float32)])
+    if op == "max":  # the first NaN wins; a tie gives the second operand (numpy's rule here)
+        assert got[2, 0:1].view(np.uint32)[0] == 0x7FC12345
+        assert not np.signbit(got[3, 0]) and np.signbit(got[4, 0])
+    if op == "fma":  # exact in double: the product cancels c to the rounding error of a·b
+        exact = a[11:].astype(np.float64) * b[11:] + c[11:]
+        assert np.array_equal(got[11:, 0], exact.astype(np.float32)) and np.any(got[11:, 0] != 0)
 
 
 @pytest.mark.parametrize("dt", [D.FLOAT, D.FLOAT16, D.BF16])
@@ -146,3 +188,33 @@ def test_same_arrays_with_new_values_and_a_different_output():
     native.run_fused_native(a, ins, out2)
     R.assert_bits_equal(out2, run_fused(a, ins))
     assert not np.array_equal(out1, out2)
+
+
+@pytest.mark.parametrize("dt", [np.float32, np.float16, ml_dtypes.bfloat16])
+def test_elemt_on_the_950_runs_its_prologue_in_c(dt, monkeypatch):
+    """Ascend950's BatchNormElemt refines 1/sqrt(var + eps) per channel with max, fma, eq and
+    where: its direct launch renders that in C (one C call, no numpy hoisting), with numpy's
+    bits — zero, Inf and NaN variances included."""
+    import backends as B
+    import opgraph
+    from opgraph.aclnn import aclnnBatchNormElemt, aclnnBatchNormElemtGetWorkspaceSize
+    monkeypatch.setattr(native.NativeBackend, "min_fused_elements", 0)  # a small case, in C
+    rng = np.random.default_rng(6)
+    C = 12
+    x = rng.standard_normal((3, C, 5, 10)).astype(dt)
+    w, b, mean = (rng.uniform(0.5, 2, C).astype(dt) for _ in range(3))
+    invstd = rng.uniform(0.5, 2, C).astype(dt)
+    invstd[:4] = [0, np.inf, np.nan, -0.0]
+    got = {}
+    for be in ("numpy", "native"):
+        out = np.empty_like(x)
+        with opgraph.platform("Ascend950"), opgraph.opt_level(2), opgraph.use_backend(be), \
+                np.errstate(all="ignore"):
+            _, _, ex = aclnnBatchNormElemtGetWorkspaceSize(*map(opgraph.tensor, (x, w, b, mean, invstd)),
+                                                           1e-5, opgraph.tensor(out))
+            assert aclnnBatchNormElemt(None, 0, ex) == 0
+        got[be] = out
+    R.assert_bits_equal(got["native"], got["numpy"])
+    exe = ex.program.executable(B.get("native"))
+    assert exe.launches and [ln.fused for ln, _ in exe.launches] == [True]
+    assert any(i.op == "fma" for i in exe.launches[0][0].attrs.body)

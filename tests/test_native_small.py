@@ -70,17 +70,17 @@ def test_gather_with_special_values(dtype, small_calls):
 
 
 def test_body_the_renderer_does_not_cover_runs_on_numpy(small_calls):
-    body = (Instr(op="max", args=("in0", "in0"), dtype=D.FLOAT),
-            Instr(op="sum", args=("t0",), dtype=D.FLOAT, shape=(1, 3)))
+    body = (Instr(op="fma", args=("in0", "in0", "in0"), dtype=D.FLOAT16),  # f16 fma: not rendered
+            Instr(op="sum", args=("t0",), dtype=D.FLOAT16, shape=(1, 3)))
     a = FusedReduceAttrs(body=body, results=("t1",), out_shapes=((3,),))
-    x = np.float32([[1, -2, 3], [4, 5, -6]])
+    x = np.float16([[1, -2, 3], [4, 5, -6]])
     with pytest.raises(native.Unsupported):
         small.run_small_reduce_native(a, [x])
     graph = opgraph.core.ir.Graph()
-    xv = graph.add_input("x", opgraph.core.types.TensorType((2, 3), opgraph.DataType.FLOAT))
+    xv = graph.add_input("x", opgraph.core.types.TensorType((2, 3), opgraph.DataType.FLOAT16))
     graph.outputs = [graph.add_node(FusedReduce.name, [xv], attrs=a).outputs[0]]
     b = backend_registry.get("native")
     before = b.small
     got = b.run(graph, {"x": opgraph.tensor(x)})
     assert b.small == before + 1
-    assert got[graph.outputs[0].name].tolist() == [5.0, 3.0, -3.0]
+    assert got[graph.outputs[0].name].tolist() == [22.0, 32.0, 42.0]  # Σ x² + x

@@ -7,8 +7,9 @@ Register values live in a float32 scratch block: small float inputs are copied i
 widening), ``fill`` is one element read with stride 0, ``view`` aliases its (contiguous) source;
 ``add``/``sub``/``mul``/``div``/``sqrt`` (correctly rounded, as numpy's) and float casts round
 to their dtype after every instruction like the numpy reference, ``cast`` of an int32/int64
-input to f32 is C's (round to nearest even, as numpy), and ``sum`` follows :mod:`l0ops.ordered`
-(64 lanes, 32768-element blocks, tree folds). Sizes and strides are run-time values in ``tab``
+input to f32 is C's (round to nearest even, as numpy), ``max``/``fma``/``eq``/``where`` are
+numpy's (the arch35 kernels' reciprocal square root refinement), and ``sum`` follows
+:mod:`l0ops.ordered` (64 lanes, 32768-element blocks, tree folds). Sizes and strides are run-time values in ``tab``
 (:attr:`Prologue.table`): a new size of the same structure reuses the compiled code. Anything
 else raises :class:`Unsupported` and the backend evaluates the hoisted part in numpy instead.
 
@@ -38,6 +39,14 @@ from opgraph.core.tensor import row_major_strides
 from .render import C_OP, FLOATS, LOAD, ROUND, Plan, Unsupported, render
 
 INT_C = {DataType.INT32: "int32_t", DataType.INT64: "int64_t"}
+# numpy's semantics of the other per-channel instructions, on float registers: np.maximum (a
+# NaN operand wins, the first when both are; a tie gives the second, so max(-0, +0) = +0 —
+# what numpy does on every path here, checked by the tests against numpy itself), fma in
+# double rounded once to float32 (f32 only: a narrow fma rounds from double straight to its
+# dtype), a bool register held as 1.0f / 0.0f
+_SCALAR = {"cast": "{}", "sqrt": "sqrtf({})", "max": "(({0}) != ({0}) || ({0}) > ({1}) ? ({0}) : ({1}))",
+           "fma": "(float)((double)({0}) * (double)({1}) + (double)({2}))",
+           "eq": "(({0}) == ({1}) ? 1.0f : 0.0f)", "where": "(({0}) != 0.0f ? ({1}) : ({2}))"}
 IN_C = {DataType.FLOAT: "float", DataType.FLOAT16: "uint16_t", DataType.BF16: "uint16_t", **INT_C}
 
 HELPERS = f"""#include <math.h>
@@ -183,7 +192,7 @@ class Prologue:
     def _instr(self, name: str, ins: Instr, types: dict) -> list[str]:
         dtype, shape = types[name]
         shape = tuple(shape)
-        if dtype not in FLOATS:
+        if dtype not in FLOATS and not (ins.op == "eq" and dtype == DataType.BOOL):
             raise Unsupported(f"{ins.render(name)}: {dtype.short} register")
         if ins.op == "fill":
             off = self._scratch
@@ -217,17 +226,18 @@ class Prologue:
             raise Unsupported(f"{ins.render(name)}: operand not in the prologue")
         if ins.op == "sum":
             return self._sum(name, ins, types, dtype, shape)
-        if ins.op not in ("cast", "sqrt") and ins.op not in C_OP:
+        if ins.op not in _SCALAR and ins.op not in C_OP or ins.op == "fma" and dtype != DataType.FLOAT:
             raise Unsupported(f"{ins.render(name)}: {ins.op} in the prologue")
         at = self._alloc(name, shape)
         sh = self._put(shape)
         sts = [self._put(self._view(r, shape)) for r in ins.args]
         loads = [f"scr[tab[{self._put([self.regs[r][0]])}] + p[{k}]]" for k, r in enumerate(ins.args)]
-        expr = (loads[0] if ins.op == "cast" else f"sqrtf({loads[0]})" if ins.op == "sqrt"
-                else f" {C_OP[ins.op]} ".join(loads))
+        expr = (_SCALAR[ins.op].format(*loads) if ins.op in _SCALAR else f" {C_OP[ins.op]} ".join(loads))
+        if ins.op not in ("eq", "where"):  # where picks values that already have the dtype
+            expr = ROUND[dtype].format(expr)
         return [f"{{ /* {ins.render(name)} */",
                 f"    float *o = scr + tab[{at}];",
-                *self._loop(len(shape), sh, sts, f"o[e] = {ROUND[dtype].format(expr)};"), "}"]
+                *self._loop(len(shape), sh, sts, f"o[e] = {expr};"), "}"]
 
     def _sum(self, name: str, ins: Instr, types: dict, dtype: DataType, shape: tuple) -> list[str]:
         src = tuple(ins.over) if ins.over is not None else tuple(types[ins.args[0]][1])
