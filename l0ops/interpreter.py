@@ -210,8 +210,10 @@ class Program:
         self.align = [(n, (1,) * (rank - len(self.types[n][1])) + self.types[n][1])
                       for n in hoisted_names if 0 < len(self.types[n][1]) < rank]
         # chunks slice the registers of the iteration space's rank; one of a higher rank (a big
-        # input the body views into this space) cannot be sliced: run those bodies whole
-        self.chunkable = all(len(self.types[r][1]) <= rank for r in self.live_reads)
+        # input the body views into this space), or a view per element (a chunk of its source
+        # is not the source of the chunk), cannot be sliced: run those bodies whole
+        self.chunkable = (all(len(self.types[r][1]) <= rank for r in self.live_reads)
+                          and not any(ins.op == "view" for _, ins in self.live))
 
     def _plan_flat(self, a: FusedAttrs, sigs: Sequence["Sig"], fns: Sequence[Callable]) -> None:
         """The whole body as one straight line over a register list (inputs first, then t0,

@@ -129,3 +129,21 @@ def test_the_chunked_plan_is_built_once_on_first_use_and_never_seen_half_built()
     assert len(seen) == 4 and all(s[0] is seen[0][0] and s[1] is seen[0][1] for s in seen)
     assert [name for _, _, name, _, _ in seen[0][0]] == ["t3", "t4", "t5", "t6"]
     assert seen[0][3] is True and prog.__dict__["_pending"] is None
+
+
+@pytest.mark.parametrize("paths", PATHS[1:], ids=["c-order", "channel", "tiny"])
+def test_a_view_per_element_runs_the_body_whole(paths):
+    """A body that views a full-size input into its iteration space (BatchNormElemt's [N,C,L]
+    input as [N,C,L,1], here also strided) cannot be cut into chunks of its inputs: it runs
+    whole, with the bits of the direct evaluation, at sizes that would be chunked."""
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((4, 3, 2 * 50)).astype(np.float32)[..., ::2]
+    a = rng.standard_normal(3).astype(np.float32)
+    attrs = FusedAttrs(shape=(4, 3, 50, 1), body=(
+        I("view", "in0", shape=(4, 3, 50, 1)), I("view", "in1", shape=(1, 3, 1, 1)),
+        I("sub", "t0", "t1")), result="t2", out_dtype=D.FLOAT)
+    limit, channel_limit, whole = paths
+    got = P.run_fused(attrs, [x, a], limit=limit, channel_limit=channel_limit, whole_limit=whole)
+    want = x.reshape(4, 3, 50, 1) - a.reshape(1, 3, 1, 1)
+    assert got.shape == (4, 3, 50, 1) and np.array_equal(got.view(np.uint32), want.view(np.uint32))
+    assert not P.program(attrs, [x, a]).chunkable

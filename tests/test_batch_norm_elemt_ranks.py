@@ -1,0 +1,40 @@
+"""aclnnBatchNormElemt on 2-D and 3-D inputs large enough for the numpy interpreter to cut the
+fused kernel into chunks (BatchNorm1d shapes): the op_api reshapes them to the kernel's 4-D
+layout, and every backend gives the float64 formula's values and the numpy backend's bits,
+contiguous or strided. (Until this test, such an input failed at level 2 with a reshape error.)"""
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import opgraph
+from backends import native
+from opgraph import ops
+
+BACKENDS = ["numpy"] + (["native"] if native.available() else [])
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "strided"])
+@pytest.mark.parametrize("shape", [(160000, 4), (8, 16, 5000)], ids=["rank2", "rank3"])
+@pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16], ids=["f32", "bf16"])
+def test_large_rank2_and_rank3_inputs(shape, dtype, layout):
+    rng = np.random.default_rng(1)
+    C = shape[1]
+    x = rng.standard_normal(shape[:-1] + (2 * shape[-1],)).astype(dtype)
+    x = x[..., ::2] if layout == "strided" else np.ascontiguousarray(x[..., :shape[-1]])
+    w, b, mean = (rng.uniform(-2, 2, C).astype(dtype) for _ in range(3))
+    invstd = rng.uniform(0.5, 2, C).astype(dtype)
+    per_channel = [v.astype(np.float64).reshape((1, C) + (1,) * (len(shape) - 2)) for v in (w, b, mean, invstd)]
+    w64, b64, m64, i64 = per_channel
+    want = (x.astype(np.float64) - m64) * i64 * w64 + b64
+    got = {}
+    for be in BACKENDS:
+        with opgraph.use_backend(be), opgraph.platform("Ascend950"):
+            got[be] = ops.batch_norm_elemt(x, w, b, mean, invstd, 1e-5)
+        tol = 1e-5 if dtype == np.float32 else 2e-2
+        assert got[be].shape == shape
+        assert np.allclose(got[be].astype(np.float64), want, rtol=tol, atol=tol), be
+    for be in BACKENDS[1:]:
+        assert np.array_equal(got[be].view(np.uint16 if dtype != np.float32 else np.uint32),
+                              got["numpy"].view(np.uint16 if dtype != np.float32 else np.uint32))
