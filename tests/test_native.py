@@ -268,3 +268,30 @@ def test_small_fused_kernels_run_in_c_unless_below_the_threshold(monkeypatch):
     with opgraph.use_backend("native"):
         y = opgraph.ops.batch_norm_elemt_backward(x, x, c, c, c, c, c, np.int32([2]))
     assert b.small == before + 1 and np.array_equal(R.bits(y), R.bits(expected))
+
+
+@pytest.mark.parametrize("soc", SOCS)
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, ml_dtypes.bfloat16], ids=["f32", "f16", "bf16"])
+@pytest.mark.parametrize("shape", [(6, 5), (4, 5, 30), (2, 5, 30, 2)], ids=["rank2", "rank3", "rank4"])
+@pytest.mark.parametrize("layout", ["contiguous", "strided"])
+def test_batch_norm_elemt_of_any_rank_runs_in_c(shape, dtype, soc, layout):
+    """BatchNormElemt reshapes a 2-D/3-D input to the kernel's 4-D layout: that view stays out of
+    the fused kernel (a full-size view of a graph input moves nothing), which then reads the
+    input through it — in C, with numpy's bits. A strided 2-D/3-D input is made contiguous
+    first (the Contiguous fuses into the kernel, the view after it with it): that kernel still
+    runs on numpy, with the same bits."""
+    nat = backends.get("native")
+    nat.fallbacks.clear()
+    from opgraph import ops
+    rng = np.random.default_rng(4)
+    C = shape[1]
+    x = rng.standard_normal((2,) + shape).astype(dtype)[1] if layout == "contiguous" else \
+        rng.standard_normal(shape[:-1] + (2 * shape[-1],)).astype(dtype)[..., ::2]
+    w, b, mean, invstd = (rng.uniform(0.5, 2, C).astype(dtype) for _ in range(4))
+    got = {}
+    for be in ("numpy", "native"):
+        with opgraph.platform(soc), opgraph.opt_level(2), opgraph.use_backend(be):
+            got[be] = ops.batch_norm_elemt(x, w, b, mean, invstd, 1e-5)
+    R.assert_bits_equal(got["native"], got["numpy"])
+    falls_back = layout == "strided" and len(shape) < 4
+    assert bool(nat.fallbacks) == falls_back, dict(nat.fallbacks)

@@ -40,9 +40,23 @@ def _absorbable(n: Node) -> bool:
     return n.opdef.kind != "reduce" or n.outputs[0].type.rank == 0
 
 
+def _full_view_of_input(n: Node, numel: int) -> bool:
+    """Whether ``n`` views a graph input (through views only) as ``numel`` elements: a reshape
+    of the data into the kernel's iteration space moves nothing, so it stays outside the kernel,
+    which then reads the input through the view's layout (a per-element view inside a body is
+    one more register to carry, and what the native backend does not render)."""
+    while n.opdef.kind == "view" and n.outputs[0].type.numel == numel:
+        if n.inputs[0].producer is None:
+            return True
+        n = n.inputs[0].producer
+    return False
+
+
 def _group(seed: Node, taken: set) -> list[Node]:
-    """The seed plus every absorbable producer all of whose users are already in the group."""
+    """The seed plus every absorbable producer all of whose users are already in the group
+    (but a full-size view of a graph input, :func:`_full_view_of_input`)."""
     group = {id(seed): seed}
+    numel = seed.outputs[0].type.numel
     changed = True
     while changed:
         changed = False
@@ -50,6 +64,8 @@ def _group(seed: Node, taken: set) -> list[Node]:
             for v in n.inputs:
                 p = v.producer
                 if p is None or id(p) in group or id(p) in taken or not _absorbable(p):
+                    continue
+                if _full_view_of_input(p, numel):
                     continue
                 if all(id(u) in group for u in p.outputs[0].users):
                     group[id(p)] = p
