@@ -22,6 +22,7 @@ from typing import Any, Callable, Mapping, Optional
 
 import numpy as np
 
+from l0ops.interpreter import run_fused
 from opgraph.core.backend import Backend, Executable, LoweringTable
 from opgraph.core.ir import Graph, Node
 from opgraph.core.memory import MemoryPlan
@@ -36,7 +37,23 @@ def _op_semantics(op: str) -> NumpyLowering:
     return lambda exe, node, args: node.opdef.compute(args, node.attrs)
 
 
-NUMPY_LOWERINGS = LoweringTable(fallback=_op_semantics)
+def _fused(exe: Any, node: Node, args: list, out: Optional[np.ndarray] = None) -> list:
+    """FusedElementwise: its semantics; with ``out`` (see :func:`takes_out`), computed there."""
+    if out is None:
+        return node.opdef.compute(args, node.attrs)
+    return [run_fused(node.attrs, args, out=out)]
+
+
+def takes_out(fn: Callable) -> Callable:
+    """Mark lowering ``fn`` as taking ``out=``: when its node's single output is placed in a user
+    tensor (and the node does not store by itself), the executable passes that tensor (viewed
+    with the output's shape, contiguous) and the lowering computes into it — no temporary, no
+    copy. Returns ``fn``."""
+    fn.takes_out = True  # type: ignore[attr-defined]
+    return fn
+
+
+NUMPY_LOWERINGS = LoweringTable({"FusedElementwise": takes_out(_fused)}, fallback=_op_semantics)
 
 
 def last_uses(graph: Graph) -> dict[int, list[str]]:
@@ -77,6 +94,14 @@ def _slots(graph: Graph, plan: MemoryPlan) -> dict[str, Slot]:
     return slots
 
 
+def _into(steps: list, slots: dict[str, Slot]) -> dict[int, Slot]:
+    """Per step index, the user-tensor slot its lowering computes into (see :func:`takes_out`)."""
+    return {i: slots[node.outputs[0].name] for i, (node, lower) in enumerate(steps)
+            if getattr(lower, "takes_out", False) and len(node.outputs) == 1
+            and not getattr(node.attrs, "store", False)
+            and getattr(slots.get(node.outputs[0].name), "user", None) is not None}
+
+
 def _in_place(exe: Any, node: Node, args: list) -> list:
     """A redirected copy (``opdef.redirects``): the memory plan placed the copied value in the
     destination user tensor, where its producer wrote it, so nothing is copied."""
@@ -109,6 +134,7 @@ class NumpyExecutable(Executable):
                          tuple(frees.get(i, ())))
                         for i, (node, lower) in enumerate(self.steps)]
         self.input_names = tuple(v.name for v in graph.inputs)
+        self.into = _into(self.steps, self.slots)
 
     def resized(self, graph: Graph, memory_plan: MemoryPlan) -> "NumpyExecutable | None":
         """See :meth:`opgraph.core.backend.Executable.resized` (subclasses with state of their
@@ -125,6 +151,7 @@ class NumpyExecutable(Executable):
         made.program = [(node, lower, names, tuple([(name, slots.get(name)) for name, _ in outs]), dead)
                         for node, (_, lower, names, outs, dead) in zip(graph.nodes, self.program)]
         made.input_names = self.input_names
+        made.into = _into(made.steps, slots) if self.into else {}
         return made
 
     def _place(self, slot: Slot, value: np.ndarray, arena: Optional[np.ndarray],
@@ -158,13 +185,21 @@ class NumpyExecutable(Executable):
                 env[name] = bindings[name].view()
             except KeyError:
                 raise ValueError(f"graph input %{name} is not bound to a tensor") from None
-        profile = self.profile
-        for node, lower, inputs, outputs, dead in self.program:
+        profile, into = self.profile, self.into
+        for i, (node, lower, inputs, outputs, dead) in enumerate(self.program):
             if profile is not None:
                 start = time.perf_counter()
-            results = lower(self, node, [env[name] for name in inputs])
-            for (name, slot), r in zip(outputs, results):
-                env[name] = r if slot is None else self._place(slot, np.asarray(r), arena, bindings)
+            slot = into.get(i) if into else None
+            if slot is not None:  # computed in the user tensor the plan places it in
+                dst = bindings[slot.user].view().reshape(slot.shape)
+                r = lower(self, node, [env[name] for name in inputs], out=dst)[0]
+                if r is not dst:
+                    np.copyto(dst, r)
+                env[outputs[0][0]] = dst
+            else:
+                results = lower(self, node, [env[name] for name in inputs])
+                for (name, slot), r in zip(outputs, results):
+                    env[name] = r if slot is None else self._place(slot, np.asarray(r), arena, bindings)
             if profile is not None:
                 profile(node, start, time.perf_counter())
             for name in dead:

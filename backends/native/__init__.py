@@ -34,7 +34,7 @@ from opgraph.core.ir import Graph
 from opgraph.core.memory import MemoryPlan
 from opgraph.core.platform import Platform
 from opgraph.core.tensor import Tensor
-from ..numpy_backend import NUMPY_LOWERINGS, NumpyBackend, NumpyExecutable
+from ..numpy_backend import NUMPY_LOWERINGS, NumpyBackend, NumpyExecutable, takes_out
 from . import render, team
 from .build import NativeBuildError, availability
 from .direct_reduce import DirectReduce
@@ -48,15 +48,16 @@ def available() -> bool:
     return availability()[0]
 
 
-def _lower_fused(exe: Any, node: Any, args: list) -> list:
-    """FusedElementwise as a compiled C kernel; unsupported bodies (and any smaller than
-    ``min_fused_elements``) run on numpy."""
+@takes_out
+def _lower_fused(exe: Any, node: Any, args: list, out: Optional[np.ndarray] = None) -> list:
+    """FusedElementwise as a compiled C kernel (into ``out`` when given); unsupported bodies
+    (and any smaller than ``min_fused_elements``) run on numpy."""
     a: FusedAttrs = node.attrs
     backend: NativeBackend = exe.backend
     if math.prod(a.shape) < backend.min_fused_elements:
         backend.small += 1
         return node.opdef.compute(args, a)
-    ins, dst = (args[:-1], args[-1]) if a.store else (args, None)
+    ins, dst = (args[:-1], args[-1]) if a.store else (args, out)
     try:
         return [run_fused_native(a, ins, dst)]
     except Unsupported as e:
