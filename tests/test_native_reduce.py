@@ -308,3 +308,31 @@ def test_family_op_apis_bits_equal_numpy(shape, dt, soc, monkeypatch):
             continue
         assert len(got) == len(ref) and all(np.array_equal(bits(g), bits(r)) for g, r in zip(got, ref)), name
     assert not nat.fallbacks, dict(nat.fallbacks)
+
+
+@pytest.mark.parametrize("dt", list(DTYPES))
+@pytest.mark.parametrize("W, C", [(8, 512), (3, 40)])
+def test_gather_with_counts_reads_the_counts_through_their_view(W, C, dt, monkeypatch):
+    """BatchNormGatherStatsWithCounts views counts [W] as [W, 1] (after widening f16/bf16 counts
+    to float32) over the [W, C] statistics: a pass reads the counts through that view (the load
+    widens), so the C passes cover the body — numpy's bits, the running stats too."""
+    from opgraph.aclnn.batch_norm_gather_stats_with_counts import batch_norm_gather_stats_with_counts
+    monkeypatch.setattr(native.NativeBackend, "min_elements", 0)  # the passes, not the serial call
+    rng = np.random.default_rng(15)
+    t = DTYPES[dt]
+    x = np.zeros((2, C, 3), t)
+    mean, invstd = rng.standard_normal((W, C)).astype(t), rng.uniform(0.5, 2, (W, C)).astype(t)
+    counts = rng.integers(1, 50, W).astype(t)
+    running = rng.standard_normal(C).astype(t), rng.uniform(0.5, 2, C).astype(t)
+    nat = backends.get("native")
+    nat.fallbacks.clear()
+    results = {}
+    for be in ("numpy", "native"):
+        rm, rv = (r.copy() for r in running)
+        with opgraph.use_backend(be), opgraph.platform("Ascend910B"):
+            outs = batch_norm_gather_stats_with_counts(x, mean, invstd, rm, rv, 0.1, 1e-5, counts)
+        results[be] = [*outs, rm, rv]
+    assert not np.array_equal(results["numpy"][2], running[0])  # the running stats moved
+    for g, r in zip(results["native"], results["numpy"]):
+        assert np.array_equal(bits(g), bits(r))
+    assert not nat.fallbacks, dict(nat.fallbacks)

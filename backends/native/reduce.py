@@ -28,7 +28,7 @@ from __future__ import annotations
 import ctypes
 import math
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Container, Sequence
 
 import numpy as np
 
@@ -101,20 +101,49 @@ class _Blocked:
 _PLANS = IdentityMemo(limit=256)
 
 
-def _closure(body: Sequence[Instr], reg: str, full: set[str]) -> list[int]:
-    """Indices of the full-size instructions ``reg`` depends on, in body order."""
+def _closure(body: Sequence[Instr], reg: str, full: set[str], leaves: Container[str] = ()) -> list[int]:
+    """Indices of the full-size instructions ``reg`` depends on, in body order (registers in
+    ``leaves`` are read as they are, like inputs)."""
     need, stack = set(), [reg]
     while stack:
         r = stack.pop()
-        if r.startswith("t") and r in full and int(r[1:]) not in need:
+        if r.startswith("t") and r in full and r not in leaves and int(r[1:]) not in need:
             need.add(int(r[1:]))
             stack.extend(body[int(r[1:])].args)
     return sorted(need)
 
 
-def _reads(body: Sequence[Instr], j: int, full: set[str]) -> set[str]:
+def _reads(body: Sequence[Instr], j: int, full: set[str], leaves: Container[str] = ()) -> set[str]:
     """The registers the C pass for sum ``j`` reads: its argument and its closure's operands."""
-    return {r for i in _closure(body, body[j].args[0], full) for r in body[i].args} | {body[j].args[0]}
+    return ({r for i in _closure(body, body[j].args[0], full, leaves) for r in body[i].args}
+            | {body[j].args[0]})
+
+
+def _input_views(body: Sequence[Instr], types: dict, full: set[str], inputs: Sequence[np.ndarray]
+                 ) -> dict[str, tuple[int, np.ndarray]]:
+    """Full-size registers that are an input under another shape: a ``view`` of the input, or of
+    its exact widening to float32 (a C pass loads f16/bf16 as float anyway), that numpy makes
+    without copying — e.g. counts [W] as [W, 1] over [W, C]. Register -> (input index, the
+    input under the view's shape); a pass reads them as inputs at those strides."""
+    views = {}
+    for k, ins in enumerate(body):
+        if ins.op != "view" or f"t{k}" not in full:
+            continue
+        src = ins.args[0]
+        while src.startswith("t") and body[int(src[1:])].op in ("view", "cast"):
+            step = body[int(src[1:])]
+            if step.op == "cast" and (step.dtype != DataType.FLOAT or types[step.args[0]][0] not in FLOATS):
+                break  # only an exact widening is what a load does
+            src = step.args[0]
+        if not src.startswith("in"):
+            continue
+        x = inputs[int(src[2:])].view()
+        try:
+            x.shape = tuple(ins.shape)  # raises where only a copy would do
+        except (AttributeError, ValueError):
+            continue
+        views[f"t{k}"] = (int(src[2:]), x)
+    return views
 
 
 def collapse_reduced(shape: Sequence[int], strides: Sequence[Sequence[int]]) -> tuple[list[int], list[list[int]]]:
@@ -164,6 +193,7 @@ def _plan(a: FusedReduceAttrs, inputs: Sequence[np.ndarray]) -> _Plan:
     if R == 0 or K == 0:
         raise Unsupported("an empty reduction")
     small = [(k, t.dtype in _NARROW) for k, t in enumerate(in_types) if f"in{k}" not in full]
+    views = _input_views(a.body, types, full, inputs)
     ready = {f"in{k}" for k, _ in small}
     steps: list = []
     consts: dict = {}
@@ -177,7 +207,7 @@ def _plan(a: FusedReduceAttrs, inputs: Sequence[np.ndarray]) -> _Plan:
                 batch = [j for j in sums if j not in done
                          and all(r in ready for r in _reads(a.body, j, full) if r not in full)]
                 steps.append(("pass", _make_pass(a.body, batch, full, types, inputs, full_shape,
-                                                 raxes, K)))
+                                                 raxes, K, views)))
                 done.update(batch)
                 ready.update(f"t{j}" for j in batch)
             continue
@@ -227,23 +257,26 @@ def _blocked(steps: list, body: Sequence[Instr], types: dict, consts: dict, K: i
             *steps[at[1] + 1:]]
 
 
-def _make_pass(body, batch, full, types, inputs, full_shape, raxes, K) -> _Pass:
-    live_idx = sorted({i for j in batch for i in _closure(body, body[j].args[0], full)})
-    regs_used = set().union(*(_reads(body, j, full) for j in batch))
-    big = sorted((r for r in regs_used if r.startswith("in") and r in full), key=lambda r: int(r[2:]))
+def _make_pass(body, batch, full, types, inputs, full_shape, raxes, K, views) -> _Pass:
+    live_idx = sorted({i for j in batch for i in _closure(body, body[j].args[0], full, views)})
+    regs_used = set().union(*(_reads(body, j, full, views) for j in batch))
+    source = {r: (int(r[2:]), inputs[int(r[2:])]) for r in regs_used if r.startswith("in")}
+    source.update({r: views[r] for r in regs_used if r in views})
+    big = sorted((r for r in source if r in full), key=lambda r: (source[r][0], r))
     kept = sorted((r for r in regs_used if r not in full), key=str)
     for i in live_idx:
         ins = body[i]
         if ins.op not in C_OP and ins.op != "cast" or ins.dtype not in FLOATS:
             raise Unsupported(f"{ins.render(f't{i}')} per element")
-    if any(types[r][0] not in FLOATS for r in big + kept) or any(body[j].dtype not in FLOATS for j in batch):
+    if (any(dtype_of(source[r][1].dtype) not in FLOATS for r in big) or any(types[r][0] not in FLOATS for r in kept)
+            or any(body[j].dtype not in FLOATS for j in batch)):
         raise Unsupported("operand dtype")
     kdims = [d for d in range(len(full_shape)) if d not in raxes]
     kshape = tuple(full_shape[d] for d in kdims)
     koff = np.zeros((max(len(big), 1), K), np.int64)
     rst = []
     for i, r in enumerate(big):
-        xb = np.broadcast_to(inputs[int(r[2:])], full_shape)
+        xb = np.broadcast_to(source[r][1], full_shape)
         if any(s % xb.itemsize for s in xb.strides):
             raise Unsupported("strides not in whole elements")
         st = [s // xb.itemsize for s in xb.strides]
@@ -254,7 +287,7 @@ def _make_pass(body, batch, full, types, inputs, full_shape, raxes, K) -> _Pass:
     # channels_last: kept indices contiguous in every big input, the reduced dims strided
     cols = bool(big) and any(st[-1] != 1 for st in rstr) and K > 1 and all(
         np.array_equal(row - row[0], np.arange(K)) for row in koff)
-    spec = ([(r, types[r][0]) for r in big], kept, [(f"t{i}", body[i]) for i in live_idx],
+    spec = ([(r, dtype_of(source[r][1].dtype)) for r in big], kept, [(f"t{i}", body[i]) for i in live_idx],
             [body[j].args[0] for j in batch])
     src = render_pass(*spec, cols)
     fn = build.load(src).fn
@@ -262,7 +295,7 @@ def _make_pass(body, batch, full, types, inputs, full_shape, raxes, K) -> _Pass:
         fn.argtypes, fn.restype = _ARGTYPES, ctypes.c_int
     stores = tuple((f"t{j}", types[f"t{j}"][0].np if types[f"t{j}"][0] in _NARROW else None,
                     types[f"t{j}"][1]) for j in batch)
-    return _Pass(tuple(batch), tuple(int(r[2:]) for r in big), tuple(kept), fn,
+    return _Pass(tuple(batch), tuple(source[r][0] for r in big), tuple(kept), fn,
                  np.asarray(rshape, np.int64), koff, np.ascontiguousarray(rstr, np.int64).reshape(-1),
                  stores, cols, spec)
 
