@@ -2,7 +2,8 @@
 numpy interpreter's whole-chunk size (2^19 elements), on every backend at level 2: phase 1 and
 phase 2 succeed and each output is within a float32 rounding bound of the op_api's own float64
 reference (an independent formula). A body that cannot be cut into chunks used to fail here
-with a reshape error (BatchNormElemt)."""
+with a reshape error (BatchNormElemt). And on native, no op_api leaves a fused kernel to numpy
+at any rank, SoC family or dtype."""
 from __future__ import annotations
 
 import argparse
@@ -46,3 +47,35 @@ def test_ranks_2_and_3_past_the_whole_chunk_size(name, shape, backend):
         assert np.allclose(got, want, rtol=1e-4, atol=1e-4 * scale, equal_nan=True), out_name
         checked += 1
     assert checked, f"{name}: no output has a float64 reference"
+
+
+SWEEP = [(name, shape) for name, spec in sorted(op_api_specs().items()) if spec.make_inputs
+         for shape in [(4, 8), (4, 8, 30), (4, 8, 5, 6), (2, 8, 3, 4, 5)]
+         if spec.rank[0] <= len(shape) <= spec.rank[1]]
+
+
+@pytest.mark.skipif(not native.available(), reason=native.availability()[1])
+@pytest.mark.parametrize("name, shape", SWEEP, ids=[f"{n}-rank{len(s)}" for n, s in SWEEP])
+def test_no_op_api_falls_back_to_numpy_on_native(name, shape, monkeypatch):
+    """Every op_api at level 2 on native, both SoC families, three dtypes, ranks 2-5, with its
+    C paths forced at these small sizes: no fused kernel is left to numpy (the backend counts
+    each fallback with its reason)."""
+    import backends as B
+    monkeypatch.setattr(native.NativeBackend, "min_fused_elements", 0)
+    monkeypatch.setattr(native.NativeBackend, "min_elements", 0)
+    nat = B.get("native")
+    spec = op_api_specs()[name]
+    for platform in ("Ascend910B", "Ascend950"):
+        for dtype in (DataType.FLOAT, DataType.FLOAT16, DataType.BF16):
+            args = argparse.Namespace(op=name, shape=shape, dtype=dtype, platform=platform,
+                                      level=2, backend="native", seed=0)
+            for o in spec.options:
+                setattr(args, o.name, o.default)
+            case = build_case(args)
+            rec = record(case)
+            if rec.status != Status.ACLNN_SUCCESS:  # a dtype the SoC does not take
+                continue
+            nat.fallbacks.clear()
+            with np.errstate(all="ignore"):
+                assert execute(case, rec) == Status.ACLNN_SUCCESS
+            assert not nat.fallbacks, (platform, dtype.short, dict(nat.fallbacks))
