@@ -259,9 +259,6 @@ def _finish(L: list[str], S: int, work: str) -> str:
     return "\n".join(L)
 
 
-
-
-
 def render_blocked(a: tuple, b: tuple, a_regs: Sequence[tuple[str, DataType]],
                    between: Sequence[tuple[str, str, DataType]], derived: Sequence[tuple[int, str]]) -> str:
     """C for two passes run kept index by kept index: pass ``a`` over index ``k``'s blocks, its
@@ -313,4 +310,6 @@ def render_blocked(a: tuple, b: tuple, a_regs: Sequence[tuple[str, DataType]],
           "    return 0;",
           "}", ""]
     return "\n".join(L)
+
+
 __all__ = ["render_blocked", "render_pass"]
