@@ -53,7 +53,14 @@ def takes_out(fn: Callable) -> Callable:
     return fn
 
 
-NUMPY_LOWERINGS = LoweringTable({"FusedElementwise": takes_out(_fused)}, fallback=_op_semantics)
+def _reshaped(exe: Any, node: Node, args: list) -> list:
+    """UnsqueezeNd, SqueezeNd, Reshape: the input under the output's recorded shape (the ops'
+    own numpy semantics, without working the shape out again from the attributes per run)."""
+    return [args[0].reshape(node.outputs[0].shape)]
+
+
+NUMPY_LOWERINGS = LoweringTable({"FusedElementwise": takes_out(_fused), "UnsqueezeNd": _reshaped,
+                                 "SqueezeNd": _reshaped, "Reshape": _reshaped}, fallback=_op_semantics)
 
 
 def last_uses(graph: Graph) -> dict[int, list[str]]:
