@@ -131,8 +131,18 @@ def expansion_compute(expand: ExpandFn) -> Callable[[list, OpAttrs], list]:
             res = results[0]
             if res.startswith("in"):  # an identity: a copy of the operand
                 return [arrays[int(res[2:])].copy()]
-            d, shape = body_types(body, in_types)[res]
-            fa = FusedAttrs(shape=shape, body=body, result=res, out_dtype=d)
+            fa = _FUSED.get(body, tuple((t.dtype, t.shape) for t in in_types),
+                            lambda: _fused_attrs(body, res, in_types))
             return [run_fused(fa, arrays)]
         return evaluate_body(body, results, arrays, in_types)
     return compute
+
+
+# the FusedAttrs of one op call, kept per memoised body and input types: the interpreter caches
+# its program per attrs object (a new one per call would type-check and compile every time)
+_FUSED = IdentityMemo(limit=4096)
+
+
+def _fused_attrs(body: Body, res: str, in_types: Sequence[TensorType]) -> FusedAttrs:
+    d, shape = body_types(body, in_types)[res]
+    return FusedAttrs(shape=shape, body=body, result=res, out_dtype=d)

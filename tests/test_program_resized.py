@@ -127,3 +127,22 @@ def test_a_chunk_plan_made_at_one_size_serves_the_next_renamed():
         got = run_fused(a, ins)
         assert prog.align == [("in0", (1, 1, w)), ("t0", (1, 1, w))]
         assert np.array_equal(got.view(np.uint32), (ins[1] * (ins[0] * ins[0])).view(np.uint32))
+
+
+def test_an_ops_numpy_semantics_compile_its_body_once(monkeypatch):
+    """An l0 op whose numpy semantics interpret its expansion (Sub, Mul, ... at levels 0 and 1)
+    builds the interpreter program once per input types, not on every call: the FusedAttrs of a
+    call is kept with its memoised body (pydantic copies the body tuple, so a fresh attrs object
+    per call missed every cache keyed by identity)."""
+    from l0ops import interpreter as P
+    from opgraph.core.opdef import get_op
+    built = []
+    init = P.Program.__init__
+    monkeypatch.setattr(P.Program, "__init__", lambda self, *a: (built.append(1), init(self, *a))[1])
+    sub = get_op("Sub")
+    x, y = np.float32([[1, 2, 3]]), np.float32([[0.5], [1]])
+    first = [sub.compute([x, y], sub.attrs()) for _ in range(3)]
+    assert all(np.array_equal(r[0], x - y) for r in first)
+    assert len(built) == 1
+    sub.compute([x, y.astype(np.float16).astype(np.float32)[:1]], sub.attrs())  # new types
+    assert len(built) == 2
