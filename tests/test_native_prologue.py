@@ -31,7 +31,7 @@ def check(a: FusedAttrs, inputs, fused: bool = True):
     expected = run_fused(a, inputs)
     got = native.run_fused_native(a, inputs)
     R.assert_bits_equal(got, expected)
-    launches = [ln for ln in launch._LAUNCHES.values() if ln.attrs is a]
+    launches = [ln for ln in launch._LAUNCHES.values() if isinstance(ln, launch.Launch) and ln.attrs is a]
     assert launches and all(ln.fused == fused for ln in launches)
     return got
 
@@ -188,6 +188,23 @@ def test_same_arrays_with_new_values_and_a_different_output():
     native.run_fused_native(a, ins, out2)
     R.assert_bits_equal(out2, run_fused(a, ins))
     assert not np.array_equal(out1, out2)
+
+
+@pytest.mark.parametrize("e", [-0.5, 0.5, 2.0, -1.0, 1.0, 0.0, 3.0])
+@pytest.mark.parametrize("dt", [D.FLOAT, D.FLOAT16, D.BF16])
+def test_pow_by_a_constant_in_the_prologue(dt, e):
+    """pow by a one-element constant, as the 950 kernel special-cases it (−0.5: Sqrt then Div;
+    the 950's BatchNormStats ends with it): numpy's bits for NaN, ±0, ±Inf, negatives and
+    subnormals; another exponent is not rendered (hoisted in numpy, the same bits)."""
+    with np.errstate(all="ignore"):
+        x = np.float32([np.nan, -0.0, 0.0, np.inf, -np.inf, -2, 1e-45, 3e-39, 0.1, 7, 1e30]).astype(NP[dt])
+        C = x.size
+        body = (I("fill", value=e, dtype=dt), I("pow", "in0", "t0", dtype=dt),
+                I("view", "t1", dtype=dt, shape=(C, 1)), I("mul", "in1", "t2", dtype=dt))
+        a = FusedAttrs(shape=(C, 40), body=body, result="t3", out_dtype=dt)
+        got = check(a, [x, np.ones((C, 40), NP[dt])], fused=e != 3.0)
+    if e == -0.5 and dt == D.FLOAT:
+        assert got[2, 0] == np.inf and got[9, 0] == np.float32(1) / np.sqrt(np.float32(7))
 
 
 @pytest.mark.parametrize("dt", [np.float32, np.float16, ml_dtypes.bfloat16])

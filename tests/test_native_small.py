@@ -84,3 +84,36 @@ def test_body_the_renderer_does_not_cover_runs_on_numpy(small_calls):
     got = b.run(graph, {"x": opgraph.tensor(x)})
     assert b.small == before + 1
     assert got[graph.outputs[0].name].tolist() == [22.0, 32.0, 42.0]  # Σ x² + x
+
+
+def test_a_body_the_c_code_does_not_cover_is_planned_once(monkeypatch):
+    """An Unsupported outcome is remembered per body and operand layouts (raised anew each call,
+    with its reason), for the serial call, the reduction passes and the elementwise launch — a
+    body that falls back to numpy is not planned again on every call."""
+    from backends.native import launch, reduce
+    from l0ops.primitives import FusedAttrs
+    counts = {"small": 0, "passes": 0, "launch": 0}
+
+    def counting(module, name, key):
+        real = getattr(module, name)
+        def wrapper(*args):
+            counts[key] += 1
+            return real(*args)
+        monkeypatch.setattr(module, name, wrapper)
+    counting(small, "_plan", "small")
+    counting(reduce, "_plan", "passes")
+    counting(launch, "new_launch", "launch")
+    body = (Instr(op="fma", args=("in0", "in0", "in0"), dtype=D.FLOAT16),  # f16 fma: not rendered
+            Instr(op="sum", args=("t0",), dtype=D.FLOAT16, shape=(1, 3)))
+    a = FusedReduceAttrs(body=body, results=("t1",), out_shapes=((3,),))
+    x = np.float16([[1, -2, 3], [4, 5, -6]])
+    per_element = FusedAttrs(shape=(2, 3), body=(Instr(op="max", args=("in0", "in0"), dtype=D.FLOAT),),
+                             result="t0", out_dtype=D.FLOAT)  # max per element: not rendered
+    y = np.float32([[1, -2, 3], [4, 5, -6]])
+    for _ in range(3):
+        for call in (lambda: small.run_small_reduce_native(a, [x]),
+                     lambda: reduce.run_fused_reduce_native(a, [x]),
+                     lambda: native.run_fused_native(per_element, [y])):
+            with pytest.raises(native.Unsupported, match="fma|max"):
+                call()
+    assert counts == {"small": 1, "passes": 1, "launch": 1}

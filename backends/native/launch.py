@@ -21,7 +21,7 @@ from opgraph.core.tensor import row_major_strides
 from . import build, render, team
 from .build import PointerArray, address, int64_array
 from .prologue import Prologue, render_fused
-from .render import Unsupported
+from .render import Refused, Unsupported, remembered
 
 _ARGTYPES = [ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
              ctypes.c_void_p]
@@ -208,20 +208,23 @@ def _extent(x: np.ndarray) -> tuple[int, int]:
     return lo, hi
 
 
-_LAUNCHES: dict[tuple, Launch] = {}
+_LAUNCHES: dict[tuple, "Launch | Refused"] = {}
 _BY_BODY = IdentityMemo(limit=256)  # the last launch built per body object and operand dtypes
 
 
 def launch_for(a: FusedAttrs, inputs: Sequence[np.ndarray], out: np.ndarray) -> Launch:
-    """The cached :class:`Launch` for these operands' dtypes and layouts (built on a miss)."""
+    """The cached :class:`Launch` for these operands' dtypes and layouts (built on a miss; a
+    body the kernel does not render raises :class:`Unsupported`, also remembered)."""
     key = (id(a), out.dtype, out.shape, out.strides) + tuple(
         (x.dtype, x.shape, x.strides) for x in inputs)
     ln = _LAUNCHES.get(key)
     if ln is None or ln.attrs is not a:
-        ln = new_launch(a, inputs, out)
+        ln = remembered(lambda: new_launch(a, inputs, out), a)
         if len(_LAUNCHES) >= 1024:
             _LAUNCHES.clear()
         _LAUNCHES[key] = ln
+    if isinstance(ln, Refused):
+        ln.raise_()
     return ln
 
 

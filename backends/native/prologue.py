@@ -8,7 +8,8 @@ widening), ``fill`` is one element read with stride 0, ``view`` aliases its (con
 ``add``/``sub``/``mul``/``div``/``sqrt`` (correctly rounded, as numpy's) and float casts round
 to their dtype after every instruction like the numpy reference, ``cast`` of an int32/int64
 input to f32 is C's (round to nearest even, as numpy), ``max``/``fma``/``eq``/``where`` are
-numpy's (the arch35 kernels' reciprocal square root refinement), and ``sum`` follows
+numpy's (the arch35 kernels' reciprocal square root refinement), ``pow`` by a constant
+exponent the 950 kernel special-cases is computed as it does (−0.5: 1/sqrt), and ``sum`` follows
 :mod:`l0ops.ordered` (64 lanes, 32768-element blocks, tree folds). Sizes and strides are run-time values in ``tab``
 (:attr:`Prologue.table`): a new size of the same structure reuses the compiled code. Anything
 else raises :class:`Unsupported` and the backend evaluates the hoisted part in numpy instead.
@@ -46,7 +47,12 @@ INT_C = {DataType.INT32: "int32_t", DataType.INT64: "int64_t"}
 # dtype), a bool register held as 1.0f / 0.0f
 _SCALAR = {"cast": "{}", "sqrt": "sqrtf({})", "max": "(({0}) != ({0}) || ({0}) > ({1}) ? ({0}) : ({1}))",
            "fma": "(float)((double)({0}) * (double)({1}) + (double)({2}))",
-           "eq": "(({0}) == ({1}) ? 1.0f : 0.0f)", "where": "(({0}) != 0.0f ? ({1}) : ({2}))"}
+           "eq": "(({0}) == ({1}) ? 1.0f : 0.0f)", "where": "(({0}) != 0.0f ? ({1}) : ({2}))",
+           "pow": ""}
+# pow by a one-element constant: the exponents the 950 kernel special-cases (l0ops pow_array),
+# each in float as it computes them; any other exponent stays in numpy
+_POW = {-0.5: "(1.0f / sqrtf({0}))", 0.5: "sqrtf({0})", 2.0: "(({0}) * ({0}))", -1.0: "(1.0f / ({0}))",
+        1.0: "({0})", 0.0: "1.0f"}
 IN_C = {DataType.FLOAT: "float", DataType.FLOAT16: "uint16_t", DataType.BF16: "uint16_t", **INT_C}
 
 HELPERS = f"""#include <math.h>
@@ -120,6 +126,7 @@ class Prologue:
         self.regs: dict[str, tuple[int, tuple[int, ...], list[int]]] = {}
         self.small: tuple[int, ...] = ()
         self._ints: dict[str, tuple[int, DataType, int]] = {}  # name -> (pointer, dtype, strides)
+        self._const: dict[str, float] = {}  # fill registers (and their views): the value
         self._scratch = 0
         lines: list[str] = []
         for name in sorted((r for r in want if r.startswith("in")), key=lambda r: int(r[2:])):
@@ -199,7 +206,9 @@ class Prologue:
             self._scratch += 1
             self.regs[name] = (off, shape, [0] * len(shape))
             at = self._put([off])
-            bits = int(np.asarray(ins.value, dtype.np).astype(np.float32).view(np.uint32))
+            value = np.asarray(ins.value, dtype.np).astype(np.float32)
+            self._const[name] = float(value)
+            bits = int(value.view(np.uint32))
             return [f"scr[tab[{at}]] = opg_f(0x{bits:08X}u);  /* {ins.render(name)} */"]
         if ins.op == "view":
             if ins.args[0] not in self.regs:
@@ -207,6 +216,8 @@ class Prologue:
             off, src_shape, src_st = self.regs[ins.args[0]]
             if not any(src_st):  # a constant (fill) stays one element read with stride 0
                 self.regs[name] = (off, shape, [0] * len(shape))
+                if ins.args[0] in self._const:
+                    self._const[name] = self._const[ins.args[0]]
             elif src_st == _contig(src_shape):
                 self.regs[name] = (off, shape, _contig(shape))
             else:
@@ -228,11 +239,14 @@ class Prologue:
             return self._sum(name, ins, types, dtype, shape)
         if ins.op not in _SCALAR and ins.op not in C_OP or ins.op == "fma" and dtype != DataType.FLOAT:
             raise Unsupported(f"{ins.render(name)}: {ins.op} in the prologue")
+        if ins.op == "pow" and self._const.get(ins.args[1]) not in _POW:
+            raise Unsupported(f"{ins.render(name)}: pow other than by a constant " + ", ".join(map(str, _POW)))
         at = self._alloc(name, shape)
         sh = self._put(shape)
         sts = [self._put(self._view(r, shape)) for r in ins.args]
         loads = [f"scr[tab[{self._put([self.regs[r][0]])}] + p[{k}]]" for k, r in enumerate(ins.args)]
-        expr = (_SCALAR[ins.op].format(*loads) if ins.op in _SCALAR else f" {C_OP[ins.op]} ".join(loads))
+        expr = (_POW[self._const[ins.args[1]]].format(loads[0]) if ins.op == "pow"
+                else _SCALAR[ins.op].format(*loads) if ins.op in _SCALAR else f" {C_OP[ins.op]} ".join(loads))
         if ins.op not in ("eq", "where"):  # where picks values that already have the dtype
             expr = ROUND[dtype].format(expr)
         return [f"{{ /* {ins.render(name)} */",

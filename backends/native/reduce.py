@@ -40,7 +40,7 @@ from opgraph.core.types import TensorType
 from . import build, team
 from .build import PointerArray, address
 from .reduce_c import render_blocked, render_pass
-from .render import C_OP, FLOATS, Unsupported
+from .render import C_OP, FLOATS, Refused, Unsupported, remembered
 
 _ARGTYPES = [ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
              ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p]
@@ -301,9 +301,13 @@ def _make_pass(body, batch, full, types, inputs, full_shape, raxes, K, views) ->
 
 
 def plan_for(a: FusedReduceAttrs, inputs: Sequence[np.ndarray]) -> _Plan:
-    """The cached plan of ``a`` for operands of these dtypes, shapes and strides."""
-    return _PLANS.get(a, tuple((x.dtype, x.shape, x.strides) for x in inputs),
-                      lambda: _plan(a, inputs))
+    """The cached plan of ``a`` for operands of these dtypes, shapes and strides (a body the C
+    passes do not cover raises :class:`Unsupported`, also remembered)."""
+    plan = _PLANS.get(a, tuple((x.dtype, x.shape, x.strides) for x in inputs),
+                      lambda: remembered(lambda: _plan(a, inputs)))
+    if isinstance(plan, Refused):
+        plan.raise_()
+    return plan
 
 
 def _fill_kept(p: _Pass, plan: _Plan, values: dict, rows: np.ndarray, skip: Sequence[int] = ()) -> None:

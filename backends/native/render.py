@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable, NoReturn
 
 from l0ops.interpreter import Hoisted
 from l0ops.primitives import FusedAttrs, Instr
@@ -54,6 +54,32 @@ STREAM_BYTES = 8 << 20  # outputs this large are written with non-temporal (stre
 
 class Unsupported(ValueError):
     """The body has a part the C kernel does not render (the backend runs it on numpy)."""
+
+
+class Refused:
+    """A remembered :class:`Unsupported` outcome: what a plan cache keeps for a body (and
+    operand layouts) the C code does not cover, so that it is not planned again on every call.
+
+        >>> r = remembered(lambda: (_ for _ in ()).throw(Unsupported("pow")))
+        >>> isinstance(r, Refused), r.reason
+        (True, 'pow')
+    """
+
+    __slots__ = ("reason", "attrs")
+
+    def __init__(self, reason: str, attrs: Any = None):
+        self.reason, self.attrs = reason, attrs
+
+    def raise_(self) -> NoReturn:
+        raise Unsupported(self.reason)
+
+
+def remembered(make: Callable[[], Any], attrs: Any = None) -> Any:
+    """``make()``, or a :class:`Refused` with its :class:`Unsupported` reason (and ``attrs``)."""
+    try:
+        return make()
+    except Unsupported as e:
+        return Refused(str(e), attrs)
 
 
 @dataclass(frozen=True)
