@@ -41,7 +41,7 @@ from .direct_reduce import DirectReduce
 from .launch import Launch, check_overlap, collapse, new_launch, run_fused_native
 from .reduce import run_fused_reduce_native
 from .small import run_small_reduce_native
-from .render import Unsupported
+from .unsupported import Unsupported
 
 def available() -> bool:
     """True when a C compiler is on PATH (the native backend can run here)."""

@@ -34,7 +34,7 @@ from l0ops.fused_reduce import FusedReduceAttrs
 from opgraph.core.ir import Node
 from opgraph.core.tensor import Tensor
 from .reduce import plan_for, run_planned
-from .render import Unsupported
+from .unsupported import Unsupported
 from .small import call_small, plan_small
 
 

@@ -21,7 +21,7 @@ from opgraph.core.tensor import row_major_strides
 from . import build, render, team
 from .build import PointerArray, address, int64_array
 from .prologue import Prologue, render_fused
-from .render import Refused, Unsupported, remembered
+from .unsupported import Refused, Unsupported, remembered
 
 _ARGTYPES = [ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
              ctypes.c_void_p]

@@ -37,7 +37,8 @@ from l0ops.ordered import BLOCK, LANES
 from l0ops.primitives import Instr
 from opgraph.core.dtypes import DataType
 from opgraph.core.tensor import row_major_strides
-from .render import C_OP, FLOATS, LOAD, ROUND, Plan, Unsupported, render
+from .render import C_OP, FLOATS, LOAD, ROUND, Plan, render
+from .unsupported import Unsupported
 
 INT_C = {DataType.INT32: "int32_t", DataType.INT64: "int64_t"}
 # numpy's semantics of the other per-channel instructions, on float registers: np.maximum (a

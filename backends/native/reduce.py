@@ -40,7 +40,8 @@ from opgraph.core.types import TensorType
 from . import build, team
 from .build import PointerArray, address
 from .reduce_c import render_blocked, render_pass
-from .render import C_OP, FLOATS, Refused, Unsupported, remembered
+from .render import C_OP, FLOATS
+from .unsupported import Refused, Unsupported, remembered
 
 _ARGTYPES = [ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
              ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p]

@@ -32,12 +32,13 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Any, Callable, NoReturn
+from typing import Callable
 
 from l0ops.interpreter import Hoisted
 from l0ops.primitives import FusedAttrs, Instr
 from opgraph.core.dtypes import DataType
 from .team import C_DECL
+from .unsupported import Unsupported
 
 F32, F16, BF16 = DataType.FLOAT, DataType.FLOAT16, DataType.BF16
 FLOATS = (F32, F16, BF16)
@@ -50,36 +51,6 @@ BLOCK = 8192          # elements of the innermost dim per work item
 PARALLEL_MIN = 32768  # below this many elements the kernel runs on one thread
 GRAIN = 16384         # elements per claim of a parallel kernel (see :mod:`.team`)
 STREAM_BYTES = 8 << 20  # outputs this large are written with non-temporal (streaming) stores
-
-
-class Unsupported(ValueError):
-    """The body has a part the C kernel does not render (the backend runs it on numpy)."""
-
-
-class Refused:
-    """A remembered :class:`Unsupported` outcome: what a plan cache keeps for a body (and
-    operand layouts) the C code does not cover, so that it is not planned again on every call.
-
-        >>> r = remembered(lambda: (_ for _ in ()).throw(Unsupported("pow")))
-        >>> isinstance(r, Refused), r.reason
-        (True, 'pow')
-    """
-
-    __slots__ = ("reason", "attrs")
-
-    def __init__(self, reason: str, attrs: Any = None):
-        self.reason, self.attrs = reason, attrs
-
-    def raise_(self) -> NoReturn:
-        raise Unsupported(self.reason)
-
-
-def remembered(make: Callable[[], Any], attrs: Any = None) -> Any:
-    """``make()``, or a :class:`Refused` with its :class:`Unsupported` reason (and ``attrs``)."""
-    try:
-        return make()
-    except Unsupported as e:
-        return Refused(str(e), attrs)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,40 @@
+"""What the native backend does not cover: :class:`Unsupported` (a body, or a part of one, the
+C code does not render; the backend then runs it on numpy) and how the plan caches remember that
+outcome (:class:`Refused`, :func:`remembered`), so that such a body is not planned again on every
+call.
+
+    >>> r = remembered(lambda: (_ for _ in ()).throw(Unsupported("pow")))
+    >>> isinstance(r, Refused), r.reason
+    (True, 'pow')
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, NoReturn
+
+
+class Unsupported(ValueError):
+    """The body has a part the C kernel does not render (the backend runs it on numpy)."""
+
+
+class Refused:
+    """A remembered :class:`Unsupported` outcome: what a plan cache keeps for a body (and
+    operand layouts) the C code does not cover; :meth:`raise_` raises it anew."""
+
+    __slots__ = ("reason", "attrs")
+
+    def __init__(self, reason: str, attrs: Any = None):
+        self.reason, self.attrs = reason, attrs
+
+    def raise_(self) -> NoReturn:
+        raise Unsupported(self.reason)
+
+
+def remembered(make: Callable[[], Any], attrs: Any = None) -> Any:
+    """``make()``, or a :class:`Refused` with its :class:`Unsupported` reason (and ``attrs``)."""
+    try:
+        return make()
+    except Unsupported as e:
+        return Refused(str(e), attrs)
+
+
+__all__ = ["Refused", "Unsupported", "remembered"]
