@@ -49,18 +49,24 @@ class BodyBuilder:
 
 
 _BODIES: dict = {}
+_INTERNED: dict = {}  # body -> the one object of that value
 
 
 def expand_body(expand: ExpandFn, attrs: Any, in_types: Sequence[TensorType]) -> tuple[Body, tuple[str, ...]]:
-    """The body of one call and its result registers, one per output (memoised)."""
+    """The body of one call and its result registers, one per output (memoised). Equal bodies
+    are one object (interned): an op whose body does not depend on the sizes gives the same body
+    at every size, so what is cached per body object — the interpreter's program, renamed to new
+    sizes — serves them all."""
     key = (expand, attrs, tuple((t.dtype, t.shape) for t in in_types))
     hit = _BODIES.get(key)
     if hit is None:
         b = BodyBuilder()
         res = expand(b.emit, [f"in{k}" for k in range(len(in_types))], attrs, list(in_types))
-        hit = (tuple(b.body), tuple(res) if isinstance(res, tuple) else (res,))
+        body = tuple(b.body)
         if len(_BODIES) > 4096:
             _BODIES.clear()
+            _INTERNED.clear()
+        hit = (_INTERNED.setdefault(body, body), tuple(res) if isinstance(res, tuple) else (res,))
         _BODIES[key] = hit
     return hit
 
@@ -144,5 +150,7 @@ _FUSED = IdentityMemo(limit=4096)
 
 
 def _fused_attrs(body: Body, res: str, in_types: Sequence[TensorType]) -> FusedAttrs:
+    """The attrs over ``body`` itself: validating would copy the (already validated) tuple, and
+    the interpreter renames a program made for a body object to the sizes of another call."""
     d, shape = body_types(body, in_types)[res]
-    return FusedAttrs(shape=shape, body=body, result=res, out_dtype=d)
+    return FusedAttrs.model_construct(shape=tuple(shape), body=body, result=res, out_dtype=d)

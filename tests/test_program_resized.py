@@ -133,7 +133,8 @@ def test_an_ops_numpy_semantics_compile_its_body_once(monkeypatch):
     """An l0 op whose numpy semantics interpret its expansion (Sub, Mul, ... at levels 0 and 1)
     builds the interpreter program once per input types, not on every call: the FusedAttrs of a
     call is kept with its memoised body (pydantic copies the body tuple, so a fresh attrs object
-    per call missed every cache keyed by identity)."""
+    per call missed every cache keyed by identity); and equal bodies are one object, so a new
+    size renames the program made at another."""
     from l0ops import interpreter as P
     from opgraph.core.opdef import get_op
     built = []
@@ -144,5 +145,7 @@ def test_an_ops_numpy_semantics_compile_its_body_once(monkeypatch):
     first = [sub.compute([x, y], sub.attrs()) for _ in range(3)]
     assert all(np.array_equal(r[0], x - y) for r in first)
     assert len(built) == 1
-    sub.compute([x, y.astype(np.float16).astype(np.float32)[:1]], sub.attrs())  # new types
+    y4 = np.float32([[0.5], [1], [2], [4]])  # a new size of the same body: renamed, not built
+    assert np.array_equal(sub.compute([x, y4], sub.attrs())[0], x - y4) and len(built) == 1
+    sub.compute([x, y[:1]], sub.attrs())  # a dim becomes 1: checked and compiled anew
     assert len(built) == 2
