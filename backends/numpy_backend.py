@@ -48,7 +48,14 @@ def takes_out(fn: Callable) -> Callable:
     """Mark lowering ``fn`` as taking ``out=``: when its node's single output is placed in a user
     tensor (and the node does not store by itself), the executable passes that tensor (viewed
     with the output's shape, contiguous) and the lowering computes into it — no temporary, no
-    copy. Returns ``fn``."""
+    copy. Returns ``fn``.
+
+        >>> @takes_out
+        ... def add_one(exe, node, args, out=None):
+        ...     return [np.add(args[0], 1, out=out)]
+        >>> add_one.takes_out
+        True
+    """
     fn.takes_out = True  # type: ignore[attr-defined]
     return fn
 
