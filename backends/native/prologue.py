@@ -48,8 +48,7 @@ INT_C = {DataType.INT32: "int32_t", DataType.INT64: "int64_t"}
 # dtype), a bool register held as 1.0f / 0.0f
 _SCALAR = {"cast": "{}", "sqrt": "sqrtf({})", "max": "(({0}) != ({0}) || ({0}) > ({1}) ? ({0}) : ({1}))",
            "fma": "(float)((double)({0}) * (double)({1}) + (double)({2}))",
-           "eq": "(({0}) == ({1}) ? 1.0f : 0.0f)", "where": "(({0}) != 0.0f ? ({1}) : ({2}))",
-           "pow": ""}
+           "eq": "(({0}) == ({1}) ? 1.0f : 0.0f)", "where": "(({0}) != 0.0f ? ({1}) : ({2}))"}
 # pow by a one-element constant: the exponents the 950 kernel special-cases (l0ops pow_array),
 # each in float as it computes them; any other exponent stays in numpy
 _POW = {-0.5: "(1.0f / sqrtf({0}))", 0.5: "sqrtf({0})", 2.0: "(({0}) * ({0}))", -1.0: "(1.0f / ({0}))",
@@ -238,7 +237,8 @@ class Prologue:
             raise Unsupported(f"{ins.render(name)}: operand not in the prologue")
         if ins.op == "sum":
             return self._sum(name, ins, types, dtype, shape)
-        if ins.op not in _SCALAR and ins.op not in C_OP or ins.op == "fma" and dtype != DataType.FLOAT:
+        if (ins.op not in _SCALAR and ins.op not in C_OP and ins.op != "pow"
+                or ins.op == "fma" and dtype != DataType.FLOAT):
             raise Unsupported(f"{ins.render(name)}: {ins.op} in the prologue")
         if ins.op == "pow" and self._const.get(ins.args[1]) not in _POW:
             raise Unsupported(f"{ins.render(name)}: pow other than by a constant " + ", ".join(map(str, _POW)))

@@ -41,7 +41,7 @@ from . import build, team
 from .build import PointerArray, address
 from .reduce_c import render_blocked, render_pass
 from .render import C_OP, FLOATS
-from .unsupported import Refused, Unsupported, remembered
+from .unsupported import Unsupported, planned
 
 _ARGTYPES = [ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
              ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p]
@@ -304,11 +304,8 @@ def _make_pass(body, batch, full, types, inputs, full_shape, raxes, K, views) ->
 def plan_for(a: FusedReduceAttrs, inputs: Sequence[np.ndarray]) -> _Plan:
     """The cached plan of ``a`` for operands of these dtypes, shapes and strides (a body the C
     passes do not cover raises :class:`Unsupported`, also remembered)."""
-    plan = _PLANS.get(a, tuple((x.dtype, x.shape, x.strides) for x in inputs),
-                      lambda: remembered(lambda: _plan(a, inputs)))
-    if isinstance(plan, Refused):
-        plan.raise_()
-    return plan
+    return planned(_PLANS, a, tuple((x.dtype, x.shape, x.strides) for x in inputs),
+                   lambda: _plan(a, inputs))
 
 
 def _fill_kept(p: _Pass, plan: _Plan, values: dict, rows: np.ndarray, skip: Sequence[int] = ()) -> None:

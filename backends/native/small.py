@@ -34,7 +34,7 @@ from . import build
 from .build import PointerArray, address, int64_array
 from .prologue import HELPERS as SUM_HELPERS, Prologue
 from .render import F32, HELPERS
-from .unsupported import Refused, Unsupported, remembered
+from .unsupported import Unsupported, planned
 
 _ARGTYPES = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
 
@@ -79,11 +79,8 @@ _PLANS = IdentityMemo(limit=256)
 def plan_small(a: FusedReduceAttrs, inputs: Sequence[np.ndarray]) -> _SmallPlan:
     """The cached serial C call of ``a`` for operands of these layouts (Unsupported if the
     prologue renderer does not cover the body)."""
-    plan = _PLANS.get(a, tuple((x.dtype, x.shape, x.strides) for x in inputs),
-                      lambda: remembered(lambda: _plan(a, inputs)))
-    if isinstance(plan, Refused):
-        plan.raise_()
-    return plan
+    return planned(_PLANS, a, tuple((x.dtype, x.shape, x.strides) for x in inputs),
+                   lambda: _plan(a, inputs))
 
 
 def results_of(plan: _SmallPlan, a: FusedReduceAttrs, scr: np.ndarray) -> list[np.ndarray]:

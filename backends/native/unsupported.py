@@ -37,4 +37,14 @@ def remembered(make: Callable[[], Any], attrs: Any = None) -> Any:
         return Refused(str(e), attrs)
 
 
-__all__ = ["Refused", "Unsupported", "remembered"]
+
+def planned(memo: Any, obj: object, key: tuple, make: Callable[[], Any]) -> Any:
+    """``memo.get(obj, key, make)`` (an :class:`~l0ops.primitives.IdentityMemo`) that keeps an
+    :class:`Unsupported` outcome too: the plan, or Unsupported raised anew with its reason."""
+    got = memo.get(obj, key, lambda: remembered(make))
+    if isinstance(got, Refused):
+        got.raise_()
+    return got
+
+
+__all__ = ["Refused", "Unsupported", "planned", "remembered"]
