@@ -11,6 +11,12 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))  # `import reference` from any rootdir
+# Once torch is imported the native backend runs on its OpenMP threads (backends.native.team.
+# share_openmp), which by default spin for milliseconds after every parallel call: in the suite
+# that takes a core from its own worker threads and rank processes (the whole run took ~10 min
+# on 2 vCPUs instead of 4.6). Set before anything loads libgomp; idle threads that sleep change
+# no result, and the team's tests run on both runtimes.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import backends  # noqa: E402
 import opgraph  # noqa: E402

@@ -1,11 +1,17 @@
 """The native backend's thread team: every work item runs exactly once for any thread count,
 grain and team state (busy, forked); kernels give the numpy backend's bits for 1, 2 and many
 threads at sizes around the serial/parallel threshold, in every dtype, and the independent
-reference's bits."""
+reference's bits — on the team's own threads and on a shared OpenMP runtime
+(:func:`backends.native.team.share_openmp`)."""
 from __future__ import annotations
 
 import ctypes
+import os
+import subprocess
+import sys
 import threading
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -42,6 +48,30 @@ def threads():
     team.set_threads(before)
 
 
+def _openmp_loaded() -> bool:
+    """Map an OpenMP runtime into this process (torch's when torch is imported, else the
+    system's libgomp), as a library that uses OpenMP would."""
+    try:
+        ctypes.CDLL("libgomp.so.1")
+    except OSError:
+        return False
+    return bool(team.openmp_libraries())
+
+
+@pytest.fixture(params=["team", "openmp"])
+def runtime(request):
+    """Run the test's parallel calls on the team, then on a shared OpenMP runtime."""
+    before = team.runtime()
+    if request.param == "openmp" and not (_openmp_loaded() and team.share_openmp()):
+        pytest.skip("no OpenMP runtime to share: needs libgomp (apt-get install libgomp1) and "
+                    "a compiler that takes -fopenmp")
+    if request.param == "team":
+        team.share_openmp(False)
+    assert team.runtime() == request.param
+    yield request.param
+    team.share_openmp(before == "openmp")
+
+
 @pytest.fixture(autouse=True)
 def kernels_of_any_size(monkeypatch):
     monkeypatch.setattr(native.NativeBackend, "min_elements", 0)
@@ -62,7 +92,7 @@ def _counter():
 @pytest.mark.parametrize("n_threads", THREADS)
 @pytest.mark.parametrize("n,grain", [(1, 1), (2, 1), (1000, 1), (1000, 7), (1000, 999),
                                      (1000, 1000), (1000, 5000), (100003, 64), (5, 0)])
-def test_every_item_runs_exactly_once(n, grain, n_threads, threads):
+def test_every_item_runs_exactly_once(n, grain, n_threads, threads, runtime):
     threads(n_threads)
     run = _counter()
     for _ in range(3):  # the team is reused between calls
@@ -70,7 +100,7 @@ def test_every_item_runs_exactly_once(n, grain, n_threads, threads):
     assert run(0, 4).size == 0
 
 
-def test_calls_from_many_python_threads_at_once(threads):
+def test_calls_from_many_python_threads_at_once(threads, runtime):
     """One job at a time: concurrent callers run serially on their own threads, none is lost."""
     threads(2)
     run = _counter()
@@ -89,13 +119,51 @@ def test_calls_from_many_python_threads_at_once(threads):
     assert not bad and not any(t.is_alive() for t in ts)
 
 
-def test_a_forked_child_gets_a_working_team(threads):
+def test_a_forked_child_gets_a_working_team(threads, runtime):
     threads(2)
     run = _counter()
     assert run(50000, 8).sum() == 50000  # the parent's workers exist now
-    # the workers did not survive the fork: the child's first calls must start new ones
+    # the workers did not survive the fork: the child's first calls must start new ones (and
+    # leave the parent's OpenMP threads alone: libgomp hangs in a forked child)
     in_forked_child(lambda: all(np.array_equal(run(50000, 8), np.ones(50000, np.int32))
                                 for _ in range(5)), "in the thread team")
+
+
+BODY = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64)
+RUN = ctypes.CFUNCTYPE(None, BODY, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64)
+
+
+def test_claims_are_shared_out_over_the_threads(threads, runtime):
+    """``run(body, ctx, n, grain)`` calls ``body`` once per claim of ``grain`` items, on the
+    caller and the other thread both."""
+    threads(2)
+    seen, lock = [], threading.Lock()
+
+    @BODY
+    def body(ctx, begin, end):
+        with lock:
+            seen.append((threading.get_ident(), begin, end))
+        time.sleep(0.002)  # long enough that one thread cannot take every claim
+    RUN(team.runner())(body, None, 40, 3)
+    assert sorted((b, e) for _, b, e in seen) == [(b, min(b + 3, 40)) for b in range(0, 40, 3)]
+    assert len({t for t, _, _ in seen}) == 2
+
+
+def test_openmp_runtime_is_opt_out_and_never_a_second_one(monkeypatch):
+    monkeypatch.setenv("OPGRAPH_RUNTIME", "team")
+    before = team.runtime()
+    try:
+        assert team.share_openmp() is False and team.runtime() == "team"
+    finally:
+        monkeypatch.delenv("OPGRAPH_RUNTIME")
+        team.share_openmp(before == "openmp")
+    # a process without an OpenMP runtime keeps the team: sharing would start a runtime of its own
+    probe = ("import backends.native.team as t; r = t.runner(); "
+             "print(sorted(t.openmp_libraries()), t.share_openmp(), t.runtime())")
+    env = {k: v for k, v in os.environ.items() if k != "OPGRAPH_RUNTIME"}
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         timeout=120, env=env, cwd=Path(__file__).parents[1])
+    assert out.stdout.split() == ["[]", "False", "team"], out.stderr
 
 
 def test_set_threads(threads):
@@ -109,7 +177,7 @@ def test_set_threads(threads):
 
 @pytest.mark.parametrize("size", list(SIZES))
 @pytest.mark.parametrize("dtype", list(DTYPES))
-def test_kernels_bit_identical_for_any_thread_count(size, dtype, threads):
+def test_kernels_bit_identical_for_any_thread_count(size, dtype, threads, runtime):
     case = R.make_case(SIZES[size], DTYPES[dtype], seed=11)
     with opgraph.opt_level(2), opgraph.use_backend("numpy"):
         expected = R.compute(case)

@@ -18,6 +18,16 @@ never changes what the item computes: results are identical for any thread count
   :func:`set_threads` changes it (1: every call runs on the caller). A forked child starts with
   no workers and creates them on its first parallel call.
 
+**Sharing an OpenMP runtime.** When the process already runs an OpenMP runtime (libgomp, e.g.
+torch's CPU ops), two spinning thread pools on the same cores tax each other: torch's idle
+workers spin on the core this team's worker needs, and this team's on torch's. :func:`share_openmp`
+(called on the first parallel call when a libgomp is already loaded, and by :mod:`opgraph.torch`
+on import) then runs the same claims on that runtime's threads instead (``omp parallel for
+schedule(dynamic, 1)``, :func:`threads` of them): the items and their results are the same, and
+``$OPGRAPH_SPIN_US`` no longer applies (the runtime's own wait policy does). A forked child
+cannot use the parent's OpenMP threads (libgomp hangs there, torch's ops included), so there the
+calls go back to this team. ``$OPGRAPH_RUNTIME=team`` keeps the team regardless.
+
 From C: ``typedef void (*opg_body)(void *ctx, int64_t begin, int64_t end);`` and
 ``void opg_team_run(opg_body body, void *ctx, int64_t n, int64_t grain)`` (:data:`C_DECL`).
 
@@ -197,6 +207,38 @@ void opg_team_set(int64_t threads, int64_t spin_ns) {
 int64_t opg_team_threads(void) { return atomic_load(&T.active); }
 """
 
+OPENMP_SOURCE = r"""#include <omp.h>
+#include <pthread.h>
+#include <stdint.h>
+""" + C_DECL + r"""
+static opg_run team_run;                  /* the team: what a forked child uses */
+static int64_t (*team_threads)(void);     /* the team's thread count, set_threads() included */
+static volatile int forked;
+static void opg_omp_child(void) { forked = 1; }
+
+void opg_omp_init(opg_run run, int64_t (*threads)(void)) {
+    static int registered;
+    team_run = run;
+    team_threads = threads;
+    if (!registered) { pthread_atfork(0, 0, opg_omp_child); registered = 1; }
+}
+
+/* The team's contract on the OpenMP runtime: the same claims of `grain` items, any thread. */
+void opg_omp_run(opg_body body, void *ctx, int64_t n, int64_t grain) {
+    if (n <= 0) return;
+    if (grain < 1) grain = 1;
+    if (forked) { team_run(body, ctx, n, grain); return; }
+    const int64_t claims = (n + grain - 1) / grain, want = team_threads();
+    if (claims < 2 || want < 2 || omp_in_parallel()) { body(ctx, 0, n); return; }
+    const int threads = (int)(want < claims ? want : claims);
+    #pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
+    for (int64_t i = 0; i < claims; ++i) {
+        const int64_t b = i * grain, e = b + grain < n ? b + grain : n;
+        body(ctx, b, e);
+    }
+}
+"""
+
 _STATE: dict[str, Any] = {}
 
 
@@ -210,16 +252,73 @@ def _library() -> Any:
         lib.opg_team_threads.argtypes, lib.opg_team_threads.restype = [], ctypes.c_int64
         spin = float(os.environ.get("OPGRAPH_SPIN_US", "").strip() or SPIN_US)
         lib.opg_team_set(default_threads(), int(max(spin, 0.0) * 1000))
-        _STATE["run"] = ctypes.cast(kernel.fn, ctypes.c_void_p).value
+        _STATE["team"] = _STATE["run"] = ctypes.cast(kernel.fn, ctypes.c_void_p).value
         _STATE["lib"] = lib
+        if openmp_libraries():  # another library started an OpenMP runtime: share its threads
+            share_openmp()
     return lib
 
 
 def runner() -> int:
-    """The address of ``opg_team_run`` (pass it to a kernel as a ``c_void_p``)."""
+    """The address of the ``opg_run`` kernels call: ``opg_team_run``, or its OpenMP twin while
+    :func:`share_openmp` is on (pass it to a kernel as a ``c_void_p``)."""
     if "run" not in _STATE:
         _library()
     return _STATE["run"]
+
+
+def openmp_libraries() -> set[str]:
+    """The paths of the OpenMP runtimes (libgomp) mapped into this process (Linux; else empty)."""
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as f:
+            return {line.split(None, 5)[-1].strip() for line in f if "libgomp" in line}
+    except OSError:
+        return set()
+
+
+def share_openmp(on: bool = True) -> bool:
+    """Run parallel calls on the process's OpenMP runtime (``on``) or on the team (``False``);
+    returns whether they now run on OpenMP. Declined (False) without a loaded libgomp, when the
+    compiler cannot build OpenMP code, when that would load a second OpenMP runtime, or with
+    ``$OPGRAPH_RUNTIME=team``.
+
+        >>> share_openmp(False)
+        False
+        >>> runtime()
+        'team'
+    """
+    if not on or os.environ.get("OPGRAPH_RUNTIME", "").strip() == "team":
+        if "team" in _STATE:
+            _STATE["run"] = _STATE["team"]
+        return False
+    if "lib" not in _STATE:
+        _library()
+    if "openmp" not in _STATE:
+        before = openmp_libraries()
+        if not before:
+            return False
+        try:
+            kernel = build.load(OPENMP_SOURCE, extra=("-fopenmp",), symbol="opg_omp_run")
+        except build.NativeBuildError:
+            return False
+        if openmp_libraries() != before:  # it brought its own runtime: no shared threads
+            return False
+        lib = _STATE["lib"]
+        kernel.handle.opg_omp_init(ctypes.c_void_p(_STATE["team"]),
+                                   ctypes.cast(lib.opg_team_threads, ctypes.c_void_p))
+        _STATE["openmp"] = ctypes.cast(kernel.fn, ctypes.c_void_p).value
+    _STATE["run"] = _STATE["openmp"]
+    return True
+
+
+def started() -> bool:
+    """Whether the team's library is loaded (a parallel call has been made, or a setting read)."""
+    return "lib" in _STATE
+
+
+def runtime() -> str:
+    """``"openmp"`` while parallel calls run on the process's OpenMP runtime, else ``"team"``."""
+    return "openmp" if _STATE.get("run") not in (None, _STATE.get("team")) else "team"
 
 
 def set_threads(n: int, spin_us: Optional[float] = None) -> None:
@@ -234,4 +333,5 @@ def threads() -> int:
     return int(_library().opg_team_threads())
 
 
-__all__ = ["C_DECL", "SPIN_US", "runner", "set_threads", "threads"]
+__all__ = ["C_DECL", "SPIN_US", "openmp_libraries", "runner", "runtime", "set_threads",
+           "share_openmp", "started", "threads"]

@@ -19,11 +19,17 @@ except ImportError as e:  # the optional dependency is missing: say what to inst
     raise ImportError("opgraph.torch needs PyTorch: pip install 'opgraph[torch]' "
                       "(tested with torch==2.13.0)") from e
 
+from backends.native import team as _native_team
 from .kernels import (PRIMITIVES, TorchViews, batch_norm_backward_elemt,
                       batch_norm_backward_reduce, batch_norm_elemt,
                       batch_norm_gather_stats_with_counts, batch_norm_stats, register_cpu_kernels)
 from .launch import RankError, free_port, init_gloo, leave_group, run_ranks
 from .syncbn import SyncBatchNorm, SyncBatchNormFunction, convert_sync_batchnorm
+
+# torch runs its CPU ops on OpenMP: native kernels share those threads rather than spin
+# against them (backends.native.team.share_openmp; a team started later decides so itself)
+if _native_team.started():
+    _native_team.share_openmp()
 
 __all__ = ["PRIMITIVES", "RankError", "SyncBatchNorm", "SyncBatchNormFunction", "TorchViews",
            "batch_norm_backward_elemt", "batch_norm_backward_reduce", "batch_norm_elemt",
