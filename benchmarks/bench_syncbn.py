@@ -20,9 +20,10 @@ the module itself would fall back to plain batch norm there.
     python benchmarks/bench_syncbn.py --omp-passive      # torch's OpenMP threads sleep when idle
 
 torch's OpenMP workers spin for milliseconds after each parallel region (libgomp's default wait
-policy); on two cores one of them then holds a core that opgraph's thread team needs for the
-kernels that follow. ``--omp-passive`` sets ``OMP_WAIT_POLICY=PASSIVE`` for the rank processes
-(torch's threads sleep when idle), which is how to run opgraph next to torch on few cores.
+policy). opgraph's native kernels run on those same threads once torch is imported
+(``backends.native.team.share_openmp``; ``OPGRAPH_RUNTIME=team`` for its own team instead,
+whose workers and torch's then spin against each other on few cores). ``--omp-passive`` sets
+``OMP_WAIT_POLICY=PASSIVE`` for the rank processes: the threads sleep when idle.
 """
 from __future__ import annotations
 
