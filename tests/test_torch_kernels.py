@@ -3,7 +3,10 @@ and their registration as aten CPU kernels (torch.library): torch.batch_norm_sta
 on CPU tensors afterwards, give the same bits, idempotently, on the chosen backend."""
 from __future__ import annotations
 
+import subprocess
+import sys
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,6 +15,7 @@ torch = pytest.importorskip("torch", reason="torch is not installed (pip install
 
 import opgraph  # noqa: E402
 import opgraph.torch as ot  # noqa: E402
+from backends import native  # noqa: E402
 from opgraph.core.backend import BackendUnavailable, get  # noqa: E402
 
 EPS = 1e-5
@@ -260,3 +264,29 @@ def test_bad_input_through_torch_names_the_argument(registered):
     x = data()
     with pytest.raises(opgraph.AclnnError, match="mean"):
         torch.batch_norm_elemt(x, None, None, torch.zeros(C + 1), torch.ones(C), EPS)
+
+
+RUNTIME_PROBE = """
+import sys
+import numpy as np
+import opgraph
+from backends.native import team
+x = np.random.default_rng(0).standard_normal((4, 16, 32, 32)).astype(np.float32)
+with opgraph.use_backend("native"):
+    before = opgraph.ops.batch_norm_stats(x, 1e-5)   # starts the team: no OpenMP runtime yet
+    first = team.runtime()
+    import opgraph.torch                               # torch's libgomp now runs the kernels
+    after = opgraph.ops.batch_norm_stats(x, 1e-5)
+same = all(np.array_equal(a.view(np.uint32), b.view(np.uint32)) for a, b in zip(before, after))
+print(first, team.runtime(), same)
+"""
+
+
+def test_importing_opgraph_torch_moves_native_kernels_onto_torchs_threads():
+    """A native team started before torch was imported hands its work to torch's OpenMP threads
+    once opgraph.torch is imported (backends.native.team.share_openmp), with the same bits."""
+    if not native.available():
+        pytest.skip(native.availability()[1])
+    out = subprocess.run([sys.executable, "-c", RUNTIME_PROBE], capture_output=True, text=True,
+                         timeout=300, cwd=Path(__file__).parents[1])
+    assert out.stdout.split() == ["team", "openmp", "True"], out.stderr[-2000:]
