@@ -21,7 +21,7 @@ never changes what the item computes: results are identical for any thread count
 **Sharing an OpenMP runtime.** When the process already runs an OpenMP runtime (libgomp, e.g.
 torch's CPU ops), two spinning thread pools on the same cores tax each other: torch's idle
 workers spin on the core this team's worker needs, and this team's on torch's. :func:`share_openmp`
-(called on the first parallel call when a libgomp is already loaded, and by :mod:`opgraph.torch`
+(called on the first parallel call when one is already loaded, and by :mod:`opgraph.torch`
 on import) then runs the same claims on that runtime's threads instead (``omp parallel for
 schedule(dynamic, 1)``, :func:`threads` of them): the items and their results are the same, and
 ``$OPGRAPH_SPIN_US`` no longer applies (the runtime's own wait policy does). A forked child
@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 from typing import Any, Optional
 
 from opgraph.core.config import default_threads
@@ -267,20 +268,33 @@ def runner() -> int:
     return _STATE["run"]
 
 
+# file names of OpenMP runtimes: GNU's, LLVM's, Intel's
+OPENMP_RUNTIMES = re.compile(r"/lib(gomp|omp|iomp5)[-.][^/]*$")
+
+
 def openmp_libraries() -> set[str]:
-    """The paths of the OpenMP runtimes (libgomp) mapped into this process (Linux; else empty)."""
+    """The paths of the OpenMP runtimes (:data:`OPENMP_RUNTIMES`) mapped into this process
+    (Linux; else empty): a second one after :func:`share_openmp` built its code means that code
+    did not join the first.
+
+        >>> OPENMP_RUNTIMES.search("/x/torch/lib/libgomp-a34b3233.so.1") is not None
+        True
+        >>> OPENMP_RUNTIMES.search("/usr/lib/libompl.so") is None
+        True
+    """
     try:
         with open("/proc/self/maps", encoding="utf-8", errors="replace") as f:
-            return {line.split(None, 5)[-1].strip() for line in f if "libgomp" in line}
+            paths = {line.split(None, 5)[-1].strip() for line in f}
     except OSError:
         return set()
+    return {p for p in paths if OPENMP_RUNTIMES.search(p)}
 
 
 def share_openmp(on: bool = True) -> bool:
     """Run parallel calls on the process's OpenMP runtime (``on``) or on the team (``False``);
-    returns whether they now run on OpenMP. Declined (False) without a loaded libgomp, when the
-    compiler cannot build OpenMP code, when that would load a second OpenMP runtime, or with
-    ``$OPGRAPH_RUNTIME=team``.
+    returns whether they now run on OpenMP. Declined (False) without a loaded OpenMP runtime,
+    when the compiler cannot build OpenMP code, when that would load a second OpenMP runtime, or
+    with ``$OPGRAPH_RUNTIME=team``.
 
         >>> share_openmp(False)
         False
@@ -333,5 +347,5 @@ def threads() -> int:
     return int(_library().opg_team_threads())
 
 
-__all__ = ["C_DECL", "SPIN_US", "openmp_libraries", "runner", "runtime", "set_threads",
-           "share_openmp", "started", "threads"]
+__all__ = ["C_DECL", "OPENMP_RUNTIMES", "SPIN_US", "openmp_libraries", "runner", "runtime",
+           "set_threads", "share_openmp", "started", "threads"]
