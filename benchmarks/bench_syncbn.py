@@ -18,12 +18,15 @@ the module itself would fall back to plain batch norm there.
     python benchmarks/bench_syncbn.py --quick           # one small shape, fewer repeats
     python benchmarks/bench_syncbn.py --dtypes fp32 --ranks 1,2 --reps 15
     python benchmarks/bench_syncbn.py --omp-passive      # torch's OpenMP threads sleep when idle
+    python benchmarks/bench_syncbn.py --runtimes team,openmp   # native on each runtime, interleaved
 
 torch's OpenMP workers spin for milliseconds after each parallel region (libgomp's default wait
 policy). opgraph's native kernels run on those same threads once torch is imported
 (``backends.native.team.share_openmp``; ``OPGRAPH_RUNTIME=team`` for its own team instead,
-whose workers and torch's then spin against each other on few cores). ``--omp-passive`` sets
-``OMP_WAIT_POLICY=PASSIVE`` for the rank processes: the threads sleep when idle.
+whose workers and torch's then spin against each other on few cores). ``--runtimes team,openmp``
+times the native layer on each of the two as separate, interleaved variants of one run (the
+runtime switched before each call). ``--omp-passive`` sets ``OMP_WAIT_POLICY=PASSIVE`` for the
+rank processes: the threads sleep when idle.
 """
 from __future__ import annotations
 
@@ -40,6 +43,7 @@ import torch.distributed as dist
 import opgraph
 from opgraph.torch import SyncBatchNormFunction, run_ranks
 from opgraph.torch.kernels import as_numpy, to_torch
+from backends.native import team
 from bench_common import backends_here, held_floor, on_huge_pages
 
 DTYPES = {"fp32": (torch.float32, None), "fp16": (torch.float16, None),
@@ -52,8 +56,10 @@ BURST_SECONDS = 0.005
 
 
 def variants(shape: tuple[int, ...], dtype: str, rank: int, world: int,
-             use: tuple[str, ...] = ("numpy", "native")) -> dict[str, Callable]:
-    """name -> one forward + backward (or the collectives) on this rank's part of the batch."""
+             use: tuple[str, ...] = ("numpy", "native"),
+             runtimes: tuple[str, ...] = ()) -> dict[str, Callable]:
+    """name -> one forward + backward (or the collectives) on this rank's part of the batch;
+    with ``runtimes`` (``"team"``, ``"openmp"``) the native layer once per thread runtime."""
     dt, plat = DTYPES[dtype]
     mine = torch.arange(shape[0]).tensor_split(world)[rank]
     g = torch.Generator().manual_seed(rank)
@@ -86,13 +92,30 @@ def variants(shape: tuple[int, ...], dtype: str, rank: int, world: int,
         dist.all_gather(rows, row)
         dist.all_reduce(sums)
 
-    out = {f"opgraph SyncBatchNorm, {be}": syncbn(be) for be in backends_here() if be in use}
+    out = {f"opgraph SyncBatchNorm, {be}": syncbn(be) for be in backends_here()
+           if be in use and not (be == "native" and runtimes)}
+    if "native" in use and "native" in backends_here():
+        for runtime in runtimes:
+            openmp = runtime == "openmp"
+            if team.share_openmp(openmp) == openmp:
+                step = on_runtime(openmp, syncbn("native"))
+                out[f"opgraph SyncBatchNorm, native on {runtime}"] = step
+            elif rank == 0:
+                print(f"  (no OpenMP runtime to share here: native on {runtime} skipped)")
     out["collectives alone"] = collectives
     out["torch BatchNorm2d"] = torch_bn
     floor = held_floor(tuple(x.shape), f"u{x.element_size()}")  # scaled to FLOOR_PASSES in report()
     if floor is not None:
         out[FLOOR] = floor
     return out
+
+
+def on_runtime(openmp: bool, step: Callable[[], None]) -> Callable[[], None]:
+    """``step`` with the native kernels switched to OpenMP (or the team) first: a dict store."""
+    def switched() -> None:
+        team.share_openmp(openmp)
+        step()
+    return switched
 
 
 def pinned(t: torch.Tensor) -> torch.Tensor:
@@ -114,14 +137,15 @@ def burst_lengths(fns: dict[str, Callable[[], None]]) -> dict[str, int]:
     return out
 
 
-def measure(rank: int, world: int, cases: list[tuple[tuple[int, ...], str]],
-            reps: int, use: tuple[str, ...] = ("numpy", "native")) -> list[dict[str, Any]]:
+def measure(rank: int, world: int, cases: list[tuple[tuple[int, ...], str]], reps: int,
+            use: tuple[str, ...] = ("numpy", "native"),
+            runtimes: tuple[str, ...] = ()) -> list[dict[str, Any]]:
     """Every case's variants, interleaved, on this rank: [{case, name: [seconds per call...]}].
     A sample is a burst of calls after one untimed call, which absorbs what the previous
     variant left spinning (torch's OpenMP workers, opgraph's thread team)."""
     results = []
     for shape, dtype in cases:
-        fns = variants(shape, dtype, rank, world, use)
+        fns = variants(shape, dtype, rank, world, use, runtimes)
         for fn in fns.values():  # the first call compiles and fills the caches
             dist.barrier()
             fn()
@@ -149,12 +173,12 @@ def report(world: int, results: list[dict[str, Any]]) -> None:
         per_rank = "+".join(str(len(c)) for c in torch.arange(r["shape"][0]).tensor_split(world))
         print(f"\n{world} rank(s), {shape} {r['dtype']} (batch {per_rank}), rank 0:")
         base = statistics.median(r["times"]["torch BatchNorm2d"])
-        print(f"  {'variant':<34}{'median':>11}{'min-max':>22}{'x torch':>9}")
+        print(f"  {'variant':<40}{'median':>11}{'min-max':>22}{'x torch':>9}")
         for name, ts in r["times"].items():
             ts = [t * FLOOR_PASSES / 3 for t in ts] if name == FLOOR else ts
             med = statistics.median(ts)
             spread = f"{fmt_ms(min(ts))}-{fmt_ms(max(ts))}"
-            print(f"  {name:<34}{fmt_ms(med):>11}{spread:>22}{med / base:>9.2f}")
+            print(f"  {name:<40}{fmt_ms(med):>11}{spread:>22}{med / base:>9.2f}")
 
 
 def main() -> None:
@@ -165,6 +189,8 @@ def main() -> None:
     ap.add_argument("--shapes", default=None, help="e.g. 8,64,28,28;32,64,56,56 (default: both)")
     ap.add_argument("--ranks", default="1", help="comma-separated rank counts (default 1)")
     ap.add_argument("--backends", default="numpy,native", help="opgraph backends (default both)")
+    ap.add_argument("--runtimes", default="",
+                    help="comma-separated native thread runtimes to compare: team, openmp")
     ap.add_argument("--omp-passive", action="store_true",
                     help="OMP_WAIT_POLICY=PASSIVE in the rank processes (see above)")
     args = ap.parse_args()
@@ -175,11 +201,15 @@ def main() -> None:
     if args.shapes:
         shapes = [tuple(int(n) for n in sh.split(",")) for sh in args.shapes.split(";")]
     cases = [(s, d) for s in shapes for d in args.dtypes.split(",")]
+    runtimes = tuple(r for r in args.runtimes.split(",") if r)
+    if any(r not in ("team", "openmp") for r in runtimes):
+        ap.error(f"--runtimes: choose from team, openmp (got {args.runtimes})")
     print(f"opgraph {opgraph.__version__}, torch {torch.__version__}, {host.machine()}, "
           f"{host.python_version()}; backends: {', '.join(backends_here())}; {reps} repeats; "
           f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')}")
     for world in (int(n) for n in args.ranks.split(",")):
-        results = run_ranks(measure, world, (cases, reps, tuple(args.backends.split(","))),
+        use = tuple(args.backends.split(","))
+        results = run_ranks(measure, world, (cases, reps, use, runtimes),
                             timeout=1800, pg_timeout=300)
         report(world, results[0])
 

@@ -57,6 +57,26 @@ def test_bench_syncbn_runs_the_layer_against_torch():
     assert "opgraph SyncBatchNorm" in out and "torch BatchNorm2d" in out
 
 
+@pytest.mark.skipif(not HAS_TORCH, reason="torch is not installed (pip install 'opgraph[torch]')")
+@NEEDS_NATIVE
+def test_bench_syncbn_compares_the_native_thread_runtimes():
+    out = run("bench_syncbn.py", "--quick", "--reps", "1", "--dtypes", "fp32", "--backends",
+              "native", "--runtimes", "team,openmp")
+    assert "native on team" in out and "native on openmp" in out
+    p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_syncbn.py"),
+                        "--runtimes", "pthreads"], cwd=ROOT, capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 2 and "--runtimes: choose from team, openmp" in p.stderr
+
+
+@pytest.mark.skipif(not HAS_TORCH, reason="torch is not installed (pip install 'opgraph[torch]')")
+@NEEDS_NATIVE
+def test_bench_interleave_reports_both_runtimes():
+    out = run("bench_interleave.py", "--quick", "--blocks", "1")
+    assert "opgraph after torch" in out and "torch 3rd in a row" in out
+    assert "\n  team " in out and "\n  openmp " in out
+
+
 def _mapping_flags(address: int) -> list[str]:
     """The VmFlags of the mapping holding ``address`` (/proc/self/smaps)."""
     inside = False
