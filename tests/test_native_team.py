@@ -164,6 +164,22 @@ def test_openmp_runtime_is_opt_out_and_never_a_second_one(monkeypatch):
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                          timeout=120, env=env, cwd=Path(__file__).parents[1])
     assert out.stdout.split() == ["[]", "False", "team"], out.stderr
+    # a compiler that cannot build OpenMP code: declined once, and not tried again on every call
+    probe = ("import ctypes; ctypes.CDLL('libgomp.so.1')\n"
+             "import backends.native.build as b, backends.native.team as t\n"
+             "real, tried = b.load, []\n"
+             "def load(src, extra=(), symbol=b.SYMBOL):\n"
+             "    if symbol == 'opg_omp_run':\n"
+             "        tried.append(1); raise b.NativeBuildError('no -fopenmp here')\n"
+             "    return real(src, extra, symbol)\n"
+             "b.load = load\n"
+             "r = t.runner()\n"
+             "print(t.runtime(), t.share_openmp(), t.share_openmp(), len(tried))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         timeout=120, env=env, cwd=Path(__file__).parents[1])
+    if "OSError" in out.stderr:
+        pytest.skip("no libgomp to load (apt-get install libgomp1)")
+    assert out.stdout.split() == ["team", "False", "False", "1"], out.stderr
 
 
 def test_set_threads(threads):

@@ -309,20 +309,27 @@ def share_openmp(on: bool = True) -> bool:
         _library()
     if "openmp" not in _STATE:
         before = openmp_libraries()
-        if not before:
+        if not before:  # not remembered: a runtime may be loaded later
             return False
-        try:
-            kernel = build.load(OPENMP_SOURCE, extra=("-fopenmp",), symbol="opg_omp_run")
-        except build.NativeBuildError:
-            return False
-        if openmp_libraries() != before:  # it brought its own runtime: no shared threads
-            return False
-        lib = _STATE["lib"]
-        kernel.handle.opg_omp_init(ctypes.c_void_p(_STATE["team"]),
-                                   ctypes.cast(lib.opg_team_threads, ctypes.c_void_p))
-        _STATE["openmp"] = ctypes.cast(kernel.fn, ctypes.c_void_p).value
+        _STATE["openmp"] = _join_openmp(before)
+    if _STATE["openmp"] is None:
+        return False
     _STATE["run"] = _STATE["openmp"]
     return True
+
+
+def _join_openmp(loaded: set[str]) -> Optional[int]:
+    """The address of ``opg_omp_run`` built against the OpenMP runtime already ``loaded``, or
+    None when it cannot be built or brought a runtime of its own (no shared threads)."""
+    try:
+        kernel = build.load(OPENMP_SOURCE, extra=("-fopenmp",), symbol="opg_omp_run")
+    except build.NativeBuildError:
+        return None
+    if openmp_libraries() != loaded:
+        return None
+    kernel.handle.opg_omp_init(ctypes.c_void_p(_STATE["team"]),
+                               ctypes.cast(_STATE["lib"].opg_team_threads, ctypes.c_void_p))
+    return ctypes.cast(kernel.fn, ctypes.c_void_p).value
 
 
 def started() -> bool:
