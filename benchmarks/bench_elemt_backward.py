@@ -244,12 +244,14 @@ def main() -> None:
     from backends.native import build, team
     if build.availability()[0]:
         team.set_threads(2)
-        print(f"native: {build.describe()}; thread team of {team.threads()}")
+        print(f"native: {build.describe()}; {team.threads()} threads")
     if not args.no_latency:
         bench_latency(200 if not args.quick else 50)
     for shape in shapes:
         for d in args.dtypes.split(","):
             bench_shape(shape, d, reps, only)
+    if build.availability()[0]:  # torch's import (for its variants) moves them onto its threads
+        print(f"\nthe native variants ran their threads on: {team.runtime()} (team.share_openmp)")
 
 
 if __name__ == "__main__":
