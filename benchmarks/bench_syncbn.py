@@ -22,11 +22,12 @@ the module itself would fall back to plain batch norm there.
 
 torch's OpenMP workers spin for milliseconds after each parallel region (libgomp's default wait
 policy). opgraph's native kernels run on those same threads once torch is imported
-(``backends.native.team.share_openmp``; ``OPGRAPH_RUNTIME=team`` for its own team instead,
-whose workers and torch's then spin against each other on few cores). ``--runtimes team,openmp``
+(``backends.native.team.share_openmp_if_spinning``; ``OPGRAPH_RUNTIME=team`` for its own team
+instead, whose workers and torch's then spin against each other on few cores). ``--runtimes team,openmp``
 times the native layer on each of the two as separate, interleaved variants of one run (the
 runtime switched before each call). ``--omp-passive`` sets ``OMP_WAIT_POLICY=PASSIVE`` for the
-rank processes: the threads sleep when idle.
+rank processes: torch's threads sleep when idle, and the native kernels keep their own team
+(unless ``--runtimes`` says otherwise).
 """
 from __future__ import annotations
 

@@ -11,11 +11,12 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))  # `import reference` from any rootdir
-# Once torch is imported the native backend runs on its OpenMP threads (backends.native.team.
-# share_openmp), which by default spin for milliseconds after every parallel call: in the suite
-# that takes a core from its own worker threads and rank processes (the whole run took ~10 min
-# on 2 vCPUs instead of 4.6). Set before anything loads libgomp; idle threads that sleep change
-# no result, and the team's tests run on both runtimes.
+# Once torch is imported the native backend would run on its OpenMP threads (backends.native.
+# team.share_openmp), which by default spin for milliseconds after every parallel call: in the
+# suite that takes a core from its own worker threads and rank processes (the whole run took
+# ~10 min on 2 vCPUs instead of 4.6). With idle threads asleep the backend keeps its own team
+# (share_openmp_if_spinning); the team's tests run on both runtimes explicitly. Set before
+# anything loads libgomp; no result depends on it.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import backends  # noqa: E402

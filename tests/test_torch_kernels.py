@@ -3,6 +3,7 @@ and their registration as aten CPU kernels (torch.library): torch.batch_norm_sta
 on CPU tensors afterwards, give the same bits, idempotently, on the chosen backend."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import warnings
@@ -282,11 +283,17 @@ print(first, team.runtime(), same)
 """
 
 
-def test_importing_opgraph_torch_moves_native_kernels_onto_torchs_threads():
+@pytest.mark.parametrize("policy,after", [("", "openmp"), ("ACTIVE", "openmp"),
+                                          ("PASSIVE", "team")])
+def test_importing_opgraph_torch_moves_native_kernels_onto_torchs_threads(policy, after):
     """A native team started before torch was imported hands its work to torch's OpenMP threads
-    once opgraph.torch is imported (backends.native.team.share_openmp), with the same bits."""
+    once opgraph.torch is imported (backends.native.team.share_openmp_if_spinning), with the same
+    bits — unless OMP_WAIT_POLICY=PASSIVE, where torch's idle threads sleep and the team stays."""
     if not native.available():
         pytest.skip(native.availability()[1])
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "OPGRAPH_RUNTIME")}
+    if policy:
+        env["OMP_WAIT_POLICY"] = policy
     out = subprocess.run([sys.executable, "-c", RUNTIME_PROBE], capture_output=True, text=True,
-                         timeout=300, cwd=Path(__file__).parents[1])
-    assert out.stdout.split() == ["team", "openmp", "True"], out.stderr[-2000:]
+                         timeout=300, env=env, cwd=Path(__file__).parents[1])
+    assert out.stdout.split() == ["team", after, "True"], out.stderr[-2000:]

@@ -22,7 +22,8 @@ never changes what the item computes: results are identical for any thread count
 torch's CPU ops), two spinning thread pools on the same cores tax each other: torch's idle
 workers spin on the core this team's worker needs, and this team's on torch's. :func:`share_openmp`
 (called on the first parallel call when one is already loaded, and by :mod:`opgraph.torch`
-on import) then runs the same claims on that runtime's threads instead (``omp parallel for
+on import, unless ``$OMP_WAIT_POLICY`` is ``passive``: :func:`share_openmp_if_spinning`)
+then runs the same claims on that runtime's threads instead (``omp parallel for
 schedule(dynamic, 1)``, :func:`threads` of them): the items and their results are the same, and
 ``$OPGRAPH_SPIN_US`` no longer applies (the runtime's own wait policy does). A forked child
 cannot use the parent's OpenMP threads (libgomp hangs there, torch's ops included), so there the
@@ -256,7 +257,7 @@ def _library() -> Any:
         _STATE["team"] = _STATE["run"] = ctypes.cast(kernel.fn, ctypes.c_void_p).value
         _STATE["lib"] = lib
         if openmp_libraries():  # another library started an OpenMP runtime: share its threads
-            share_openmp()
+            share_openmp_if_spinning()
     return lib
 
 
@@ -332,6 +333,24 @@ def _join_openmp(loaded: set[str]) -> Optional[int]:
     return ctypes.cast(kernel.fn, ctypes.c_void_p).value
 
 
+def share_openmp_if_spinning() -> bool:
+    """:func:`share_openmp`, unless ``$OMP_WAIT_POLICY`` is ``passive``: then the runtime's idle
+    threads sleep, so they do not spin against the team, and waking them for every call would
+    cost more than the team's short spin (the automatic choice: a team started while an OpenMP
+    runtime is loaded, and :mod:`opgraph.torch`'s import).
+
+        >>> saved = os.environ.get("OMP_WAIT_POLICY")
+        >>> os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+        >>> share_openmp_if_spinning()
+        False
+        >>> _ = os.environ.pop("OMP_WAIT_POLICY") if saved is None else os.environ.update(
+        ...     OMP_WAIT_POLICY=saved)
+    """
+    if os.environ.get("OMP_WAIT_POLICY", "").strip().lower() == "passive":
+        return False
+    return share_openmp()
+
+
 def started() -> bool:
     """Whether the team's library is loaded (a parallel call has been made, or a setting read)."""
     return "lib" in _STATE
@@ -355,4 +374,4 @@ def threads() -> int:
 
 
 __all__ = ["C_DECL", "OPENMP_RUNTIMES", "SPIN_US", "openmp_libraries", "runner", "runtime",
-           "set_threads", "share_openmp", "started", "threads"]
+           "set_threads", "share_openmp", "share_openmp_if_spinning", "started", "threads"]

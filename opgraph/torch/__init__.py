@@ -27,9 +27,10 @@ from .launch import RankError, free_port, init_gloo, leave_group, run_ranks
 from .syncbn import SyncBatchNorm, SyncBatchNormFunction, convert_sync_batchnorm
 
 # torch runs its CPU ops on OpenMP: native kernels share those threads rather than spin
-# against them (backends.native.team.share_openmp; a team started later decides so itself)
+# against them (backends.native.team.share_openmp_if_spinning; a team started later decides
+# so itself)
 if _native_team.started():
-    _native_team.share_openmp()
+    _native_team.share_openmp_if_spinning()
 
 __all__ = ["PRIMITIVES", "RankError", "SyncBatchNorm", "SyncBatchNormFunction", "TorchViews",
            "batch_norm_backward_elemt", "batch_norm_backward_reduce", "batch_norm_elemt",
