@@ -327,6 +327,13 @@ def _store(p: _Pass, sums: np.ndarray, values: dict) -> None:
         values[name] = (total.astype(narrow).astype(np.float32) if narrow is not None else total).reshape(shape)
 
 
+def _pointers(p: _Pass, inputs: Sequence[np.ndarray], kept_at: int, K: int) -> Any:
+    """Pass ``p``'s pointer array: its big inputs, then its kept registers, one row of ``K``
+    float32 each from address ``kept_at``."""
+    return p.ptr_array(*[address(inputs[i]) for i in p.big],
+                       *[kept_at + 4 * K * j for j in range(len(p.kept))])
+
+
 def _run_pass(p: _Pass, plan: _Plan, inputs: Sequence[np.ndarray], values: dict) -> None:
     """One C sweep; stores the folded sums of ``p.batch`` into ``values``. The kept registers
     and the sums share one float32 buffer (one address to fetch)."""
@@ -334,7 +341,7 @@ def _run_pass(p: _Pass, plan: _Plan, inputs: Sequence[np.ndarray], values: dict)
     buf = np.empty((nk + len(p.batch), K), np.float32)
     _fill_kept(p, plan, values, buf)
     base = address(buf)
-    ptrs = p.ptr_array(*[address(inputs[i]) for i in p.big], *[base + 4 * K * j for j in range(nk)])
+    ptrs = _pointers(p, inputs, base, K)
     rshape, koff, rstr = p.addresses
     if p.fn(K, plan.R, len(p.rshape), rshape, ptrs, koff, rstr, -(-plan.R // BLOCK),
             base + 4 * K * nk, team.runner()):
@@ -352,8 +359,8 @@ def _run_blocked(bp: _Blocked, plan: _Plan, inputs: Sequence[np.ndarray], values
     _fill_kept(a, plan, values, buf[:na])
     _fill_kept(b, plan, values, buf[na:na + nb], [j for j, _ in bp.derived])
     base, row = address(buf), 4 * K
-    ptrs_a = a.ptr_array(*[address(inputs[i]) for i in a.big], *[base + row * j for j in range(na)])
-    ptrs_b = b.ptr_array(*[address(inputs[i]) for i in b.big], *[base + row * (na + j) for j in range(nb)])
+    ptrs_a = _pointers(a, inputs, base, K)
+    ptrs_b = _pointers(b, inputs, base + row * na, K)
     out_a = na + nb
     if bp.fn(K, plan.R, -(-plan.R // BLOCK), len(a.rshape), a.addresses[0], ptrs_a, a.addresses[1],
              a.addresses[2], base + row * out_a, len(b.rshape), b.addresses[0], ptrs_b,

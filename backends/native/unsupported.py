@@ -37,7 +37,6 @@ def remembered(make: Callable[[], Any], attrs: Any = None) -> Any:
         return Refused(str(e), attrs)
 
 
-
 def planned(memo: Any, obj: object, key: tuple, make: Callable[[], Any]) -> Any:
     """``memo.get(obj, key, make)`` (an :class:`~l0ops.primitives.IdentityMemo`) that keeps an
     :class:`Unsupported` outcome too: the plan, or Unsupported raised anew with its reason."""
