@@ -241,10 +241,10 @@ def main() -> None:
         ap.error(f"--dtypes: unknown {', '.join(unknown)} (choose from {', '.join(DTYPES)})")
     print(f"machine: {host.machine()} {_cpu_name()} python {host.python_version()} "
           f"numpy {np.__version__}; opgraph {opgraph.__version__}")
-    from backends.native import build, team
+    from backends.native import build, launch, team
     if build.availability()[0]:
         team.set_threads(2)
-        print(f"native: {build.describe()}; {team.threads()} threads")
+        print(f"native: {build.describe()}; {launch.vector_isa()}; {team.threads()} threads")
     if not args.no_latency:
         bench_latency(200 if not args.quick else 50)
     for shape in shapes:

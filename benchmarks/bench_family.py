@@ -127,9 +127,9 @@ def main() -> None:
     import backends
     if "native" not in backends.available():
         raise SystemExit("opgraph: error: the native backend needs a C compiler")
-    from backends.native import build
+    from backends.native import build, launch
     print(f"opgraph {opgraph.__version__}, {host.machine()}, Python {host.python_version()}; "
-          f"{build.describe()}; level 2, whole two-phase calls, {reps} interleaved repeats\n")
+          f"{build.describe()}; {launch.vector_isa()}; level 2, whole two-phase calls, {reps} interleaved repeats\n")
     rows = []
     for shape in sizes:
         for dname in dnames:

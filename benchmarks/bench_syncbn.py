@@ -44,7 +44,7 @@ import torch.distributed as dist
 import opgraph
 from opgraph.torch import SyncBatchNormFunction, run_ranks
 from opgraph.torch.kernels import as_numpy, to_torch
-from backends.native import team
+from backends.native import launch, team
 from bench_common import backends_here, held_floor, on_huge_pages
 
 DTYPES = {"fp32": (torch.float32, None), "fp16": (torch.float16, None),
@@ -206,7 +206,8 @@ def main() -> None:
     if any(r not in ("team", "openmp") for r in runtimes):
         ap.error(f"--runtimes: choose from team, openmp (got {args.runtimes})")
     print(f"opgraph {opgraph.__version__}, torch {torch.__version__}, {host.machine()}, "
-          f"{host.python_version()}; backends: {', '.join(backends_here())}; {reps} repeats; "
+          f"{host.python_version()}; backends: {', '.join(backends_here())} (native kernels: "
+          f"{launch.vector_isa()}); {reps} repeats; "
           f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')}")
     for world in (int(n) for n in args.ranks.split(",")):
         use = tuple(args.backends.split(","))

@@ -16,7 +16,7 @@ import backends
 import opgraph
 import reference as R
 from backends import native
-from backends.native import build
+from backends.native import build, launch
 from l0ops.interpreter import run_fused
 from l0ops.primitives import FusedAttrs, Instr
 from opgraph.core.dtypes import DataType as D
@@ -295,3 +295,18 @@ def test_batch_norm_elemt_of_any_rank_runs_in_c(shape, dtype, soc, layout):
     R.assert_bits_equal(got["native"], got["numpy"])
     falls_back = layout == "strided" and len(shape) < 4
     assert bool(nat.fallbacks) == falls_back, dict(nat.fallbacks)
+
+
+def test_vector_isa_names_what_the_compiler_targets():
+    """The kernels' own preamble reports its lanes; the compiler's predefined macros (asked
+    separately, with the kernels' flags) say which branch of it must have been taken."""
+    cc = build.find_compiler()[0]
+    macros = subprocess.run([cc, *build.flags(cc), "-dM", "-E", "-x", "c", os.devnull],
+                            capture_output=True, text=True, check=True).stdout.split()
+    if "__AVX512F__" in macros:
+        expected = "AVX-512, 16 float lanes"
+    elif "__AVX2__" in macros and "__F16C__" in macros:
+        expected = "AVX2 + F16C, 8 float lanes"
+    else:
+        expected = "scalar C"
+    assert launch.vector_isa() == expected

@@ -297,5 +297,32 @@ def _fused_pointers(ln: Launch, arrays: Sequence[np.ndarray]) -> Any:
     return ptrs
 
 
+_LANES_SOURCE = render.HELPERS + render.V_HELPERS + """
+int opg_lanes(void)
+{
+#if defined(OPG_VEC)
+    return OPG_W;
+#else
+    return 1;
+#endif
+}
+"""
+
+
+def vector_isa() -> str:
+    """Which vector code the elementwise kernels compile to on this machine and compiler: their
+    own preamble built and asked for its float lanes (what a benchmark log should state).
+
+        >>> vector_isa() in ("AVX-512, 16 float lanes", "AVX2 + F16C, 8 float lanes", "scalar C",
+        ...                  "no C compiler")
+        True
+    """
+    if not build.availability()[0]:
+        return "no C compiler"
+    lanes = build.load(_LANES_SOURCE, symbol="opg_lanes").fn
+    lanes.argtypes, lanes.restype = [], ctypes.c_int
+    return {16: "AVX-512, 16 float lanes", 8: "AVX2 + F16C, 8 float lanes"}.get(lanes(), "scalar C")
+
+
 __all__ = ["Launch", "check_overlap", "collapse", "collapse_groups", "collapsed", "launch_for",
-           "new_launch", "run_fused_native"]
+           "new_launch", "run_fused_native", "vector_isa"]
