@@ -39,7 +39,7 @@ from opgraph.core.opapi import OpApiSpec, Param, register_op_api
 from opgraph.core.opdef import L0Error
 from opgraph.core.platform import get_platform
 from opgraph.core.status import AclnnError, Status
-from opgraph.core.tensor import Tensor
+from opgraph.core.tensor import Tensor, overlapping
 from opgraph.core.types import RecordedCall
 from opgraph.passes import optimize
 from .cache import EXECUTOR_CACHE, CachedOp, cache_key, written_inputs
@@ -135,14 +135,16 @@ def compile_executor(ex: Executor, level: int) -> None:
     ex.program = CompiledProgram(ex.graph, compiled, plan_memory(compiled), level, ex.platform)
 
 
-def record(name: str, compose: Callable[[Executor], None], call: Optional[RecordedCall] = None) -> Phase1:
-    """Phase 1: run ``compose(executor)`` (checks + l0 calls), then compile at the current level."""
+def record(name: str, compose: Callable[[Executor], None], call: Optional[RecordedCall] = None,
+           as_recorded: bool = False) -> Phase1:
+    """Phase 1: run ``compose(executor)`` (checks + l0 calls), then compile at the current level
+    (``as_recorded``: at level 0, whatever the current level)."""
     ex = Executor(name, call=call)
     try:
         with np.errstate(all="ignore"):  # IEEE results (inf, NaN) are defined; the NPU does not warn
             compose(ex)
             check_outputs_writable(ex)
-            compile_executor(ex, get_opt_level())
+            compile_executor(ex, 0 if as_recorded else get_opt_level())
     except AclnnError as e:
         return fail(e.status, e.message), 0, None
     except L0Error as e:
@@ -172,12 +174,15 @@ def op_api(name: str, *, params: Sequence[Param], **spec: Any
 
         def get_workspace_size(*args: Any) -> Phase1:
             platform, level = get_platform(), get_opt_level()
+            shared = writes_shared_memory(args, written_at)
             key = cache_key(name, args, platform, level)
+            if shared and key is not None:  # compiled as recorded: an entry of its own
+                key += (SHARED_OUTPUTS,)
             hit = EXECUTOR_CACHE.get(key) if key is not None else None
             if hit is not None and hit.writable(args):  # the key fixes every argument's kind
                 return _reused(hit, args)
             # a known structure fixes every argument's kind, as the key does
-            skey, dims = structure_key(name, args, platform, level, key)
+            skey, dims = structure_key(name, args, platform, level, key) if not shared else (None, ())
             template = STRUCTURE_CACHE.get(skey) if skey is not None else None
             if isinstance(template, Template):  # a new shape of a known structure
                 hit = template.at(dims)
@@ -188,7 +193,7 @@ def op_api(name: str, *, params: Sequence[Param], **spec: Any
                 _check_kinds(params, args)
             except AclnnError as e:
                 return fail(e.status, e.message), 0, None
-            status, size, ex = record_call(args)
+            status, size, ex = record_call(args, shared)
             if ex is not None and key is not None:
                 EXECUTOR_CACHE.put(key, CachedOp.of(ex, args))
             if ex is not None and skey is not None and template is None:
@@ -197,8 +202,12 @@ def op_api(name: str, *, params: Sequence[Param], **spec: Any
                 succeed()  # the probe's outcome is not the caller's
             return status, size, _captured(ex, args)
 
-        def record_call(args: tuple) -> Phase1:
-            return record(name, lambda ex: compose(ex, *args), recorded_call(name, params, args))
+        def record_call(args: tuple, as_recorded: bool = False) -> Phase1:
+            return record(name, lambda ex: compose(ex, *args), recorded_call(name, params, args),
+                          as_recorded)
+
+        written_at = tuple(i for i, p in enumerate(params)
+                           if p.kind == "tensor" and p.role in ("output", "inout"))
 
         get_workspace_size.__name__ = get_workspace_size.__qualname__ = compose.__name__
         get_workspace_size.__doc__ = compose.__doc__
@@ -210,6 +219,26 @@ def op_api(name: str, *, params: Sequence[Param], **spec: Any
             name, params, get_workspace_size, run_executor, **spec), replace=True)
         return get_workspace_size
     return deco
+
+
+SHARED_OUTPUTS = "outputs share memory"  # the cache-key part of a call compiled as recorded
+
+
+def writes_shared_memory(args: tuple, written_at: Sequence[int]) -> bool:
+    """Whether two of the tensors at positions ``written_at`` (the outputs and in-out tensors)
+    share memory. Such a call is compiled as recorded (level 0) at any level: the recorded
+    order of the writes decides what the shared memory ends up holding, and the passes may
+    move them (a redirected copy writes when its producer runs; a fused kernel stores its
+    results in its own order) — the levels then disagree.
+
+        >>> import numpy as np, opgraph
+        >>> a = np.zeros(4, np.float32)
+        >>> writes_shared_memory((opgraph.tensor(a), opgraph.tensor(a)), (0, 1))
+        True
+    """
+    if len(written_at) < 2 or len(args) <= written_at[-1]:  # a short call fails its kinds check
+        return False
+    return overlapping([a for a in map(args.__getitem__, written_at) if isinstance(a, Tensor)])
 
 
 def _reused(hit: CachedOp, args: tuple) -> Phase1:

@@ -28,20 +28,11 @@ from opgraph.core.config import current_backend
 from opgraph.core.executor import Executor, tensor_type
 from opgraph.core.ir import Graph, Node, Value
 from opgraph.core.platform import Platform
-from opgraph.core.tensor import Tensor, tensor
+from opgraph.core.tensor import Tensor, extent, tensor
 
 
 class CaptureError(RuntimeError):
     """A sequence of calls the capture cannot turn into one program (the message says why)."""
-
-
-def extent(t: Tensor) -> tuple[int, int]:
-    """The byte range ``[lo, hi)`` of memory the tensor's elements span."""
-    size = t.storage.itemsize
-    lo = t.storage.__array_interface__["data"][0] + t.offset * size
-    if t.numel == 0:
-        return lo, lo
-    return lo, lo + (sum((n - 1) * s for n, s in zip(t.shape, t.strides)) + 1) * size
 
 
 def key_of(t: Tensor) -> tuple:
@@ -218,4 +209,4 @@ def _reads(v: Value) -> bool:
                for u in v.users for k in range(len(u.inputs)))
 
 
-__all__ = ["CaptureError", "Recorder", "Write", "extent", "key_of"]
+__all__ = ["CaptureError", "Recorder", "Write", "key_of"]

@@ -300,6 +300,48 @@ def _intern_signature(sig: tuple) -> int:
     return _SIGNATURE_IDS.put(sig, next(_NEXT_ID)) if got is None else got
 
 
+_SPANS = BoundedMemo(MAX_SIGNATURE_IDS)  # signature id -> bytes from the first element to past the last
+
+
+def extent(t: Tensor) -> tuple[int, int]:
+    """The byte range ``[lo, hi)`` the tensor's elements span (empty for no elements); its
+    length is kept per signature.
+
+    >>> a = np.zeros(8, np.float32); t = Tensor(a, (2, 2), (4, 1), offset=1)
+    >>> lo, hi = extent(t); lo - a.ctypes.data, hi - lo
+    (4, 24)
+    """
+    lo, sid = t.data_address, t.signature_id
+    span = _SPANS.get(sid)
+    if span is None:
+        span = _SPANS.put(sid, 0 if t.numel == 0 else t.storage.itemsize * (
+            1 + sum((n - 1) * s for n, s in zip(t.shape, t.strides))))
+    return lo, lo + span
+
+
+def overlapping(tensors: Sequence[Tensor]) -> bool:
+    """Whether the byte ranges of any two of ``tensors`` intersect (conservative: two strided
+    views that interleave without sharing an element count as overlapping; an empty tensor
+    overlaps nothing). Pairwise: meant for the few outputs of one call.
+
+    >>> a = np.zeros(8, np.float32)
+    >>> overlapping([tensor(a[:4]), tensor(a[4:])]), overlapping([tensor(a[:5]), tensor(a[4:])])
+    (False, True)
+    """
+    if len(tensors) < 2:
+        return False
+    seen: list[tuple[int, int]] = []
+    for t in tensors:
+        lo, hi = extent(t)
+        if lo == hi:
+            continue
+        for lo2, hi2 in seen:
+            if lo < hi2 and lo2 < hi:
+                return True
+        seen.append((lo, hi))
+    return False
+
+
 def virtual_tensor(shape: Sequence[int], dtype: Any, format: "Format | str" = "ND",
                    writeable: bool = True) -> Tensor:
     """A contiguous tensor of ``shape`` over no memory (every element aliases one): only its
