@@ -16,7 +16,7 @@ import pytest
 import backends
 import opgraph
 from backends import native
-from backends.native import build
+from backends.native import build, team
 from backends.native import reduce as native_reduce
 from backends.native.reduce import collapse_reduced, plan_for, run_fused_reduce_native
 from l0ops.fused_reduce import FusedReduce, FusedReduceAttrs, Instr
@@ -336,3 +336,35 @@ def test_gather_with_counts_reads_the_counts_through_their_view(W, C, dt, monkey
     for g, r in zip(results["native"], results["numpy"]):
         assert np.array_equal(bits(g), bits(r))
     assert not nat.fallbacks, dict(nat.fallbacks)
+
+
+@pytest.fixture
+def threads():
+    before = team.threads()
+    yield team.set_threads
+    team.set_threads(before)
+
+
+@pytest.mark.parametrize("n", [1, 2, 7])
+@pytest.mark.parametrize("layout", ["dense", "transposed"])
+@pytest.mark.parametrize("shape", [(3, 13, 40, 300), (5, 20, 7, 9), (2, 17, 32768 + 100)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_channel_groups_bits_equal_numpy(shape, layout, n, threads):
+    """A channel-major pass takes its kept indices 8 at a time, a stretch of reduced elements
+    for each of them in turn (reduce_c: OPG_KG): a last group of fewer, several blocks a
+    channel, rows that are not a multiple of the 64 lanes, each channel's own per-channel
+    register, strided data and any thread count keep every channel's order (large values
+    among small ones: a change of order shows)."""
+    threads(n)
+    rng = np.random.default_rng(21)
+    dy = rng.standard_normal(shape).astype(np.float32)
+    dy.reshape(-1)[7::997] = 3e4
+    x = (rng.standard_normal(shape[::-1]).astype(np.float32).T if layout == "transposed"
+         else rng.standard_normal(shape).astype(np.float32))  # transposed: no dim has stride 1
+    mean = rng.standard_normal(shape[1]).astype(np.float32).reshape(keep(shape))
+    check_same(backward_body(shape, "f32"), [dy, x, mean])
+    k, o = keep(shape), tuple(shape)  # Σ dy·(x − mean): the pass reads each channel's own mean
+    centred = (Instr(op="sub", args=("in1", "in2"), dtype=F32),
+               Instr(op="mul", args=("in0", "t0"), dtype=F32),
+               Instr(op="sum", args=("t1",), dtype=F32, shape=k, over=o))
+    check_same(FusedReduceAttrs(body=centred, results=("t2",), out_shapes=((shape[1],),)), [dy, x, mean])
