@@ -347,14 +347,15 @@ def threads():
 
 @pytest.mark.parametrize("n", [1, 2, 7])
 @pytest.mark.parametrize("layout", ["dense", "transposed"])
-@pytest.mark.parametrize("shape", [(3, 13, 40, 300), (5, 20, 7, 9), (2, 17, 32768 + 100)],
+@pytest.mark.parametrize("shape", [(3, 37, 20, 150), (5, 45, 7, 9), (2, 33, 32768 + 100), (4, 13, 50)],
                          ids=lambda s: "x".join(map(str, s)))
 def test_channel_groups_bits_equal_numpy(shape, layout, n, threads):
-    """A channel-major pass takes its kept indices 8 at a time, a stretch of reduced elements
-    for each of them in turn (reduce_c: OPG_KG): a last group of fewer, several blocks a
-    channel, rows that are not a multiple of the 64 lanes, each channel's own per-channel
-    register, strided data and any thread count keep every channel's order (large values
-    among small ones: a change of order shows)."""
+    """A channel-major pass takes its kept indices 8 at a time (from 32 of them; fewer: one at
+    a time), a stretch of reduced elements for each of them in turn (reduce_c: OPG_KG): a last
+    group of fewer, several blocks a channel, rows that are not a multiple of the 64 lanes,
+    each channel's own per-channel register, strided data and any thread count keep every
+    channel's order (large values among small ones: a change of order shows); the statistics'
+    two passes, which share the item code, still run channel by channel."""
     threads(n)
     rng = np.random.default_rng(21)
     dy = rng.standard_normal(shape).astype(np.float32)
@@ -368,3 +369,6 @@ def test_channel_groups_bits_equal_numpy(shape, layout, n, threads):
                Instr(op="mul", args=("in0", "t0"), dtype=F32),
                Instr(op="sum", args=("t1",), dtype=F32, shape=k, over=o))
     check_same(FusedReduceAttrs(body=centred, results=("t2",), out_shapes=((shape[1],),)), [dy, x, mean])
+    stats = stats_body(shape)
+    check_same(stats, [dy])
+    assert steps_of(stats, [dy]) == ["blocked"]

@@ -45,6 +45,8 @@ FOLD = f"""#include <stdlib.h>
 #define OPG_BLOCK {BLOCK}
 #define OPG_KC 64  /* kept indices per work item of a channels_last pass */
 #define OPG_KG 8   /* kept indices a work item of a channel-major pass takes in lockstep */
+/* the group a kernel of at most ``cap`` uses for K kept indices: 1 below 4 groups' worth */
+#define OPG_GROUP(K, cap) ((K) >= 4 * (cap) ? (cap) : 1)
 /* l0ops.ordered's tree: with n = ceil(m/2), a[j] += a[j + n] for j < m - n; m = n; ... */
 static void opg_fold(float *a, int64_t m, int64_t stride) {{
     while (m > 1) {{
@@ -165,7 +167,7 @@ def render_pass(big: Sequence[tuple[str, DataType]], kept: Sequence[str],
         return _finish(_HEADER + _item_head("opg_items", big, kept) + _cols_items(big, kept, live, sums),
                        len(sums), "((K + OPG_KC - 1) / OPG_KC) * nblocks")
     return _finish(_HEADER + _items("opg_items", big, kept, live, sums), len(sums),
-                   "((K + OPG_KG - 1) / OPG_KG) * nblocks")
+                   "((K + OPG_GROUP(K, OPG_KG) - 1) / OPG_GROUP(K, OPG_KG)) * nblocks")
 
 
 _HEADER = [HELPERS, V_HELPERS, C_DECL, FOLD,
@@ -190,22 +192,23 @@ def _item_head(name: str, big: Sequence[tuple[str, DataType]], kept: Sequence[st
 
 
 def _items(name: str, big: Sequence[tuple[str, DataType]], kept: Sequence[str],
-           live: Sequence[tuple[str, Instr]], sums: Sequence[str], group: str = "OPG_KG") -> list[str]:
-    """Work-item function ``name`` of a pass whose items are (group of ``group`` consecutive
-    kept indices, block), group major: items ``[g * nblocks, (g + 1) * nblocks)`` are group
-    ``g``'s blocks. Each stretch of a block's reduced elements is taken for every kept index
-    of the group in turn, each into its own lane accumulators (the same additions in the same
-    order as one index at a time): channel-major data is then read a run of the group's rows
-    at a time (N rows of 784 elements a channel, 401 KB apart in a 32×64×56×56 tensor, read
-    one channel at a time cost a short stream per row). ``group`` 1: items are (kept index,
-    block), as :func:`render_blocked` runs them."""
+           live: Sequence[tuple[str, Instr]], sums: Sequence[str], cap: str = "OPG_KG") -> list[str]:
+    """Work-item function ``name`` of a pass whose items are (group of ``OPG_GROUP(K, cap)``
+    consecutive kept indices, block), group major: items ``[g * nblocks, (g + 1) * nblocks)``
+    are group ``g``'s blocks. Each stretch of a block's reduced elements is taken for every
+    kept index of the group in turn, each into its own lane accumulators (the same additions in
+    the same order as one index at a time): channel-major data is then read a run of the
+    group's rows at a time (N rows of 784 elements a channel, 401 KB apart in a 32×64×56×56
+    tensor, read one channel at a time cost a short stream per row). Fewer than 4 groups' worth
+    of kept indices: groups of 1, so that a few channels still make several items."""
     nb, S = len(big), len(sums)
     pad = " " * 20
     L = _item_head(name, big, kept)
-    L += ["    for (int64_t w = w_begin; w < w_end; ++w) {",
-          f"        const int64_t k0 = (w / nblocks) * {group}, blk = w % nblocks;",
-          f"        const int64_t kn = K - k0 < {group} ? K - k0 : {group};",
-          f"        float accs[{group}][{S}][OPG_LANES] __attribute__((aligned(64)));",
+    L += [f"    const int64_t group = OPG_GROUP(K, {cap});",
+          "    for (int64_t w = w_begin; w < w_end; ++w) {",
+          "        const int64_t k0 = (w / nblocks) * group, blk = w % nblocks;",
+          "        const int64_t kn = K - k0 < group ? K - k0 : group;",
+          f"        float accs[{cap}][{S}][OPG_LANES] __attribute__((aligned(64)));",
           f"        for (int64_t g = 0; g < kn; ++g) for (int s = 0; s < {S}; ++s)",
           "            for (int l = 0; l < OPG_LANES; ++l) accs[g][s][l] = -0.0f;",
           "        const int64_t r1 = (blk + 1) * OPG_BLOCK < R ? (blk + 1) * OPG_BLOCK : R;",
@@ -289,7 +292,7 @@ def render_blocked(a: tuple, b: tuple, a_regs: Sequence[tuple[str, DataType]],
     are too. Entry: ``int opg_kernel(K, R, nblocks, nr_a, rshape_a, ptrs_a, koff_a, rstr_a,
     out_a, nr_b, rshape_b, ptrs_b, koff_b, rstr_b, out_b, run)``."""
     SA, SB, nbb = len(a[3]), len(b[3]), len(b[0])
-    L = _HEADER + _items("opg_items_a", *a, group="1") + _items("opg_items_b", *b, group="1")
+    L = _HEADER + _items("opg_items_a", *a, cap="1") + _items("opg_items_b", *b, cap="1")
     L += ["struct opg_bctx { struct opg_rctx a, b; float *out_a, *out_b; };", "",
           "static void opg_fold_out(const struct opg_rctx *r, int S, int64_t k, float *out)", "{",
           "    for (int s = 0; s < S; ++s) {",
