@@ -18,7 +18,7 @@ import numpy as np
 
 from opgraph.core.executor import Executor
 from opgraph.core.status import Status
-from opgraph.core.tensor import Tensor
+from opgraph.core.tensor import Tensor, overlapping
 from .twophase import fail, succeed, unwritable_reason, written_inputs
 
 
@@ -78,6 +78,12 @@ def _set_addr(executor: Any, output: bool, index: Any, t: Any, what: str) -> Sta
     why = unwritable_reason(t) if output and t.numel else None
     if why:
         return fail(Status.ACLNN_ERR_PARAM_INVALID, f"{what}: %{name}: {why}")
+    if output and executor.program is not None and executor.program.opt_level != 0:
+        shared = [o for o in names if o != name and overlapping([t, executor.bindings[o]])]
+        if shared:  # the program was optimised for outputs apart (see writes_shared_memory)
+            return fail(Status.ACLNN_ERR_PARAM_INVALID,
+                        f"{what}: %{name} would share memory with %{shared[0]}: outputs that "
+                        "share memory are compiled as recorded, so phase 1 must see them")
     executor.bindings = {**executor.bindings, name: t}
     return succeed()
 
