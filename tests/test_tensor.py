@@ -10,6 +10,7 @@ import pytest
 
 import opgraph
 from opgraph import DataType, Format, Tensor, is_contiguous, promote_types
+from opgraph.core.tensor import array_address
 
 
 # --------------------------------------------------------------------------------------------
@@ -358,3 +359,14 @@ def test_c_contiguous_array_with_an_odd_size_one_stride_is_viewed_with_row_major
     b = np.zeros((2, 3), np.float32)[:, None, :]  # a new axis: stride 0
     assert b.flags.c_contiguous and b.strides[1] == 0
     assert opgraph.tensor(b).signature == opgraph.tensor(np.zeros((2, 1, 3), np.float32)).signature
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, ml_dtypes.bfloat16, np.int32])
+def test_array_address_is_the_first_elements_for_every_dtype_and_layout(dtype):
+    """bfloat16 arrays (a user-defined dtype the buffer protocol cannot describe) go through
+    their bytes; read-only, strided and empty arrays through ``ctypes``: the same address."""
+    a = np.arange(12).astype(dtype)
+    ro = a.copy()
+    ro.flags.writeable = False
+    for x in (a, a[3:], a[1::2], ro, a[:0], a.reshape(3, 4).T):
+        assert array_address(x) == x.__array_interface__["data"][0]

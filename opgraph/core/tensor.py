@@ -92,14 +92,16 @@ def _int(what: str, v: Any) -> int:
 
 def array_address(x: np.ndarray) -> int:
     """The address of a numpy array's first element: through the buffer protocol for a
-    writable C-contiguous array (a quarter of ``x.ctypes.data``'s cost), else ``x.ctypes.data``.
+    writable C-contiguous array (a quarter of ``x.ctypes.data``'s cost; an array of a
+    user-defined dtype such as bfloat16, which the buffer protocol cannot describe, as bytes),
+    else ``x.ctypes.data``.
 
         >>> a = np.zeros(4, np.float32)
         >>> array_address(a[1:]) - a.ctypes.data, array_address(a[::2]) == a.ctypes.data
         (4, True)
     """
     try:
-        return ctypes.addressof(ctypes.c_char.from_buffer(x))
+        return ctypes.addressof(ctypes.c_char.from_buffer(x if x.dtype.isbuiltin != 2 else x.view(np.uint8)))
     except (TypeError, ValueError, BufferError):  # read-only, strided or empty
         return x.ctypes.data
 
