@@ -38,6 +38,7 @@ from ..numpy_backend import NUMPY_LOWERINGS, NumpyBackend, NumpyExecutable, take
 from . import render, team
 from .build import NativeBuildError, availability
 from .direct_reduce import DirectReduce
+from .gather_fused import run_gather_fused
 from .launch import Launch, check_overlap, collapse, new_launch, run_fused_native
 from .reduce import run_fused_reduce_native
 from .small import run_small_reduce_native
@@ -83,8 +84,19 @@ def _lower_reduce(exe: Any, node: Any, args: list) -> list:
         return node.opdef.compute(args, node.attrs)
 
 
-NATIVE_LOWERINGS: LoweringTable = NUMPY_LOWERINGS.extend({"FusedElementwise": _lower_fused,
-                                                          "FusedReduce": _lower_reduce})
+def _lower_gather_fused(exe: Any, node: Any, args: list) -> list:
+    """The 950's SyncBatchNormGatherStatsFused as one serial C call (:mod:`.gather_fused`);
+    operands it does not cover run on numpy."""
+    try:
+        return run_gather_fused(node.attrs, args)
+    except Unsupported as e:
+        exe.backend.fallbacks[str(e)] += 1
+        return node.opdef.compute(args, node.attrs)
+
+
+NATIVE_LOWERINGS: LoweringTable = NUMPY_LOWERINGS.extend({
+    "FusedElementwise": _lower_fused, "FusedReduce": _lower_reduce,
+    "SyncBatchNormGatherStatsFused": _lower_gather_fused})
 
 
 class NativeExecutable(NumpyExecutable):
