@@ -248,9 +248,11 @@ static inline opg_v opg_v_ld_bf16(const uint16_t *p) {
 static inline void opg_v_st_bf16(uint16_t *p, opg_v x) {  /* x already holds bf16 values */
     _mm256_storeu_si256((__m256i *)p, _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(x), 16)));
 }
-#define opg_v_nt_f32 opg_v_st_f32  /* AVX-512: ordinary stores */
-#define opg_v_nt_f16 opg_v_st_f16
-#define opg_v_nt_bf16 opg_v_st_bf16
+static inline void opg_v_nt_f32(float *p, opg_v x) { _mm512_stream_ps(p, x); }
+static inline void opg_v_nt_f16(uint16_t *p, opg_v x) { _mm256_stream_si256((__m256i *)p, _mm512_cvtps_ph(x, 0)); }
+static inline void opg_v_nt_bf16(uint16_t *p, opg_v x) {
+    _mm256_stream_si256((__m256i *)p, _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(x), 16)));
+}
 #elif defined(__AVX2__) && defined(__F16C__)
 #include <immintrin.h>
 #define OPG_VEC 1
