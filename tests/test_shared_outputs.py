@@ -33,43 +33,41 @@ def _written(spec: OpApiSpec) -> list[str]:
     return [p.name for p in spec.params if p.kind == "tensor" and p.role in ("output", "inout")]
 
 
-def _cases():
-    """(op_api, soc, dtype, the two written parameters that will share memory)."""
+def _reads(spec: OpApiSpec) -> list[str]:
+    return [p.name for p in spec.params if p.kind == "tensor" and p.role == "input"]
+
+
+def _pairings(pairs, fits, sep: str):
+    """(op_api, soc, dtype, a, b) for every pair ``pairs(spec)`` of tensor parameters whose
+    arrays share a dtype and ``fits(x, y)``, on every SoC and dtype the op_api takes."""
     for spec in _family():
-        name, written = spec.name, _written(spec)
-        if len(written) < 2:
-            continue
         for soc, dtype in itertools.product(SOCS, (DataType.FLOAT, DataType.FLOAT16)):
             with opgraph.platform(soc):
                 if not spec.supports(get_platform()) or dtype not in spec.dtypes(get_platform()):
                     continue
             arrays = _arrays(spec, dtype)
-            for a, b in itertools.combinations(written, 2):
+            for a, b in pairs(spec):
                 x, y = arrays.get(a), arrays.get(b)
                 if isinstance(x, np.ndarray) and isinstance(y, np.ndarray) and \
-                        x.shape == y.shape and x.dtype == y.dtype:
-                    yield pytest.param(name, soc, dtype, a, b, id=f"{name}-{soc}-{dtype.short}-{a}={b}")
+                        x.dtype == y.dtype and fits(x, y):
+                    yield pytest.param(spec.name, soc, dtype, a, b,
+                                       id=f"{spec.name}-{soc}-{dtype.short}-{a}{sep}{b}")
+
+
+def _cases():
+    """Two written parameters of one shape, which will share memory."""
+    return _pairings(lambda spec: itertools.combinations(_written(spec), 2),
+                     lambda x, y: x.shape == y.shape, "=")
+
+
+def _in_place_cases():
+    """A written parameter and a read-only one with as many elements."""
+    return _pairings(lambda spec: itertools.product(_written(spec), _reads(spec)),
+                     lambda x, y: x.size == y.size, "@")
 
 
 def _config(spec: OpApiSpec, dtype: DataType) -> InputConfig:
     return InputConfig(spec.default_shape, dtype, {o.name: o.default for o in spec.options})
-
-
-def _in_place_cases():
-    """(op_api, soc, dtype, a written parameter, a read-only one with as many elements)."""
-    for spec in _family():
-        name = spec.name
-        reads = [p.name for p in spec.params if p.kind == "tensor" and p.role == "input"]
-        for soc, dtype in itertools.product(SOCS, (DataType.FLOAT, DataType.FLOAT16)):
-            with opgraph.platform(soc):
-                if not spec.supports(get_platform()) or dtype not in spec.dtypes(get_platform()):
-                    continue
-            arrays = _arrays(spec, dtype)
-            for a, b in itertools.product(_written(spec), reads):
-                x, y = arrays.get(a), arrays.get(b)
-                if isinstance(x, np.ndarray) and isinstance(y, np.ndarray) and \
-                        x.size == y.size and x.dtype == y.dtype:
-                    yield pytest.param(name, soc, dtype, a, b, id=f"{name}-{soc}-{dtype.short}-{a}@{b}")
 
 
 def _arrays(spec: OpApiSpec, dtype: DataType) -> dict:

@@ -30,8 +30,6 @@ from .build import address
 from .render import C_TYPE, HELPERS, LOAD, STORE
 from .unsupported import Unsupported
 
-F32, F16, BF16 = DataType.FLOAT, DataType.FLOAT16, DataType.BF16
-
 SUM_ROWS = r"""
 /* l0ops.syncbn.sum_rows: the rows of t [W, C] (float32, row-major) added one after another
    from +0.0; with more than 255 rows and more rows than columns, per block of ceil(W / cores)

@@ -225,7 +225,7 @@ def _items(name: str, big: Sequence[tuple[str, DataType]], kept: Sequence[str],
           "            const int64_t run = inner - t0 < r1 - r ? inner - t0 : r1 - r;",
           "            for (int64_t g = 0; g < kn; ++g) {",
           "                const int64_t k = k0 + g;",
-          f"                float (*const acc)[OPG_LANES] = accs[g];"]
+          "                float (*const acc)[OPG_LANES] = accs[g];"]
     L += [f"                const float r_{r} = h{j}[k];" for j, r in enumerate(kept)]
     L += ["#if defined(OPG_VEC)"]
     L += [f"                const opg_v v_{r} = opg_v_set1(r_{r});" for r in kept]
