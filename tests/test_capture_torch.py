@@ -114,3 +114,36 @@ def test_capture_refuses_an_empty_rank_and_half_precision_parameters():
     for empty, half in ot.run_ranks(_refused, 2, timeout=60.0, pg_timeout=20.0):
         assert "needs data on every rank; ranks [1] have none" in empty
         assert "weight is torch.float16; its gradient is float32" in half
+
+
+def _one_rank(rank: int, world: int) -> list:
+    """SyncBatchNormFunction on a one-rank group (the module itself would use plain batch norm):
+    eager (the exchanges skipped) and captured, replayed on new tensors and new data."""
+    x, dy, x2, dy2 = _data(0, torch.float32)
+    w, b = torch.linspace(0.5, 2, C), torch.linspace(-1, 1, C)
+    where = {"backend": "native" if native.available() else "numpy"}
+
+    def step(xs, dys, state):
+        xi = xs.clone().requires_grad_()
+        y = ot.SyncBatchNormFunction.apply(xi, w, b, *state, 1e-5, 0.1,
+                                           torch.distributed.group.WORLD, 1, where)
+        return [y, *torch.autograd.grad(y, xi, dys)]
+
+    eager_state, state = [torch.zeros(C), torch.ones(C)], [torch.zeros(C), torch.ones(C)]
+    with opgraph.capture() as prog:
+        outs = step(x, dy, state)
+    equal = []
+    for k, (xs, dys) in enumerate(((x, dy), (x2, dy2), (x2, dy2), (x2, dy2))):
+        if k == 3:  # new data in place: the replays from the third on run bound (native)
+            x2.mul_(-1.5)
+        want = [t.detach() for t in step(xs, dys, eager_state)] + eager_state
+        prog.replay(input=xs, gradOut=dys)
+        equal.append([bool(torch.equal(a.view(torch.int32), g.detach().view(torch.int32)))
+                      for a, g in zip(want, [*outs, *state])])
+    return [equal, sorted({n.attrs.group for n in prog.compiled.nodes if n.op == "AllGather"})]
+
+
+def test_a_one_rank_capture_exchanges_locally_and_equals_the_eager_function():
+    [(equal, groups)] = ot.run_ranks(_one_rank, 1, timeout=TIMEOUT, pg_timeout=30.0)
+    assert groups == ["local"]  # no gloo exchange on one rank, as the eager path skips it
+    assert all(all(e) and len(e) == 4 for e in equal), equal

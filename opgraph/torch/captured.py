@@ -5,8 +5,10 @@ exchange per direction are those of the eager path, so the program's bits are th
 
 In a capture nothing is computed, so what the eager path decides from data is decided when
 capturing: every rank's sample count (shapes only) is exchanged once, and every rank must have
-data. The captured program reads the layer's parameters and running statistics where they are
-when it runs, and updates the running statistics on every replay.
+data. On a one-rank group the collectives are those of the one-process group (``"local"``: no
+gloo exchange), as the eager path skips them. The captured program reads the layer's parameters
+and running statistics where they are when it runs, and updates the running statistics on every
+replay.
 
     >>> import numpy as np
     >>> TorchGroup.__name__, callable(group_of)
@@ -83,7 +85,8 @@ def forward(ctx: Any, input: Tensor, weight: Optional[Tensor], bias: Optional[Te
     if (counts < 1).any():
         raise CaptureError("SyncBatchNorm in a capture needs data on every rank; ranks "
                            f"{[i for i, c in enumerate(counts.tolist()) if c < 1]} have none")
-    group = group_of(process_group)
+    # one rank: the exchange returns the rank's own values, as the eager path skips it
+    group = group_of(process_group) if world_size > 1 else "local"
     mean, invstd = K.batch_norm_stats(input, eps, **where)
     mean_all, invstd_all = (K.to_torch(a) for a in all_gather(mean, invstd, group=group))
     if running_mean is not None and counts.dtype != running_mean.dtype:
