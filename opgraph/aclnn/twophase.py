@@ -327,11 +327,13 @@ def run_executor(workspace: Any, workspace_size: int, executor: Optional[Executo
         try:
             if exe is None:
                 exe = program.executable(backend)
+            # a repeatable executor runs its tensors again and again: the backend may bind to them
+            run = exe.run_repeatable if executor.repeatable else exe.run
             if exe.quiet:
-                exe.run(executor.bindings, ws)
+                run(executor.bindings, ws)
             else:
                 with np.errstate(all="ignore"):  # IEEE results are defined; the NPU does not warn
-                    exe.run(executor.bindings, ws)
+                    run(executor.bindings, ws)
         except Exception as e:  # a backend failure is a runtime error, never a raw traceback
             return fail(Status.ACLNN_ERR_RUNTIME_ERROR,
                         f"backend {backend.name!r} failed: {type(e).__name__}: {e}")

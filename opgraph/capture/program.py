@@ -82,6 +82,20 @@ def check_schedule(graph: Graph, plan: MemoryPlan) -> None:
                                    f"node {first[v.name]} wrote it: {n.header()}")
 
 
+def _layout_mark(value: Any) -> Optional[tuple]:
+    """What identifies where an array object's elements are, for arrays that can change it in
+    place (``ndarray.shape = ...``, torch's ``resize_``/``set_``); None when unknown."""
+    if isinstance(value, np.ndarray):
+        return value.shape, value.strides, value.dtype
+    data_ptr, stride = getattr(value, "data_ptr", None), getattr(value, "stride", None)
+    if callable(data_ptr) and callable(stride):  # torch.Tensor (duck-typed: no torch import)
+        try:
+            return data_ptr(), tuple(value.shape), stride(), value.dtype
+        except (TypeError, ValueError, RuntimeError):
+            return None
+    return None
+
+
 class Program:
     """Many op_api calls as one graph. ``graph``: as recorded (level 0, the calls chained);
     ``compiled``: optimised at ``level``; ``inputs``: the captured tensor of every graph input
@@ -100,6 +114,7 @@ class Program:
         self.outputs = written_inputs(self.compiled)
         self._executables: dict[int, tuple[Backend, Executable]] = {}
         self._workspace: Optional[bytearray] = None
+        self._rebound: dict[str, tuple[Any, Any, Tensor]] = {}  # name: (object, layout, Tensor)
 
     def at_level(self, level: int) -> "Program":
         """The same recorded program compiled at another level (same tensors)."""
@@ -127,7 +142,7 @@ class Program:
             if name not in types:
                 raise ValueError(f"replay: {name}: not an input of the program (inputs: "
                                  f"{', '.join(types)})")
-            t = value if isinstance(value, Tensor) else tensor(value)
+            t = value if isinstance(value, Tensor) else self._viewed(name, value)
             if tensor_type(t) != types[name]:
                 raise ValueError(f"replay: {name}: the program was captured with {types[name]}, "
                                  f"got {tensor_type(t)}; capture again for other shapes")
@@ -137,6 +152,18 @@ class Program:
                     raise ValueError(f"replay: {name}: {why}")
             bindings[name] = t
         return bindings
+
+    def _viewed(self, name: str, value: Any) -> Tensor:
+        """``tensor(value)``; the same Tensor as the last replay's when ``value`` is the same
+        object with the same memory and layout (so a backend that bound itself to the last
+        replay's tensors stays bound, :meth:`Executable.run_repeatable`)."""
+        mark = _layout_mark(value)
+        last = self._rebound.get(name)
+        if last is not None and last[0] is value and mark is not None and last[1] == mark:
+            return last[2]
+        t = tensor(value)
+        self._rebound[name] = (value, mark, t)
+        return t
 
     def executable(self, backend: Backend) -> Executable:
         """``backend``'s executable of the compiled program (compiled once per backend)."""
@@ -160,7 +187,7 @@ class Program:
                                         or len(self._workspace) < self.workspace_size):
                 self._workspace = bytearray(self.workspace_size)
             with np.errstate(all="ignore"):
-                self.executable(be).run(bindings, self._workspace if self.workspace_size else None)
+                self.executable(be).run_repeatable(bindings, self._workspace if self.workspace_size else None)
         return {name: bindings[name].view() for name in self.outputs}
 
     run = replay

@@ -56,6 +56,12 @@ class Executable:
     def run(self, bindings: Mapping[str, Tensor], workspace: Any = None) -> Any:
         raise NotImplementedError
 
+    def run_repeatable(self, bindings: Mapping[str, Tensor], workspace: Any = None) -> Any:
+        """:meth:`run`, for a caller that runs the same tensor objects and workspace again and
+        again (a captured program's replay): a backend may prepare once for them and keep them
+        (the native backend binds its kernels' pointers). The default runs."""
+        return self.run(bindings, workspace)
+
     def resized(self, graph: Graph, memory_plan: MemoryPlan) -> "Executable | None":
         """This executable for ``graph`` — the graph it was compiled from at other sizes: the
         same nodes, value names and ops in the same order, as

@@ -1,0 +1,195 @@
+"""The native backend's bound runs (backends/native/bound.py): a captured program replayed, or a
+repeatable executor run, again and again on the same tensors binds its steps to them from the
+second such run on. Every run here changes the data in place first, and every result is checked
+bit for bit — against the numpy backend on the same program and state (captured programs), or
+against the independent reference (repeatable executors) — with the bound path shown to run."""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import opgraph
+from backends import native
+from backends.native import bound as bound_module
+from opgraph import aclnn
+from opgraph.core.backend import get as get_backend
+from l0ops.define import define_op
+from opgraph.core.dtypes import DataType
+from opgraph.core.ir import Graph, TensorType
+from opgraph.core.memory import plan_memory
+from opgraph.core.platform import get_platform, platform as use_platform
+
+from reference import F16, F32, assert_bits_equal, make_case, to_tensors
+
+pytestmark = pytest.mark.skipif(not native.available(), reason=native.availability()[1])
+
+ROOT = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("capture_syncbn", ROOT / "examples" / "capture_syncbn.py")
+ex = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(ex)
+
+BF16 = DataType.BF16.np
+# (level, dtype, platform, shape): level 0 has free views and arena slots; 4x8x12x13 puts the
+# reductions on the C passes, 2x3x2x2 on the serial C call
+CASES = [(level, np.float32, None, shape) for level in (0, 1, 2)
+         for shape in ((2, 3, 2, 2), (4, 8, 12, 13))] + [
+    (2, np.float16, None, (4, 8, 12, 13)), (0, np.float16, "Ascend950", (2, 3, 2, 2)),
+    (2, BF16, "Ascend950", (4, 8, 12, 13)), (1, BF16, "Ascend950", (2, 3, 2, 2))]
+IDS = [f"L{c[0]}-{np.dtype(c[1]).name}-{c[2] or 'default'}-{'x'.join(map(str, c[3]))}" for c in CASES]
+
+
+def bits(a: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(a).view(np.uint8)
+
+
+@pytest.fixture
+def bound_runs(monkeypatch):
+    """Counts the bound runs that ran (returned results)."""
+    count = {"runs": 0}
+    run = bound_module.Bound.run
+
+    def counted(self):
+        out = run(self)
+        count["runs"] += out is not None
+        return out
+    monkeypatch.setattr(bound_module.Bound, "run", counted)
+    return count
+
+
+def captured(level: int, dtype, platform, shape, seed: int = 0):
+    inputs = ex.make_inputs(shape, dtype, seed)
+    with use_platform(platform or "Ascend910B"), opgraph.capture(level) as prog:
+        ex.step_on(**inputs)
+    return prog, inputs
+
+
+def state(prog) -> dict:
+    return {name: t.view().copy() for name, t in prog.inputs.items()}
+
+
+def restore(prog, saved: dict) -> None:
+    for name, t in prog.inputs.items():
+        np.copyto(t.view(), saved[name])
+
+
+def replay_both(prog, **new) -> None:
+    """Replay on native, then from the same state on numpy; every written tensor bit-equal."""
+    before = state(prog)
+    got = {k: v.copy() for k, v in prog.replay(backend="native", **new).items()}
+    after = state(prog)
+    restore(prog, before)
+    want = prog.replay(backend="numpy", **new)
+    for name in want:
+        assert np.array_equal(bits(got[name]), bits(want[name])), name
+    for name in after:  # nothing else written differently (running statistics included)
+        assert np.array_equal(bits(after[name]), bits(prog.inputs[name].view())), name
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_replays_on_the_same_tensors_bind_and_stay_bit_exact(case, bound_runs):
+    level, dtype, platform, shape = case
+    prog, inputs = captured(level, dtype, platform, shape)
+    rng = np.random.default_rng(1)
+    for _ in range(5):  # new data in the captured tensors before every replay
+        inputs["x"][...] = (rng.standard_normal(shape) * 3 - 1).astype(dtype)
+        inputs["dy"][...] = rng.standard_normal(shape).astype(dtype)
+        replay_both(prog)
+    exe = prog.executable(get_backend("native"))
+    assert exe.bound is not None
+    assert bound_runs["runs"] == 3  # the first two replays run node by node, then bound
+
+
+def test_rebinding_other_objects_unbinds_and_the_same_object_binds_again(bound_runs):
+    prog, inputs = captured(2, np.float32, None, (4, 8, 12, 13))
+    rng = np.random.default_rng(2)
+    a, b = (rng.standard_normal((4, 8, 12, 13)).astype(np.float32) for _ in range(2))
+    for x in (a, b, a, b):  # alternating objects: never the same twice in a row
+        replay_both(prog, input=x)
+    assert bound_runs["runs"] == 0
+    for _ in range(4):
+        a[...] = rng.standard_normal(a.shape).astype(np.float32)
+        replay_both(prog, input=a)
+    assert bound_runs["runs"] == 2
+
+
+def test_a_rebound_array_whose_layout_changed_in_place_is_viewed_again(bound_runs):
+    prog, inputs = captured(2, np.float32, None, (4, 8, 12, 13))
+    x = np.random.default_rng(3).standard_normal((4, 8, 12, 13)).astype(np.float32)
+    for _ in range(3):
+        replay_both(prog, input=x)
+    assert bound_runs["runs"] == 1
+    x.shape = (8, 4, 12, 13)  # the same object, another type: refused, not run on the old view
+    with pytest.raises(ValueError, match="captured with"):
+        prog.replay(backend="native", input=x)
+
+
+def test_busy_bound_steps_fall_back_to_the_node_by_node_path(bound_runs):
+    prog, inputs = captured(0, np.float32, None, (4, 8, 12, 13))
+    for _ in range(3):
+        replay_both(prog)
+    exe = prog.executable(get_backend("native"))
+    runs = bound_runs["runs"]
+    with exe.bound.lock:  # another thread is running the bound steps
+        inputs["x"][...] += 1
+        replay_both(prog)
+    assert bound_runs["runs"] == runs
+
+
+@pytest.mark.parametrize("level", [0, 2])
+@pytest.mark.parametrize("dtype", [F32, F16])
+def test_repeatable_executor_binds_to_its_tensors_and_workspace(level, dtype, bound_runs):
+    case = make_case((4, 8, 12, 13), dtype, seed=5)
+    out = np.zeros(case.input.shape, case.out_dtype)
+    ts = to_tensors(case)
+    with opgraph.opt_level(level):
+        st, ws, exe = aclnn.aclnnBatchNormElemtBackwardGetWorkspaceSize(*ts, opgraph.tensor(out))
+    assert st == 0, aclnn.aclGetRecentErrMsg()
+    assert aclnn.aclSetAclOpExecutorRepeatable(exe) == 0
+    workspace = bytearray(ws)
+    with opgraph.use_backend("native"):
+        for seed in range(6, 10):  # new data in the bound tensors before every run
+            new = make_case((4, 8, 12, 13), dtype, seed=seed)
+            ts[0].storage[...] = new.gradOut.ravel()
+            ts[1].storage[...] = new.input.ravel()
+            out[...] = 0
+            assert aclnn.aclnnBatchNormElemtBackward(workspace, ws, exe) == 0
+            assert_bits_equal(out, case.with_(gradOut=new.gradOut, input=new.input).expected())
+        # a rebound input: node by node twice, then bound to the new tensor
+        other = make_case((4, 8, 12, 13), dtype, seed=11).input.copy()
+        assert aclnn.aclSetInputTensorAddr(exe, 1, opgraph.tensor(other)) == 0
+        for _ in range(3):
+            out[...] = 0
+            assert aclnn.aclnnBatchNormElemtBackward(workspace, ws, exe) == 0
+            assert_bits_equal(out, case.with_(gradOut=new.gradOut, input=other).expected())
+    assert bound_runs["runs"] == 2 + 1  # runs 3 and 4 of the first tensors, run 3 of the new
+    assert aclnn.aclDestroyAclOpExecutor(exe) == 0
+
+
+# a free op (no kernel) whose numpy semantics copy: l0 ops may be registered by plugins
+CopyingView = define_op("TestBoundCopyingView", infer=lambda ts, a: [ts[0].with_()],
+                        compute=lambda xs, a: [np.array(xs[0])], kind="view", num_inputs=1,
+                        free=lambda node: True, doc="A free op that copies (tests only).")
+
+
+def test_a_free_node_that_copies_runs_every_time(bound_runs):
+    """Bound, a free node whose result is not a view of its operands must still run every
+    time, or the copy of the first run's data would be read."""
+    g = Graph("copying_free_node")
+    x = g.add_input("x", TensorType((8,), DataType.FLOAT))
+    out = g.add_input("out", TensorType((8,), DataType.FLOAT))
+    s = g.add_node("TestBoundCopyingView", [x]).outputs[0]
+    m = g.add_node("Mul", [s, x]).outputs[0]
+    g.outputs = [g.add_node("ViewCopy", [m, out]).outputs[0]]
+    plan = plan_memory(g)
+    exe = get_backend("native").compile(g, plan, get_platform())
+    xs, o = np.zeros(8, np.float32), np.zeros(8, np.float32)
+    bindings = {"x": opgraph.tensor(xs), "out": opgraph.tensor(o)}
+    workspace = bytearray(plan.size) if plan.size else None
+    for k in range(4):
+        xs[...] = np.arange(8, dtype=np.float32) + k
+        exe.run_repeatable(bindings, workspace)
+        assert np.array_equal(o, xs * xs), k
+    assert bound_runs["runs"] == 2
