@@ -4,7 +4,11 @@ invstd, count] + all_reduce of [sum_dy, sum_dy_xmu] at the same sizes), against
 torch.nn.BatchNorm2d forward + backward on the same per-rank batch in the same processes, for
 fp32, fp16 and bf16 (bf16 statistics run on the Ascend950 op_apis). The floor row is seven tensor
 passes (what batch norm's forward + backward must read and write at least) at the speed of the
-compiled 2-thread ``c = a + b`` of bench_elemt_backward (when that is available).
+compiled 2-thread ``c = a + b`` of bench_elemt_backward (when that is available). The
+"captured step" rows run the same forward + backward captured once with ``opgraph.capture()``
+and replayed on the same tensors rebound by name (the CUDA-Graphs way: one program, no Python
+per op_api; the parameter gradients' accumulation into ``.grad``, torch ops outside the
+program, is not replayed — 2·C floats).
 
 One session of processes per rank count (torch's threads shared out over the ranks); inside it
 the variants run interleaved, the first call of each (compilation, caches) not counted. A sample
@@ -95,6 +99,9 @@ def variants(shape: tuple[int, ...], dtype: str, rank: int, world: int,
 
     out = {f"opgraph SyncBatchNorm, {be}": syncbn(be) for be in backends_here()
            if be in use and not (be == "native" and runtimes)}
+    if not runtimes:
+        out.update({f"captured step, {be}": captured(x, dy, w, b, rm, rv, group, world, plat, be)
+                    for be in backends_here() if be in use})
     if "native" in use and "native" in backends_here():
         for runtime in runtimes:
             openmp = runtime == "openmp"
@@ -109,6 +116,22 @@ def variants(shape: tuple[int, ...], dtype: str, rank: int, world: int,
     if floor is not None:
         out[FLOOR] = floor
     return out
+
+
+def captured(x: torch.Tensor, dy: torch.Tensor, w: torch.Tensor, b: torch.Tensor,
+             rm: torch.Tensor, rv: torch.Tensor, group: Any, world: int, plat: Any,
+             backend: str) -> Callable[[], None]:
+    """The same forward + backward captured once (``opgraph.capture()``, the collectives as
+    nodes of the program) and replayed on ``x`` and ``dy`` rebound by name: what a CUDA-Graphs
+    style training step runs (every rank captures here, in the same order)."""
+    where = {"backend": backend, "platform": plat}
+    with opgraph.capture() as prog:
+        xi = x.detach().clone().requires_grad_()
+        SyncBatchNormFunction.apply(xi, w, b, rm, rv, 1e-5, 0.1, group, world, where).backward(dy)
+
+    def replay() -> None:
+        prog.replay(input=x, gradOut=dy)
+    return replay
 
 
 def on_runtime(openmp: bool, step: Callable[[], None]) -> Callable[[], None]:
