@@ -165,7 +165,10 @@ def test_repeatable_executor_binds_to_its_tensors_and_workspace(level, dtype, bo
             assert aclnn.aclnnBatchNormElemtBackward(workspace, ws, exe) == 0
             assert_bits_equal(out, case.with_(gradOut=new.gradOut, input=other).expected())
     assert bound_runs["runs"] == 2 + 1  # runs 3 and 4 of the first tensors, run 3 of the new
+    built = exe.program.built_executable(get_backend("native"))
+    assert built.bound is not None
     assert aclnn.aclDestroyAclOpExecutor(exe) == 0
+    assert built.bound is None and built.last_key is None  # its tensors are not held on
 
 
 # a free op (no kernel) whose numpy semantics copy: l0 ops may be registered by plugins

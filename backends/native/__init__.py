@@ -219,6 +219,13 @@ class NativeExecutable(NumpyExecutable):
                 self.bound = Bound(self, bindings, workspace, (_lower_fused, _lower_reduce))
         return out
 
+    def release(self, bindings: Mapping[str, Tensor]) -> None:
+        """Forget the bound steps and the last key when they hold ``bindings``' tensors."""
+        held = {id(t) for t in bindings.values()}
+        for key in (self.last_key, self.bound.key if self.bound is not None else None):
+            if key is not None and any(id(t) in held for t in key[1:]):
+                self.bound = self.last_key = None
+
     def _prepared(self, bindings: Mapping[str, Tensor]) -> Optional[list]:
         """Each direct node's launch, laid out from the bound tensors' views, and the names of
         the bindings whose addresses its kernel takes, in order (the output last); None if one

@@ -50,6 +50,8 @@ def aclDestroyAclOpExecutor(executor: Optional[Executor]) -> Status:
     if bad is not None:
         return bad
     executor.destroyed = True
+    if executor.program is not None:  # its tensors are not held on for repeated runs
+        executor.program.release(executor.bindings)
     return succeed()
 
 

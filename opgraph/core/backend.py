@@ -62,6 +62,10 @@ class Executable:
         (the native backend binds its kernels' pointers). The default runs."""
         return self.run(bindings, workspace)
 
+    def release(self, bindings: Mapping[str, Tensor]) -> None:
+        """Forget ``bindings`` if :meth:`run_repeatable` kept them (their tensors, prepared
+        state); the default keeps nothing."""
+
     def resized(self, graph: Graph, memory_plan: MemoryPlan) -> "Executable | None":
         """This executable for ``graph`` — the graph it was compiled from at other sizes: the
         same nodes, value names and ops in the same order, as

@@ -15,7 +15,7 @@ compiled once per backend, on the executor's bound tensors.
 from __future__ import annotations
 
 import threading
-from typing import Callable, Optional
+from typing import Callable, Mapping, Optional
 
 from .backend import Backend, Executable
 from .ir import Graph, Value
@@ -103,6 +103,13 @@ class CompiledProgram:
         """``backend``'s executable if :meth:`executable` has built it, else None."""
         hit = self._executables.get(id(backend))
         return hit[1] if hit is not None and hit[0] is backend else None
+
+    def release(self, bindings: Mapping[str, Tensor]) -> None:
+        """Let every executable built here forget ``bindings`` if it kept them for repeated runs
+        (:meth:`~opgraph.core.backend.Executable.release`): a destroyed repeatable executor's
+        tensors are not held on."""
+        for _, built in list(self._executables.values()):
+            built.release(bindings)
 
     @property
     def kernel_count(self) -> int:
