@@ -8,7 +8,8 @@ compiled 2-thread ``c = a + b`` of bench_elemt_backward (when that is available)
 "captured step" rows run the same forward + backward captured once with ``opgraph.capture()``
 and replayed on the same tensors rebound by name (the CUDA-Graphs way: one program, no Python
 per op_api; the parameter gradients' accumulation into ``.grad``, torch ops outside the
-program, is not replayed — 2·C floats).
+program, is not replayed — 2·C floats); "captured, new tensors" replays on two pairs of
+tensors in turn, a new object every step as in training, where the replay is not bound.
 
 One session of processes per rank count (torch's threads shared out over the ranks); inside it
 the variants run interleaved, the first call of each (compilation, caches) not counted. A sample
@@ -100,8 +101,11 @@ def variants(shape: tuple[int, ...], dtype: str, rank: int, world: int,
     out = {f"opgraph SyncBatchNorm, {be}": syncbn(be) for be in backends_here()
            if be in use and not (be == "native" and runtimes)}
     if not runtimes:
-        out.update({f"captured step, {be}": captured(x, dy, w, b, rm, rv, group, world, plat, be)
-                    for be in backends_here() if be in use})
+        for be in backends_here():
+            if be in use:
+                out[f"captured step, {be}"] = captured(x, dy, w, b, rm, rv, group, world, plat,
+                                                       be, pinned(x.clone()), pinned(dy.clone()))
+                out[f"captured, new tensors, {be}"] = out[f"captured step, {be}"].alternating
     if "native" in use and "native" in backends_here():
         for runtime in runtimes:
             openmp = runtime == "openmp"
@@ -120,17 +124,25 @@ def variants(shape: tuple[int, ...], dtype: str, rank: int, world: int,
 
 def captured(x: torch.Tensor, dy: torch.Tensor, w: torch.Tensor, b: torch.Tensor,
              rm: torch.Tensor, rv: torch.Tensor, group: Any, world: int, plat: Any,
-             backend: str) -> Callable[[], None]:
+             backend: str, x2: torch.Tensor, dy2: torch.Tensor) -> Callable[[], None]:
     """The same forward + backward captured once (``opgraph.capture()``, the collectives as
     nodes of the program) and replayed on ``x`` and ``dy`` rebound by name: what a CUDA-Graphs
-    style training step runs (every rank captures here, in the same order)."""
+    style training step runs (every rank captures here, in the same order). Its attribute
+    ``alternating`` replays on (x, dy) and (x2, dy2) in turn: a new tensor object every step,
+    as the layer's input is in training (the replay then runs node by node, unbound)."""
     where = {"backend": backend, "platform": plat}
     with opgraph.capture() as prog:
         xi = x.detach().clone().requires_grad_()
         SyncBatchNormFunction.apply(xi, w, b, rm, rv, 1e-5, 0.1, group, world, where).backward(dy)
+    pairs = [(x2, dy2), (x, dy)]
 
     def replay() -> None:
         prog.replay(input=x, gradOut=dy)
+
+    def alternating() -> None:
+        pairs.reverse()
+        prog.replay(input=pairs[0][0], gradOut=pairs[0][1])
+    replay.alternating = alternating  # type: ignore[attr-defined]
     return replay
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import copy
 
-import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch", reason="torch is not installed (pip install 'opgraph[torch]')")
