@@ -102,17 +102,32 @@ def test_replays_on_the_same_tensors_bind_and_stay_bit_exact(case, bound_runs):
     assert bound_runs["runs"] == 3  # the first two replays run node by node, then bound
 
 
-def test_rebinding_other_objects_unbinds_and_the_same_object_binds_again(bound_runs):
+def test_rebinding_other_objects_rebinds_the_nodes_that_touch_them(bound_runs):
     prog, inputs = captured(2, np.float32, None, (4, 8, 12, 13))
     rng = np.random.default_rng(2)
-    a, b = (rng.standard_normal((4, 8, 12, 13)).astype(np.float32) for _ in range(2))
-    for x in (a, b, a, b):  # alternating objects: never the same twice in a row
+    shape = (4, 8, 12, 13)
+    a, b = (rng.standard_normal(shape).astype(np.float32) for _ in range(2))
+    for x in (a, b, a, b):  # not bound yet, never the same object twice in a row: node by node
         replay_both(prog, input=x)
     assert bound_runs["runs"] == 0
-    for _ in range(4):
-        a[...] = rng.standard_normal(a.shape).astype(np.float32)
+    for _ in range(3):  # the same object: bound from the second replay on
+        a[...] = rng.standard_normal(shape).astype(np.float32)
         replay_both(prog, input=a)
-    assert bound_runs["runs"] == 2
+    assert bound_runs["runs"] == 1
+    # now other objects of the same layout, inputs and outputs: rebound and run bound every time
+    y1, y2 = np.empty(shape, np.float32), np.empty(shape, np.float32)
+    g1, g2 = np.empty(shape, np.float32), np.empty(shape, np.float32)
+    for x, dy, y, gx in ((b, inputs["dy"], y1, g1), (a, inputs["dy"].copy(), y2, g2),
+                         (b, inputs["dy"], y2, g1), (a, inputs["dy"], y1, g2)):
+        x[...] = rng.standard_normal(shape).astype(np.float32)
+        replay_both(prog, input=x, gradOut=dy, output=y, gradInput=gx)
+    assert bound_runs["runs"] == 1 + 4
+    # only a result placed in a user tensor changes (the reduction writes gradWeight there)
+    w1, w2 = np.empty(8, np.float32), np.empty(8, np.float32)
+    for gw in (w1, w2, w1):
+        a[...] = rng.standard_normal(shape).astype(np.float32)
+        replay_both(prog, input=a, gradWeight=gw)
+    assert bound_runs["runs"] == 1 + 4 + 3
 
 
 def test_a_rebound_array_whose_layout_changed_in_place_is_viewed_again(bound_runs):
@@ -157,14 +172,14 @@ def test_repeatable_executor_binds_to_its_tensors_and_workspace(level, dtype, bo
             out[...] = 0
             assert aclnn.aclnnBatchNormElemtBackward(workspace, ws, exe) == 0
             assert_bits_equal(out, case.with_(gradOut=new.gradOut, input=new.input).expected())
-        # a rebound input: node by node twice, then bound to the new tensor
+        # a rebound input: the nodes that read it are bound anew, and every run runs bound
         other = make_case((4, 8, 12, 13), dtype, seed=11).input.copy()
         assert aclnn.aclSetInputTensorAddr(exe, 1, opgraph.tensor(other)) == 0
         for _ in range(3):
             out[...] = 0
             assert aclnn.aclnnBatchNormElemtBackward(workspace, ws, exe) == 0
             assert_bits_equal(out, case.with_(gradOut=new.gradOut, input=other).expected())
-    assert bound_runs["runs"] == 2 + 1  # runs 3 and 4 of the first tensors, run 3 of the new
+    assert bound_runs["runs"] == 2 + 3  # runs 3 and 4 of the first tensors, all of the new
     built = exe.program.built_executable(get_backend("native"))
     assert built.bound is not None
     assert aclnn.aclDestroyAclOpExecutor(exe) == 0

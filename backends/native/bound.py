@@ -1,7 +1,9 @@
 """A native executable's steps bound to one set of tensors and one workspace, for callers that
-run the same bindings again and again (a captured program's replay): every operand array is made
-once, every C kernel's pointer array once, and a run is the kernel calls and the numpy lowerings
-left, in order — no per-node layout lookups, views or address fetches.
+run the same bindings again and again (a captured program's replay, a repeatable executor):
+every operand array is made once, every C kernel's pointer array once, and a run is the kernel
+calls and the numpy lowerings left, in order — no per-node layout lookups, views or address
+fetches. Other tensors of the same layouts in the same workspace (a new input every training
+step) rebind only the nodes that touch them: their views, their C calls' addresses.
 
 What a run does is what :meth:`backends.numpy_backend.NumpyExecutable.run_nodes` does with the
 same bindings, node by node, with the same lowerings and the same bits:
@@ -50,10 +52,10 @@ from . import render, team
 from .build import address
 from .launch import check_overlap, launch_for
 from .reduce import plan_for, run_planned
-from .small import call_small, plan_small
+from .small import plan_small, results_of
 from .unsupported import Unsupported
 
-Step = Callable[[int], None]  # one step of a bound run; its argument: the team runner
+Step = Callable[[int, dict], None]  # one step of a bound run: (the team runner, the arrays by name)
 
 
 def _is_view_of(r: Any, args: list) -> bool:
@@ -64,40 +66,96 @@ def _is_view_of(r: Any, args: list) -> bool:
     return r.size == 0 or any(isinstance(x, np.ndarray) and np.shares_memory(r, x) for x in args)
 
 
+def _same_layout(a: Tensor, b: Tensor) -> bool:
+    return (a.shape, a.strides, a.dtype) == (b.shape, b.strides, b.dtype)
+
+
 class Bound:
     """The steps of ``exe`` (a NativeExecutable) bound to ``bindings`` and ``workspace``; see
     the module docstring. ``native``: the lowerings of FusedElementwise and FusedReduce whose C
-    calls may be prepared here. :meth:`matches` says whether a call has the same tensor objects
-    and workspace; :meth:`run` runs the steps (None when another thread is running them: the
-    caller then takes the node-by-node path)."""
+    calls may be prepared here. With ``like`` (a Bound of the same executable and workspace whose
+    changed tensors have the same layouts: :meth:`rebinds`), only what lies in a changed tensor
+    is bound anew — its views, its user-tensor results, the C calls that read or write it (their
+    launch and plans kept, the addresses of unchanged operands too); the rest, own buffers
+    included, is shared with ``like``, and so is the lock. :meth:`matches` says whether a call
+    has the same tensor objects and workspace; :meth:`run` runs the steps (None when another
+    thread is running them: the caller then takes the node-by-node path)."""
 
     def __init__(self, exe: Any, bindings: Mapping[str, Tensor], workspace: Any,
-                 native: tuple = ()):
-        self.names = exe.input_names
+                 native: tuple = (), like: "Optional[Bound]" = None):
+        self.exe, self.names, self.native = exe, exe.input_names, native
         self.key = (workspace, *[bindings[n] for n in self.names])
+        self.outputs = [v.name for v in exe.graph.outputs]
+        if like is None:
+            self._bind_all(bindings, workspace)
+        else:
+            self._bind_like(like, bindings)
+        self.steps = [st for st in self.node_steps if st is not None]
+
+    def _bind_all(self, bindings: Mapping[str, Tensor], workspace: Any) -> None:
+        exe = self.exe
         self.lock = threading.Lock()
         arena = None if workspace is None else memoryview(workspace).cast("B")
         env: dict[str, Any] = {n: bindings[n].view() for n in self.names}
         self.env = env
-        self.steps: list[Step] = []
+        # per node: its step (None: a view, evaluated here) and the bound tensors its operands
+        # and results lie in; per bound tensor: the nodes touching it
+        self.node_steps: list[Optional[Step]] = []
+        lies_in: dict[str, frozenset] = {n: frozenset([n]) for n in self.names}
+        uses: list[frozenset] = []
         for i, (node, lower, inputs, outputs, _) in enumerate(exe.program):
             args = [env[n] for n in inputs]
+            mem = frozenset().union(*[lies_in.get(n, frozenset()) for n in inputs])
             if node.opdef.is_free(node) and self._as_view(exe, node, lower, args, outputs):
+                for name, _ in outputs:
+                    lies_in[name] = mem
+                uses.append(mem)
+                self.node_steps.append(None)
                 continue
-            fixed = [_holder(name, slot, node.outputs[k], arena, bindings)
-                     for k, (name, slot) in enumerate(outputs)]
+            fixed = [_holder(slot, node.outputs[k], arena, bindings) for k, (_, slot) in enumerate(outputs)]
             if node.op == "FusedElementwise" and node.attrs.store and outputs[0][1] is None:
                 fixed[0] = args[-1]  # the kernel's result is its destination
-            for (name, _), f in zip(outputs, fixed):
+            users = frozenset(slot.user for _, slot in outputs if slot is not None and slot.user)
+            for (name, slot), f in zip(outputs, fixed):
                 env[name] = f
-            step = None
-            if lower in native and node.op == "FusedElementwise":
-                step = _kernel(exe, node.attrs, args, fixed[0])
-            elif lower in native and node.op == "FusedReduce":
-                step = _reduce(exe, node.attrs, args, fixed)
-            self.steps.append(step or self._generic(exe, exe.into.get(i) is not None, node, lower,
-                                                    inputs, fixed))
-        self.outputs = [v.name for v in exe.graph.outputs]
+                lies_in[name] = users if slot is not None else mem if f is args[-1] else frozenset()
+            uses.append(mem | users)
+            self.node_steps.append(self._step(i, args))
+        self.touching = {n: [i for i, u in enumerate(uses) if n in u] for n in self.names}
+
+    def _bind_like(self, like: "Bound", bindings: Mapping[str, Tensor]) -> None:
+        exe = self.exe
+        self.lock, self.touching = like.lock, like.touching
+        changed = [n for n, t, was in zip(self.names, self.key[1:], like.key[1:]) if t is not was]
+        env = self.env = dict(like.env)
+        for n in changed:
+            env[n] = bindings[n].view()
+        steps = self.node_steps = list(like.node_steps)
+        for i in sorted({i for n in changed for i in like.touching[n]}):
+            node, lower, inputs, outputs, _ = exe.program[i]
+            args = [env[n] for n in inputs]
+            if steps[i] is None:  # a view: of the new operands
+                for (name, _), r in zip(outputs, lower(exe, node, args)):
+                    env[name] = r
+                continue
+            for name, slot in outputs:  # results in a user tensor: its new one
+                if slot is not None and slot.user is not None:
+                    env[name] = bindings[slot.user].view().reshape(slot.shape)
+            if node.op == "FusedElementwise" and node.attrs.store and outputs[0][1] is None:
+                env[outputs[0][0]] = args[-1]
+            if hasattr(steps[i], "record"):  # a C call: its addresses anew (a generic step reads env)
+                steps[i] = self._step(i, args, steps[i])
+
+    def _step(self, i: int, args: list, like: Optional[Step] = None) -> Step:
+        """Node ``i``'s step on the bound arrays (``like``: its C call in a Bound like this)."""
+        exe, env = self.exe, self.env
+        node, lower, inputs, outputs, _ = exe.program[i]
+        step = None
+        if lower in self.native and node.op == "FusedElementwise":
+            step = _kernel(exe, node.attrs, args, env[outputs[0][0]], like)
+        elif lower in self.native and node.op == "FusedReduce":
+            step = _reduce(exe, node.attrs, args, inputs, outputs, like)
+        return step or _generic(exe, exe.into.get(i) is not None, node, lower, inputs, outputs)
 
     def _as_view(self, exe: Any, node: Any, lower: Any, args: list, outputs: tuple) -> bool:
         """A free node whose results view its operands, evaluated now, once (a redirected copy:
@@ -114,19 +172,6 @@ class Bound:
             self.env[name] = r
         return True
 
-    def _generic(self, exe: Any, into: bool, node: Any, lower: Any, inputs: tuple,
-                 fixed: list) -> Step:
-        """Node ``node``'s lowering on the fixed arrays, its results copied into ``fixed``."""
-        env = self.env
-
-        def generic(run: int) -> None:
-            ins = [env[n] for n in inputs]
-            results = lower(exe, node, ins, out=fixed[0]) if into else lower(exe, node, ins)
-            for f, r in zip(fixed, results):
-                if r is not f:
-                    np.copyto(f, r)
-        return generic
-
     def matches(self, bindings: Mapping[str, Tensor], workspace: Any) -> bool:
         """Whether ``bindings`` and ``workspace`` are the very objects this was bound to."""
         key = self.key
@@ -135,21 +180,32 @@ class Bound:
         get = bindings.get
         return all(get(n) is t for n, t in zip(self.names, key[1:]))
 
+    def rebinds(self, bindings: Mapping[str, Tensor], workspace: Any) -> bool:
+        """Whether a Bound for ``bindings`` can be made ``like`` this one: the same workspace,
+        and every tensor that changed of the same shape, strides and dtype."""
+        if self.key[0] is not workspace:
+            return False
+        get = bindings.get
+        for n, was in zip(self.names, self.key[1:]):
+            t = get(n)
+            if t is not was and (not isinstance(t, Tensor) or not _same_layout(t, was)):
+                return False
+        return True
+
     def run(self) -> Optional[dict[str, np.ndarray]]:
         """Run the steps; the graph outputs by value name (None: busy in another thread)."""
         if not self.lock.acquire(blocking=False):
             return None
         try:
-            run = team.runner()
+            run, env = team.runner(), self.env
             for step in self.steps:
-                step(run)
-            env = self.env
+                step(run, env)
             return {n: env[n] for n in self.outputs}
         finally:
             self.lock.release()
 
 
-def _holder(name: str, slot: Any, value: Any, arena: Any, bindings: Mapping[str, Tensor]) -> np.ndarray:
+def _holder(slot: Any, value: Any, arena: Any, bindings: Mapping[str, Tensor]) -> np.ndarray:
     """The array that holds ``value`` on every run: its slot, else a buffer of its own."""
     if slot is None:
         return np.empty(value.shape, value.dtype.np)
@@ -158,51 +214,83 @@ def _holder(name: str, slot: Any, value: Any, arena: Any, bindings: Mapping[str,
     return np.frombuffer(arena, slot.dtype, slot.size, slot.offset).reshape(slot.shape)
 
 
-def _kernel(exe: Any, a: FusedAttrs, args: list, dst: np.ndarray) -> Optional[Step]:
-    """A FusedElementwise as one C call on fixed pointers, or None (its lowering then runs)."""
+def _generic(exe: Any, into: bool, node: Any, lower: Any, inputs: tuple, outputs: tuple) -> Step:
+    """Node ``node``'s lowering on the bound arrays, its results copied into their holders."""
+    names = [name for name, _ in outputs]
+
+    def generic(run: int, env: dict) -> None:
+        ins = [env[n] for n in inputs]
+        results = lower(exe, node, ins, out=env[names[0]]) if into else lower(exe, node, ins)
+        for name, r in zip(names, results):
+            f = env[name]
+            if r is not f:
+                np.copyto(f, r)
+    return generic
+
+
+def _kernel(exe: Any, a: FusedAttrs, args: list, dst: np.ndarray,
+            like: Optional[Step] = None) -> Optional[Step]:
+    """A FusedElementwise as one C call on fixed pointers, or None (its lowering then runs).
+    ``like``: this node's kernel step in a Bound of the same layouts, whose launch is taken and
+    whose operand addresses are kept where the operand is the same array."""
     if math.prod(a.shape) < exe.backend.min_fused_elements:
         return None
     ins, out = (args[:-1], args[-1]) if a.store else (args, dst)
-    if not out.flags.writeable or (a.store and address(out) != address(dst)):
+    if not out.flags.writeable or (a.store and out is not dst and address(out) != address(dst)):
         return None
+    record = getattr(like, "record", None)
     try:
-        ln = launch_for(a, ins, out)
+        ln = record[0] if record is not None else launch_for(a, ins, out)
         if not ln.fused:
             return None
-        addrs = [address(x) for x in [ins[k] for k in ln.small] + [ins[k] for k in ln.big] + [out]]
+        arrays = [ins[k] for k in ln.small] + [ins[k] for k in ln.big] + [out]
+        if record is not None:
+            addrs = [was if x is old else address(x) for x, old, was in zip(arrays, record[1], record[2])]
+        else:
+            addrs = [address(x) for x in arrays]
         check_overlap(ln, addrs[len(ln.small):-1], addrs[-1])
     except Unsupported:
         return None
     if ln.empty:
-        return lambda run: None
+        return lambda run, env: None
     ptrs, fn, ndim, shape, strides, tab = ln.ptrs(*addrs), ln.fn, ln.ndim, ln.shape, ln.strides, ln.tab
 
-    def kernel(run: int) -> None:
+    def kernel(run: int, env: dict) -> None:
         if fn(ndim, shape, strides, render.BLOCK, run, tab, ptrs):
             raise MemoryError("native kernel: cannot allocate the per-channel scratch")
+    kernel.record = (ln, arrays, addrs)  # type: ignore[attr-defined]
     return kernel
 
 
-def _reduce(exe: Any, a: Any, args: list, fixed: list) -> Optional[Step]:
-    """A FusedReduce with its C plan made once, or None (its lowering then runs)."""
+def _reduce(exe: Any, a: Any, args: list, inputs: tuple, outputs: tuple,
+            like: Optional[Step] = None) -> Optional[Step]:
+    """A FusedReduce with its C plan made once, or None (its lowering then runs). ``like``:
+    this node's step in a Bound of the same layouts, whose plan is taken."""
+    names = [name for name, _ in outputs]
+    record = getattr(like, "record", None)
     try:
         if sum(x.size for x in args) < exe.backend.min_elements:
-            small = plan_small(a, args)
-            addrs = [address(args[k]) for k in small.small]
+            small = record[1] if record is not None else plan_small(a, args)
+            scratch = np.empty(small.scratch, np.float32)  # the call's own, kept
+            fn, table, at = small.fn, small.table, address(scratch)
+            ptrs = small.pointers(*[address(args[k]) for k in small.small])
 
-            def compute() -> list:
-                return call_small(small, a, addrs)
+            def compute(env: dict) -> list:
+                fn(table, ptrs, at)
+                return results_of(small, a, scratch)
+            plan: Any = small
         else:
-            big = plan_for(a, args)
+            plan = record[1] if record is not None else plan_for(a, args)
 
-            def compute() -> list:
-                return run_planned(big, a, args)
+            def compute(env: dict) -> list:
+                return run_planned(plan, a, [env[n] for n in inputs])
     except Unsupported:
         return None
 
-    def reduce(run: int) -> None:
-        for f, r in zip(fixed, compute()):
-            np.copyto(f, r)
+    def reduce(run: int, env: dict) -> None:
+        for name, r in zip(names, compute(env)):
+            np.copyto(env[name], r)
+    reduce.record = ("reduce", plan)  # type: ignore[attr-defined]
     return reduce
 
 
