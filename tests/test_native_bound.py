@@ -1,8 +1,9 @@
 """The native backend's bound runs (backends/native/bound.py): a captured program replayed, or a
 repeatable executor run, again and again on the same tensors binds its steps to them from the
-second such run on. Every run here changes the data in place first, and every result is checked
-bit for bit — against the numpy backend on the same program and state (captured programs), or
-against the independent reference (repeatable executors) — with the bound path shown to run."""
+second such run on, and once bound rebinds other tensors of the same layouts. Every run here
+changes the data first, and every result is checked bit for bit — against the numpy backend on
+the same program and state (captured programs), or against the independent reference
+(repeatable executors) — with the bound path shown to run (or not, where it must not)."""
 from __future__ import annotations
 
 import importlib.util
