@@ -212,3 +212,19 @@ def test_a_free_node_that_copies_runs_every_time(bound_runs):
         exe.run_repeatable(bindings, workspace)
         assert np.array_equal(o, xs * xs), k
     assert bound_runs["runs"] == 2
+
+
+def test_thresholds_changed_after_binding_are_honoured_on_rebinding(bound_runs, monkeypatch):
+    """A reduction bound on the C passes, rebound after ``min_elements`` moved it to the serial
+    call (and a kernel after ``min_fused_elements`` moved it to numpy): the same bits."""
+    prog, inputs = captured(2, np.float32, None, (4, 8, 12, 13))
+    rng = np.random.default_rng(4)
+    for _ in range(3):
+        replay_both(prog)
+    be = get_backend("native")
+    monkeypatch.setattr(be, "min_elements", 10 ** 9)
+    monkeypatch.setattr(be, "min_fused_elements", 10 ** 9)
+    for _ in range(2):
+        x = rng.standard_normal(inputs["x"].shape).astype(np.float32)
+        replay_both(prog, input=x)
+    assert bound_runs["runs"] == 1 + 2

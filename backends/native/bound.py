@@ -267,9 +267,11 @@ def _reduce(exe: Any, a: Any, args: list, inputs: tuple, outputs: tuple,
     """A FusedReduce with its C plan made once, or None (its lowering then runs). ``like``:
     this node's step in a Bound of the same layouts, whose plan is taken."""
     names = [name for name, _ in outputs]
+    serial = sum(x.size for x in args) < exe.backend.min_elements
     record = getattr(like, "record", None)
+    record = record if record is not None and record[0] == serial else None
     try:
-        if sum(x.size for x in args) < exe.backend.min_elements:
+        if serial:
             small = record[1] if record is not None else plan_small(a, args)
             scratch = np.empty(small.scratch, np.float32)  # the call's own, kept
             fn, table, at = small.fn, small.table, address(scratch)
@@ -290,7 +292,7 @@ def _reduce(exe: Any, a: Any, args: list, inputs: tuple, outputs: tuple,
     def reduce(run: int, env: dict) -> None:
         for name, r in zip(names, compute(env)):
             np.copyto(env[name], r)
-    reduce.record = ("reduce", plan)  # type: ignore[attr-defined]
+    reduce.record = (serial, plan)  # type: ignore[attr-defined]
     return reduce
 
 
