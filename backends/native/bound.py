@@ -18,6 +18,9 @@ same bindings, node by node, with the same lowerings and the same bits:
 * any other node runs its lowering on the fixed arrays; every result is copied into the array
   that holds it (its slot, or a buffer of the binding's own), so later kernels find it there.
 
+The backend's size thresholds (``min_elements``, ``min_fused_elements``) are read when binding:
+they choose between implementations with the same bits, and a rebinding reads them again.
+
     >>> import numpy as np, opgraph
     >>> from opgraph.core.ir import Graph, TensorType
     >>> from opgraph.core.dtypes import DataType as D
