@@ -73,3 +73,25 @@ def test_example_under_torchrun():
                "--steps", "3", "--batch", "7"], env={"OMP_NUM_THREADS": "1"})
     check_training_output(out, 3)
     assert "2 ranks, 3 steps of 7 images" in out
+
+
+CAPTURE_EXAMPLE = ROOT / "examples" / "capture_syncbn_torch.py"
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_captured_step_example_replays_new_batches_bit_equal(dtype):
+    out = run([sys.executable, str(CAPTURE_EXAMPLE), "--ranks", "2", "--shape", "5,3,4,4",
+               "--steps", "4", "--dtype", dtype])
+    assert "2 ranks, batch 5x3x4x4 " + dtype in out
+    assert "4 launches + 2 collectives" in out
+    assert re.search(r"4 steps on new batches: eager \S+ ms/step, captured replay \S+ ms/step", out)
+    assert "every step bit-equal to the eager layer on every rank" in out
+
+
+@pytest.mark.parametrize("argv, says", [(["--ranks", "1"], "at least 2"),
+                                        (["--shape", "8,x"], "comma-separated integers"),
+                                        (["--shape", "1,4,3"], "N >= --ranks")])
+def test_captured_step_example_refuses_bad_arguments_in_one_line(argv, says):
+    p = subprocess.run([sys.executable, str(CAPTURE_EXAMPLE), *argv], capture_output=True,
+                       text=True, timeout=60, cwd=ROOT)
+    assert p.returncode == 2 and says in p.stderr and p.stdout == ""
