@@ -97,13 +97,13 @@ def evaluate_body(body: Body, results: Sequence[str], inputs: Sequence[np.ndarra
                   in_types: Sequence[TensorType]) -> list[np.ndarray]:
     """Run ``body`` on whole arrays in order; returns the result registers as arrays of their
     dtype (numpy broadcasting between registers; reductions in the documented order)."""
-    types = body_types(body, in_types)
+    steps, types = _compiled(body, in_types)
     regs: dict[str, np.ndarray] = {}
     for k, x in enumerate(inputs):
         d = in_types[k].dtype
         regs[f"in{k}"] = np.asarray(x).astype(np.float32) if d in (DataType.FLOAT16, DataType.BF16) \
             else np.asarray(x)
-    for name, fn, args in _compiled(body, in_types, types):
+    for name, fn, args in steps:
         regs[name] = fn(*[regs[r] for r in args])
     out = []
     for r in results:  # new arrays: a register may view an input
@@ -118,12 +118,13 @@ def evaluate_body(body: Body, results: Sequence[str], inputs: Sequence[np.ndarra
 _COMPILED = IdentityMemo(limit=4096)
 
 
-def _compiled(body: Body, in_types: Sequence[TensorType], types: dict) -> list[tuple[str, Callable, tuple[str, ...]]]:
-    """``body`` as (register, numpy callable, operands), compiled once per body and input
-    types (a cached call evaluates, it does not compile again)."""
-    return _COMPILED.get(body, tuple((t.dtype, t.shape) for t in in_types),
-                         lambda: [(f"t{k}", compile_instr(ins, types), ins.args)
-                                  for k, ins in enumerate(body)])
+def _compiled(body: Body, in_types: Sequence[TensorType]) -> tuple[list[tuple[str, Callable, tuple[str, ...]]], dict]:
+    """``body`` as (register, numpy callable, operands), and every register's type, made once
+    per body and input types (a cached call evaluates; it neither types nor compiles again)."""
+    def make() -> tuple[list, dict]:
+        types = body_types(body, in_types)
+        return [(f"t{k}", compile_instr(ins, types), ins.args) for k, ins in enumerate(body)], types
+    return _COMPILED.get(body, tuple((t.dtype, t.shape) for t in in_types), make)
 
 
 def expansion_compute(expand: ExpandFn) -> Callable[[list, OpAttrs], list]:
