@@ -127,6 +127,11 @@ def sum_plan(shape: tuple[int, ...], axes: tuple[int, ...], keepdims: bool,
     steps = _fold_steps(R)  # one lane per element: only the tree, on a fresh copy
 
     identity = perm == tuple(range(ndim))
+    if R == 2:  # the tree's one step, lane 0 + lane 1, without the copy it would add into
+        def pair(x: np.ndarray) -> np.ndarray:
+            a = (x if identity else np.transpose(x, perm)).reshape(rows)
+            return np.add(a[..., 0], a[..., 1], dtype=dtype).reshape(final)
+        return pair
 
     def small(x: np.ndarray) -> np.ndarray:
         a = np.array(x if identity else np.transpose(x, perm), dtype=dtype, order="C").reshape(rows)

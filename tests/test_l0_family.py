@@ -156,5 +156,19 @@ def test_ordered_sum_rows_bits_match_the_loop_model(shape):
         assert got[k].view(np.uint32) == np.asarray(want, F32).view(np.uint32)
 
 
+@pytest.mark.parametrize("shape, axis", [((2,), 0), ((2, 5), 0), ((5, 2), 1), ((3, 2, 4), 1)])
+@pytest.mark.parametrize("dtype", [F32, np.float16, BF16])
+def test_ordered_sum_of_pairs_bits_match_the_loop_model(shape, axis, dtype):
+    """Two elements per sum (a sum over the ranks of a two-rank gather, say): one tree step."""
+    rng = np.random.default_rng(len(shape) + shape[0])
+    x = (rng.standard_normal(shape) * 10 ** rng.uniform(-3, 3, shape)).astype(dtype)
+    x.reshape(-1)[:2] = -0.0
+    got = ordered_sum(x, (axis,))
+    moved = np.moveaxis(x, axis, -1).reshape(-1, 2)
+    want = np.array([loop_sum([F32(v) for v in pair]) for pair in moved], F32)
+    assert got.dtype == F32 and got.shape == tuple(np.delete(shape, axis))
+    assert np.array_equal(got.reshape(-1).view(np.uint32), want.view(np.uint32))
+
+
 def test_ordered_sum_of_negative_zeros_is_negative_zero():
     assert np.signbit(ordered_sum(np.full(200, -0.0, F32), (0,)))
