@@ -9,7 +9,8 @@ compiled 2-thread ``c = a + b`` of bench_elemt_backward (when that is available)
 and replayed on the same tensors rebound by name (the CUDA-Graphs way: one program, no Python
 per op_api; the parameter gradients' accumulation into ``.grad``, torch ops outside the
 program, is not replayed — 2·C floats); "captured, new tensors" replays on two pairs of
-tensors in turn, a new object every step as in training, where the replay is not bound.
+tensors in turn, a new object every step as in training (each replay rebinds the nodes that
+touch them, backends/native/bound.py).
 
 One session of processes per rank count (torch's threads shared out over the ranks); inside it
 the variants run interleaved, the first call of each (compilation, caches) not counted. A sample
@@ -129,7 +130,8 @@ def captured(x: torch.Tensor, dy: torch.Tensor, w: torch.Tensor, b: torch.Tensor
     nodes of the program) and replayed on ``x`` and ``dy`` rebound by name: what a CUDA-Graphs
     style training step runs (every rank captures here, in the same order). Its attribute
     ``alternating`` replays on (x, dy) and (x2, dy2) in turn: a new tensor object every step,
-    as the layer's input is in training (the replay then runs node by node, unbound)."""
+    as the layer's input is in training (on native each replay rebinds the nodes that touch
+    them)."""
     where = {"backend": backend, "platform": plat}
     with opgraph.capture() as prog:
         xi = x.detach().clone().requires_grad_()
