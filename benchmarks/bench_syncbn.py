@@ -104,9 +104,8 @@ def variants(shape: tuple[int, ...], dtype: str, rank: int, world: int,
     if not runtimes:
         for be in backends_here():
             if be in use:
-                out[f"captured step, {be}"] = captured(x, dy, w, b, rm, rv, group, world, plat,
-                                                       be, pinned(x.clone()), pinned(dy.clone()))
-                out[f"captured, new tensors, {be}"] = out[f"captured step, {be}"].alternating
+                out[f"captured step, {be}"], out[f"captured, new tensors, {be}"] = captured(
+                    x, dy, w, b, rm, rv, group, world, plat, be, pinned(x.clone()), pinned(dy.clone()))
     if "native" in use and "native" in backends_here():
         for runtime in runtimes:
             openmp = runtime == "openmp"
@@ -125,11 +124,12 @@ def variants(shape: tuple[int, ...], dtype: str, rank: int, world: int,
 
 def captured(x: torch.Tensor, dy: torch.Tensor, w: torch.Tensor, b: torch.Tensor,
              rm: torch.Tensor, rv: torch.Tensor, group: Any, world: int, plat: Any,
-             backend: str, x2: torch.Tensor, dy2: torch.Tensor) -> Callable[[], None]:
+             backend: str, x2: torch.Tensor, dy2: torch.Tensor
+             ) -> tuple[Callable[[], None], Callable[[], None]]:
     """The same forward + backward captured once (``opgraph.capture()``, the collectives as
-    nodes of the program) and replayed on ``x`` and ``dy`` rebound by name: what a CUDA-Graphs
-    style training step runs (every rank captures here, in the same order). Its attribute
-    ``alternating`` replays on (x, dy) and (x2, dy2) in turn: a new tensor object every step,
+    nodes of the program): a replay on ``x`` and ``dy`` rebound by name, what a CUDA-Graphs
+    style training step runs (every rank captures here, in the same order), and a replay on
+    (x, dy) and (x2, dy2) in turn: a new tensor object every step,
     as the layer's input is in training (on native each replay rebinds the nodes that touch
     them)."""
     where = {"backend": backend, "platform": plat}
@@ -144,8 +144,7 @@ def captured(x: torch.Tensor, dy: torch.Tensor, w: torch.Tensor, b: torch.Tensor
     def alternating() -> None:
         pairs.reverse()
         prog.replay(input=pairs[0][0], gradOut=pairs[0][1])
-    replay.alternating = alternating  # type: ignore[attr-defined]
-    return replay
+    return replay, alternating
 
 
 def on_runtime(openmp: bool, step: Callable[[], None]) -> Callable[[], None]:

@@ -40,7 +40,7 @@ from .bound import Bound
 from .build import NativeBuildError, availability
 from .direct_reduce import DirectReduce
 from .gather_fused import run_gather_fused
-from .launch import Launch, check_overlap, collapse, new_launch, run_fused_native
+from .launch import Launch, collapse, fused_operands, fused_pointers, new_launch, run_fused_native
 from .reduce import run_fused_reduce_native
 from .small import run_small_reduce_native
 from .unsupported import Unsupported
@@ -208,17 +208,19 @@ class NativeExecutable(NumpyExecutable):
         and later runs with the same ones run the bound steps; a run with other tensors of the
         same layouts in the same workspace rebinds only the nodes that touch the ones that
         changed, and runs bound."""
-        bound = self.bound
+        bound, same = self.bound, False
         if self.profile is None and bound is not None:
-            if not bound.matches(bindings, workspace) and bound.rebinds(bindings, workspace):
-                bound = self.bound = Bound(self, bindings, workspace, _NATIVE, like=bound)
-            if bound.matches(bindings, workspace):
+            same = bound.matches(bindings, workspace)
+            if not same and bound.rebinds(bindings, workspace):
+                bound, same = Bound(self, bindings, workspace, _NATIVE, like=bound), True
+                self.bound = bound
+            if same:
                 with np.errstate(all="ignore"):
                     out = bound.run()
                 if out is not None:
                     return out
         out = self.run(bindings, workspace)  # checks the bindings and the workspace, as always
-        if self.profile is None and (bound is None or not bound.matches(bindings, workspace)):
+        if self.profile is None and not same:
             key = (workspace, *[bindings[n] for n in self.input_names])
             last, self.last_key = self.last_key, key
             if last is not None and len(last) == len(key) and all(a is b for a, b in zip(last, key)):
@@ -255,8 +257,7 @@ class NativeExecutable(NumpyExecutable):
                 return None
             if not ln.fused:
                 return None
-            order = list(ln.small) + list(ln.big) + [len(names) - 1]
-            launches.append((ln, tuple(names[k] for k in order)))
+            launches.append((ln, tuple(fused_operands(ln, names[:-1], names[-1]))))
         return launches
 
     def _run_direct(self, bindings: Mapping[str, Tensor]) -> Optional[dict[str, np.ndarray]]:
@@ -275,10 +276,9 @@ class NativeExecutable(NumpyExecutable):
                 calls.append((ln, last[1]))
                 continue
             try:
-                check_overlap(ln, addrs[len(ln.small):-1], addrs[-1])
+                ptrs = fused_pointers(ln, addrs)
             except Unsupported:
                 return None
-            ptrs = ln.ptrs(*addrs)
             self.pointers[i] = (addrs, ptrs)
             calls.append((ln, ptrs))
         for ln, ptrs in calls:

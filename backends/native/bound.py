@@ -53,9 +53,9 @@ from l0ops.primitives import FusedAttrs
 from opgraph.core.tensor import Tensor
 from . import render, team
 from .build import address
-from .launch import check_overlap, launch_for
+from .launch import fused_operands, fused_pointers, launch_for
 from .reduce import plan_for, run_planned
-from .small import plan_small, results_of
+from .small import plan_small, prepared_small
 from .unsupported import Unsupported
 
 Step = Callable[[int, dict], None]  # one step of a bound run: (the team runner, the arrays by name)
@@ -67,6 +67,12 @@ def _is_view_of(r: Any, args: list) -> bool:
     if not isinstance(r, np.ndarray):
         return False
     return r.size == 0 or any(isinstance(x, np.ndarray) and np.shares_memory(r, x) for x in args)
+
+
+def _stores_unplaced(node: Any, outputs: tuple) -> bool:
+    """A FusedElementwise storing into its last operand whose result the plan places nowhere:
+    the result is that operand."""
+    return node.op == "FusedElementwise" and node.attrs.store and outputs[0][1] is None
 
 
 def _same_layout(a: Tensor, b: Tensor) -> bool:
@@ -116,7 +122,7 @@ class Bound:
                 self.node_steps.append(None)
                 continue
             fixed = [_holder(slot, node.outputs[k], arena, bindings) for k, (_, slot) in enumerate(outputs)]
-            if node.op == "FusedElementwise" and node.attrs.store and outputs[0][1] is None:
+            if _stores_unplaced(node, outputs):
                 fixed[0] = args[-1]  # the kernel's result is its destination
             users = frozenset(slot.user for _, slot in outputs if slot is not None and slot.user)
             for (name, slot), f in zip(outputs, fixed):
@@ -144,7 +150,7 @@ class Bound:
             for name, slot in outputs:  # results in a user tensor: its new one
                 if slot is not None and slot.user is not None:
                     env[name] = bindings[slot.user].view().reshape(slot.shape)
-            if node.op == "FusedElementwise" and node.attrs.store and outputs[0][1] is None:
+            if _stores_unplaced(node, outputs):
                 env[outputs[0][0]] = args[-1]
             if hasattr(steps[i], "record"):  # a C call: its addresses anew (a generic step reads env)
                 steps[i] = self._step(i, args, steps[i])
@@ -246,17 +252,17 @@ def _kernel(exe: Any, a: FusedAttrs, args: list, dst: np.ndarray,
         ln = record[0] if record is not None else launch_for(a, ins, out)
         if not ln.fused:
             return None
-        arrays = [ins[k] for k in ln.small] + [ins[k] for k in ln.big] + [out]
+        if ln.empty:
+            return lambda run, env: None
+        arrays = fused_operands(ln, ins, out)
         if record is not None:
             addrs = [was if x is old else address(x) for x, old, was in zip(arrays, record[1], record[2])]
         else:
             addrs = [address(x) for x in arrays]
-        check_overlap(ln, addrs[len(ln.small):-1], addrs[-1])
+        ptrs = fused_pointers(ln, addrs)
     except Unsupported:
         return None
-    if ln.empty:
-        return lambda run, env: None
-    ptrs, fn, ndim, shape, strides, tab = ln.ptrs(*addrs), ln.fn, ln.ndim, ln.shape, ln.strides, ln.tab
+    fn, ndim, shape, strides, tab = ln.fn, ln.ndim, ln.shape, ln.strides, ln.tab
 
     def kernel(run: int, env: dict) -> None:
         if fn(ndim, shape, strides, render.BLOCK, run, tab, ptrs):
@@ -267,33 +273,25 @@ def _kernel(exe: Any, a: FusedAttrs, args: list, dst: np.ndarray,
 
 def _reduce(exe: Any, a: Any, args: list, inputs: tuple, outputs: tuple,
             like: Optional[Step] = None) -> Optional[Step]:
-    """A FusedReduce with its C plan made once, or None (its lowering then runs). ``like``:
-    this node's step in a Bound of the same layouts, whose plan is taken."""
+    """A FusedReduce with its C plan made once, or None (its lowering then runs): one serial
+    C call (its pointers and scratch made once) below ``min_elements``, else the passes.
+    ``like``: this node's step in a Bound of the same layouts, whose plan is taken."""
     names = [name for name, _ in outputs]
     serial = sum(x.size for x in args) < exe.backend.min_elements
     record = getattr(like, "record", None)
-    record = record if record is not None and record[0] == serial else None
+    plan = record[1] if record is not None and record[0] == serial else None
     try:
         if serial:
-            small = record[1] if record is not None else plan_small(a, args)
-            scratch = np.empty(small.scratch, np.float32)  # the call's own, kept
-            fn, table, at = small.fn, small.table, address(scratch)
-            ptrs = small.pointers(*[address(args[k]) for k in small.small])
-
-            def compute(env: dict) -> list:
-                fn(table, ptrs, at)
-                return results_of(small, a, scratch)
-            plan: Any = small
+            plan = plan_small(a, args) if plan is None else plan
+            call = prepared_small(plan, a, [address(args[k]) for k in plan.small])
         else:
-            plan = record[1] if record is not None else plan_for(a, args)
-
-            def compute(env: dict) -> list:
-                return run_planned(plan, a, [env[n] for n in inputs])
+            plan = plan_for(a, args) if plan is None else plan
     except Unsupported:
         return None
 
     def reduce(run: int, env: dict) -> None:
-        for name, r in zip(names, compute(env)):
+        results = call() if serial else run_planned(plan, a, [env[n] for n in inputs])
+        for name, r in zip(names, results):
             np.copyto(env[name], r)
     reduce.record = (serial, plan)  # type: ignore[attr-defined]
     return reduce

@@ -254,7 +254,7 @@ def run_fused_native(a: FusedAttrs, inputs: Sequence[np.ndarray],
     if ln.empty:
         return out
     if ln.fused:
-        arrays = [inputs[k] for k in ln.small] + [inputs[k] for k in ln.big] + [out]
+        arrays = fused_operands(ln, inputs, out)
         last = ln.last  # the same array objects as the last call: their pointers are known
         if last and all(r() is x for r, x in zip(last[0], arrays)):
             ptrs = last[1]
@@ -283,13 +283,21 @@ def check_overlap(ln: Launch, read: Sequence[int], o: int) -> None:
             raise Unsupported("the output partly overlaps an input")
 
 
+def fused_operands(ln: Launch, inputs: Sequence[Any], out: Any) -> list:
+    """A fused launch's operands in its pointer order: per-channel inputs, big inputs, output."""
+    return [inputs[k] for k in ln.small] + [inputs[k] for k in ln.big] + [out]
+
+
+def fused_pointers(ln: Launch, addrs: Sequence[int]) -> Any:
+    """The pointer array of a fused launch for its operands' addresses (in
+    :func:`fused_operands` order); Unsupported when the output partly overlaps an input."""
+    check_overlap(ln, addrs[len(ln.small):-1], addrs[-1])
+    return ln.ptrs(*addrs)
+
+
 def _fused_pointers(ln: Launch, arrays: Sequence[np.ndarray]) -> Any:
-    """The pointer array of a fused call (per-channel inputs, big inputs, output), checked for
-    overlap and remembered on ``ln`` with weak references to ``arrays``."""
-    addrs = [address(x) for x in arrays]
-    nb = len(ln.big)
-    check_overlap(ln, addrs[-1 - nb:-1], addrs[-1])
-    ptrs = ln.ptrs(*addrs)
+    """:func:`fused_pointers` of ``arrays``, remembered on ``ln`` with weak references to them."""
+    ptrs = fused_pointers(ln, [address(x) for x in arrays])
     try:
         ln.last = (tuple(weakref.ref(x) for x in arrays), ptrs)
     except TypeError:  # an array type without weak references: nothing remembered

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import ctypes
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -94,12 +94,24 @@ def results_of(plan: _SmallPlan, a: FusedReduceAttrs, scr: np.ndarray) -> list[n
     return out
 
 
-def call_small(plan: _SmallPlan, a: FusedReduceAttrs, addresses: Sequence[int]) -> list[np.ndarray]:
-    """The results of ``plan``'s serial C call on the inputs at ``addresses`` (the per-channel
-    inputs ``plan.small`` reads, in that order), read from the call's own scratch."""
+def prepared_small(plan: _SmallPlan, a: FusedReduceAttrs,
+                   addresses: Sequence[int]) -> Callable[[], list[np.ndarray]]:
+    """``plan``'s serial C call on the inputs at ``addresses`` (the per-channel inputs
+    ``plan.small`` reads, in that order), prepared: its pointers and its own scratch made once;
+    each call of the result runs it and returns the results read from the scratch (a caller
+    that keeps them past the next call copies them)."""
     scr = np.empty(plan.scratch, np.float32)
-    plan.fn(plan.table, plan.pointers(*addresses), address(scr))
-    return results_of(plan, a, scr)
+    fn, table, ptrs, at = plan.fn, plan.table, plan.pointers(*addresses), address(scr)
+
+    def call() -> list[np.ndarray]:
+        fn(table, ptrs, at)
+        return results_of(plan, a, scr)
+    return call
+
+
+def call_small(plan: _SmallPlan, a: FusedReduceAttrs, addresses: Sequence[int]) -> list[np.ndarray]:
+    """The results of ``plan``'s serial C call on the inputs at ``addresses``, once."""
+    return prepared_small(plan, a, addresses)()
 
 
 def run_small_reduce_native(a: FusedReduceAttrs, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
@@ -109,4 +121,4 @@ def run_small_reduce_native(a: FusedReduceAttrs, inputs: Sequence[np.ndarray]) -
     return call_small(plan, a, [address(inputs[k]) for k in plan.small])
 
 
-__all__ = ["call_small", "plan_small", "results_of", "run_small_reduce_native"]
+__all__ = ["call_small", "plan_small", "prepared_small", "results_of", "run_small_reduce_native"]
