@@ -86,6 +86,22 @@ def last_uses(graph: Graph) -> dict[int, list[str]]:
     return out
 
 
+def _fused_store(exe: "NumpyExecutable") -> Optional[tuple[Any, tuple[str, ...], str, str]]:
+    """``(attrs, operand names, destination name, result name)`` when the graph is one
+    FusedElementwise, run by numpy semantics, that stores into a graph input (a level-2
+    element-wise op_api) and needs no workspace: :meth:`NumpyExecutable.run` then runs the
+    interpreter on the bound tensors' views with no environment (what ``_compute`` does)."""
+    if len(exe.program) != 1 or exe.plan.size:
+        return None
+    node, lower, inputs, outputs, _ = exe.program[0]
+    if lower is not _fused or not getattr(node.attrs, "store", False) or outputs[0][1] is not None:
+        return None
+    if any(name not in exe.input_names for name in inputs) or \
+            [v.name for v in exe.graph.outputs] != [outputs[0][0]]:
+        return None
+    return node.attrs, inputs[:-1], inputs[-1], outputs[0][0]
+
+
 class Slot:
     """Where a node output lives: ``offset`` bytes into the arena, or a user tensor (``user``)."""
 
@@ -149,6 +165,7 @@ class NumpyExecutable(Executable):
                         for i, (node, lower) in enumerate(self.steps)]
         self.input_names = tuple(v.name for v in graph.inputs)
         self.into = _into(self.steps, self.slots)
+        self.fused_store = _fused_store(self)
 
     def resized(self, graph: Graph, memory_plan: MemoryPlan) -> "NumpyExecutable | None":
         """See :meth:`opgraph.core.backend.Executable.resized` (subclasses with state of their
@@ -166,6 +183,7 @@ class NumpyExecutable(Executable):
                         for node, (_, lower, names, outs, dead) in zip(graph.nodes, self.program)]
         made.input_names = self.input_names
         made.into = _into(made.steps, slots) if self.into else {}
+        made.fused_store = _fused_store(made)
         return made
 
     def _place(self, slot: Slot, value: np.ndarray, arena: Optional[np.ndarray],
@@ -184,6 +202,17 @@ class NumpyExecutable(Executable):
 
     def run(self, bindings: Mapping[str, Tensor], workspace: Any = None) -> dict[str, np.ndarray]:
         """Run the graph; returns its outputs by value name."""
+        store = self.fused_store
+        if store is not None and self.profile is None:  # one fused kernel storing into a tensor
+            body, names, dst_name, result = store
+            try:
+                dst, ins = bindings[dst_name].view(), [bindings[name].view() for name in names]
+            except KeyError:  # run_nodes names the unbound input
+                dst = None
+            if dst is not None and dst.flags.writeable and dst.flags.c_contiguous:
+                with np.errstate(all="ignore"):
+                    run_fused(body, ins, out=dst)
+                return {result: dst}
         with np.errstate(all="ignore"):
             return self.run_nodes(bindings, workspace)
 

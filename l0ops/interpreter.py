@@ -142,6 +142,7 @@ class Program:
         made.__dict__.update(
             full=shapes[-1], result=self.result, result_dtype=self.result_dtype,
             out_dtype=self.out_dtype, flat=self.flat, flat_result=self.flat_result,
+            flat_store=self.flat_store,
             narrow_inputs=self.narrow_inputs, dtypes=self.dtypes, shapes=shapes,
             pinned=self.pinned, _body=self._body, _fns=self._fns, _pending=(a, None),
             _renamed=(self.types, rename), _family=self._family)
@@ -223,19 +224,33 @@ class Program:
         self.narrow_inputs = tuple(sg.dtype in _NARROW for sg in sigs)
         self.flat = tuple((fn, tuple(index[r] for r in ins.args)) for fn, ins in zip(fns, a.body))
         self.flat_result = index[a.result]
+        last = a.body[-1] if a.body else None
+        # the last step makes the result, a float32 ufunc over the whole space: run_flat may
+        # compute it straight into the output (nothing runs after it, so no operand changes)
+        self.flat_store = (last is not None and self.flat_result == len(index) - 1
+                           and last.op in ARITH and last.dtype == F32 and a.out_dtype == F32
+                           and self.types[a.result][1] == self.full)
 
-    def run_flat(self, inputs: Sequence[np.ndarray]) -> np.ndarray:
+    def run_flat(self, inputs: Sequence[np.ndarray], out: "np.ndarray | None" = None) -> "np.ndarray | None":
         """The result of the whole body, instruction by instruction on whole arrays (numpy
-        broadcasting right-aligns the per-channel terms): the fast path for small tensors."""
+        broadcasting right-aligns the per-channel terms): the fast path for small tensors.
+        With ``out`` (C-contiguous, the full shape and the output dtype) the result may be
+        computed there: then None is returned, else the result (the caller stores it)."""
         regs = [x.astype(np.float32) if narrow else x for x, narrow in zip(inputs, self.narrow_inputs)]
         append = regs.append
-        for fn, args in self.flat:  # unary and binary steps without building an argument list
+        flat = self.flat
+        direct = out is not None and self.flat_store
+        for fn, args in flat[:-1] if direct else flat:  # unary and binary steps without an argument list
             if len(args) == 2:
                 append(fn(regs[args[0]], regs[args[1]]))
             elif len(args) == 1:
                 append(fn(regs[args[0]]))
             else:
                 append(fn(*[regs[i] for i in args]))
+        if direct:
+            fn, args = flat[-1]
+            fn(*[regs[i] for i in args], out=out)
+            return None
         return _finish(regs[self.flat_result], self.result_dtype, self.out_dtype)
 
     def _plan_in_place(self, a: FusedAttrs) -> None:
@@ -316,7 +331,9 @@ _BY_BODY = IdentityMemo(limit=256)  # the last program made per body object and 
 def program(a: FusedAttrs, inputs: Sequence[np.ndarray]) -> Program:
     """The cached :class:`Program` of ``a`` for these operands' dtypes and shapes: made anew,
     or renamed from the last one of the same body (:meth:`Program.resized`)."""
-    return _PROGRAMS.get(a, tuple((x.dtype, x.shape) for x in inputs), lambda: _make(a, inputs))
+    key = tuple([(x.dtype, x.shape) for x in inputs])
+    hit = _PROGRAMS.peek(a, key)  # the common case, without making the maker
+    return hit if hit is not None else _PROGRAMS.get(a, key, lambda: _make(a, inputs))
 
 
 def _make(a: FusedAttrs, inputs: Sequence[np.ndarray]) -> Program:
@@ -352,10 +369,11 @@ def run_fused(a: FusedAttrs, inputs: Sequence[np.ndarray], out: "np.ndarray | No
     prog = program(a, inputs)
     full = prog.full
     if math.prod(full) <= FLAT_ELEMS or not prog.chunkable:  # small: no hoisting, no chunks
-        res = prog.run_flat(inputs)
         if out is None:
-            return np.ascontiguousarray(np.broadcast_to(res, full))
-        out[...] = res
+            return np.ascontiguousarray(np.broadcast_to(prog.run_flat(inputs), full))
+        res = prog.run_flat(inputs, out)
+        if res is not None:
+            out[...] = res
         return out
     values = prog.hoist(inputs)
     if out is None:

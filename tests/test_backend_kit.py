@@ -153,13 +153,13 @@ def test_aclnn_plans_of_the_family_pass_the_kit_on_the_stub(stub_backend):
 def test_a_phase2_failure_shared_with_the_reference_is_reported(monkeypatch):
     """Both backends failing phase 2 the same way on the generator's (valid) inputs is a bug in
     both, not agreement: the report names it (as a large 2-D/3-D BatchNormElemt once did)."""
-    real = NumpyExecutable.run_nodes
+    real = NumpyExecutable.run
 
     def broken(self, bindings, workspace=None):
         if any(n.op == "FusedElementwise" for n in self.graph.nodes):
             raise ValueError("cannot reshape array")
         return real(self, bindings, workspace)
-    monkeypatch.setattr(NumpyExecutable, "run_nodes", broken)
+    monkeypatch.setattr(NumpyExecutable, "run", broken)
     report = check_backend("numpy", op_apis=[OP], platforms=["Ascend910B"], levels=(1, 2),
                            dtypes=["float32"], layouts=("contiguous",))
     assert not report.ok and {f.case.level for f in report.failures} == {2}

@@ -147,3 +147,21 @@ def test_a_view_per_element_runs_the_body_whole(paths):
     want = x.reshape(4, 3, 50, 1) - a.reshape(1, 3, 1, 1)
     assert got.shape == (4, 3, 50, 1) and np.array_equal(got.view(np.uint32), want.view(np.uint32))
     assert not P.program(attrs, [x, a]).chunkable
+
+
+@pytest.mark.parametrize("dt", [D.FLOAT, D.FLOAT16, D.BF16])
+def test_a_small_body_stores_its_last_step_into_out_even_in_place(dt):
+    """Up to FLAT_ELEMS elements the body runs straight through; a float32 body computes its last
+    step straight into ``out`` (f16/bf16 round first, then store). Either way, and with ``out``
+    one of the body's own inputs, every element gets the direct bits."""
+    shape = (2, 3, 4, 5)
+    assert np.prod(shape) <= P.FLAT_ELEMS
+    a, b, x, y = operands(dt, shape, "contiguous", seed=3)
+    attrs = FusedAttrs(shape=shape, body=body(dt, shape[1]), result="t6", out_dtype=dt)
+    expected = direct(dt, a, b, x, y)
+    assert P.program(attrs, [a, b, x, y]).flat_store is (dt == D.FLOAT)
+    out = np.full(shape, 7, NP[dt])
+    P.run_fused(attrs, [a, b, x, y], out=out)
+    assert np.array_equal(out.view(np.uint8), expected.view(np.uint8))
+    P.run_fused(attrs, [a, b, x, y], out=y)  # in place: y is read by the step that writes it
+    assert np.array_equal(y.view(np.uint8), expected.view(np.uint8))
