@@ -297,6 +297,8 @@ def compile_instr(ins: Instr, types: dict) -> Callable[..., np.ndarray]:
             if not rounding:
                 return lambda x: x.astype(np.float32, copy=False)
             return lambda x: x.astype(d.np).astype(np.float32)
+        if d == F32 and src.np.kind in "iub":  # an integer counter: what cast_array does, directly
+            return lambda x: x.astype(np.float32)
         return lambda x: _load(cast_array(x.astype(src.np) if src in (F16, BF16) else x, d), d)
     ufunc = ARITH[ins.op]
     if rounding:

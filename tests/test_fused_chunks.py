@@ -165,3 +165,21 @@ def test_a_small_body_stores_its_last_step_into_out_even_in_place(dt):
     assert np.array_equal(out.view(np.uint8), expected.view(np.uint8))
     P.run_fused(attrs, [a, b, x, y], out=y)  # in place: y is read by the step that writes it
     assert np.array_equal(y.view(np.uint8), expected.view(np.uint8))
+
+
+@pytest.mark.parametrize("int_dtype", [np.int32, np.int64, np.uint8, np.bool_])
+def test_an_integer_cast_to_float32_in_a_body_rounds_once_to_nearest_even(int_dtype):
+    """A counter cast (int → f32) in a fused body: one round-to-nearest-even from the exact
+    integer. The expected values are exact ints rounded by hand (ties to even at 2^24)."""
+    if int_dtype in (np.int32, np.int64):
+        ints = [3, -7, 2**24 + 1, 2**24 + 3, 2**31 - 1, -2**31]
+        want = [3.0, -7.0, 2.0**24, 2.0**24 + 4, 2.0**31, -2.0**31]
+        if int_dtype is np.int64:
+            ints, want = ints + [2**40 + 2**16 + 1], want + [2.0**40 + 2**17]
+    else:
+        ints = [0, 1, 255] if int_dtype is np.uint8 else [False, True]
+        want = [float(v) for v in ints]
+    x = np.array(ints, int_dtype)
+    attrs = FusedAttrs(shape=x.shape, body=(I("cast", "in0"),), result="t0", out_dtype=D.FLOAT)
+    got = P.run_fused(attrs, [x])
+    assert np.array_equal(got.view(np.uint32), np.float32(want).view(np.uint32))
