@@ -44,13 +44,20 @@ def bn_body(dt: D, counter=D.INT32):
             I("mul", "t7", "t5", dtype=dt), I("sub", "in3", "t8", dtype=dt))
 
 
-@pytest.mark.parametrize("counter", [np.int32, np.int64])
+# counts that round when cast to float32 (ties to even at 2^24), and an int64 one past 2^32
+COUNTS = {"small": [7, 9, 11], "rounding": [2**24 + 1, 2**24 + 3, 2**31 - 1],
+          "wide": [2**40 + 2**16 + 1, 3, 2**33 + 1]}
+
+
+@pytest.mark.parametrize("counter,counts", [(np.int32, "small"), (np.int32, "rounding"),
+                                            (np.int64, "small"), (np.int64, "rounding"),
+                                            (np.int64, "wide")])
 @pytest.mark.parametrize("dt", [D.FLOAT, D.FLOAT16, D.BF16])
-def test_batch_norm_like_body(dt, counter):
+def test_batch_norm_like_body(dt, counter, counts):
     rng = np.random.default_rng(1)
     t = NP[dt]
     a = FusedAttrs(shape=(3, 4, 50), body=bn_body(dt), result="t9", out_dtype=dt)
-    ins = [np.array([7, 9, 11], counter), rng.standard_normal(4).astype(t),
+    ins = [np.array(COUNTS[counts], counter), rng.standard_normal(4).astype(t),
            rng.standard_normal(4).astype(t), rng.standard_normal((3, 4, 50)).astype(t)]
     check(a, ins)
 
