@@ -216,9 +216,21 @@ def test_pow_by_a_constant_in_the_prologue(dt, e):
         body = (I("fill", value=e, dtype=dt), I("pow", "in0", "t0", dtype=dt),
                 I("view", "t1", dtype=dt, shape=(C, 1)), I("mul", "in1", "t2", dtype=dt))
         a = FusedAttrs(shape=(C, 40), body=body, result="t3", out_dtype=dt)
-        got = check(a, [x, np.ones((C, 40), NP[dt])], fused=e != 3.0)
+        scale = np.random.default_rng(8).uniform(1, 4, (C, 40)).astype(NP[dt])
+        got = check(a, [x, scale], fused=e != 3.0)
+        # the kernel's formulas in float32 (float64 for another exponent), rounded to the dtype,
+        # then the product in the dtype: a pow left unrounded shows in the product
+        x32, one = x.astype(np.float32), np.float32(1)
+        power = {-0.5: one / np.sqrt(x32), 0.5: np.sqrt(x32), 2.0: x32 * x32, -1.0: one / x32,
+                 1.0: x32, 0.0: np.ones_like(x32)}.get(e)
+        if power is None:
+            power = (x32.astype(np.float64) ** e).astype(np.float32)
+        want = scale * power.astype(NP[dt]).reshape(C, 1)
+    nan = np.isnan(want.astype(np.float32))
+    assert np.array_equal(np.isnan(got.astype(np.float32)), nan)
+    assert np.array_equal(R.bits(got[~nan]), R.bits(want[~nan]))
     if e == -0.5 and dt == D.FLOAT:
-        assert got[2, 0] == np.inf and got[9, 0] == np.float32(1) / np.sqrt(np.float32(7))
+        assert np.isinf(got[2]).all() and np.array_equal(got[9], scale[9] * (one / np.sqrt(np.float32(7))))
 
 
 @pytest.mark.parametrize("dt", [np.float32, np.float16, ml_dtypes.bfloat16])
