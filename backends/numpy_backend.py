@@ -86,11 +86,11 @@ def last_uses(graph: Graph) -> dict[int, list[str]]:
     return out
 
 
-def _fused_store(exe: "NumpyExecutable") -> Optional[tuple[Any, tuple[str, ...], str, str]]:
-    """``(attrs, operand names, destination name, result name)`` when the graph is one
-    FusedElementwise, run by numpy semantics, that stores into a graph input (a level-2
-    element-wise op_api) and needs no workspace: :meth:`NumpyExecutable.run` then runs the
-    interpreter on the bound tensors' views with no environment (what ``_compute`` does)."""
+def _fused_store(exe: "NumpyExecutable") -> Optional[tuple[Node, tuple[str, ...], str]]:
+    """``(node, operand names, result name)`` when the graph is one FusedElementwise, run by
+    numpy semantics, that stores into a graph input (a level-2 element-wise op_api) and needs no
+    workspace: :meth:`NumpyExecutable.run` then runs that node's lowering on the bound tensors'
+    views with no environment."""
     if len(exe.program) != 1 or exe.plan.size:
         return None
     node, lower, inputs, outputs, _ = exe.program[0]
@@ -99,7 +99,7 @@ def _fused_store(exe: "NumpyExecutable") -> Optional[tuple[Any, tuple[str, ...],
     if any(name not in exe.input_names for name in inputs) or \
             [v.name for v in exe.graph.outputs] != [outputs[0][0]]:
         return None
-    return node.attrs, inputs[:-1], inputs[-1], outputs[0][0]
+    return node, inputs, outputs[0][0]
 
 
 class Slot:
@@ -204,15 +204,14 @@ class NumpyExecutable(Executable):
         """Run the graph; returns its outputs by value name."""
         store = self.fused_store
         if store is not None and self.profile is None:  # one fused kernel storing into a tensor
-            body, names, dst_name, result = store
+            node, names, result = store
             try:
-                dst, ins = bindings[dst_name].view(), [bindings[name].view() for name in names]
+                args = [bindings[name].view() for name in names]
             except KeyError:  # run_nodes names the unbound input
-                dst = None
-            if dst is not None and dst.flags.writeable and dst.flags.c_contiguous:
+                args = None
+            if args is not None:
                 with np.errstate(all="ignore"):
-                    run_fused(body, ins, out=dst)
-                return {result: dst}
+                    return {result: _fused(self, node, args)[0]}
         with np.errstate(all="ignore"):
             return self.run_nodes(bindings, workspace)
 

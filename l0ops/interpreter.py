@@ -332,7 +332,7 @@ def program(a: FusedAttrs, inputs: Sequence[np.ndarray]) -> Program:
     """The cached :class:`Program` of ``a`` for these operands' dtypes and shapes: made anew,
     or renamed from the last one of the same body (:meth:`Program.resized`)."""
     key = tuple([(x.dtype, x.shape) for x in inputs])
-    hit = _PROGRAMS.peek(a, key)  # the common case, without making the maker
+    hit = _PROGRAMS.peek(a, key)  # a hit makes no maker closure (~1 µs a cached numpy call)
     return hit if hit is not None else _PROGRAMS.get(a, key, lambda: _make(a, inputs))
 
 

@@ -151,12 +151,17 @@ def bits(a: np.ndarray) -> np.ndarray:
     return a.view({2: np.uint16, 4: np.uint32, 8: np.uint64}[a.dtype.itemsize])
 
 
-def assert_bits_equal(actual: np.ndarray, expected: np.ndarray) -> None:
+def assert_bits_equal(actual: np.ndarray, expected: np.ndarray, any_nan: bool = False) -> None:
+    """Bit-exact equality; with ``any_nan``, a NaN where a NaN is expected passes whatever its
+    payload (for expectations computed by other arithmetic than the kernel's)."""
     assert actual.dtype == expected.dtype, (actual.dtype, expected.dtype)
     assert actual.shape == expected.shape, (actual.shape, expected.shape)
     a, e = bits(actual), bits(expected)
-    if not np.array_equal(a, e):
-        bad = np.argwhere(a != e)
+    differ = a != e
+    if any_nan:
+        differ &= ~(np.isnan(actual.astype(np.float32)) & np.isnan(expected.astype(np.float32)))
+    if differ.any():
+        bad = np.argwhere(differ)
         i = tuple(bad[0])
         raise AssertionError(
             f"{len(bad)} of {a.size} elements differ; first at {i}: got {actual[i]!r} "

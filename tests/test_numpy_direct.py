@@ -1,7 +1,8 @@
 """The numpy backend's direct run of a level-2 element-wise program (one FusedElementwise storing
 into the caller's tensor, :func:`backends.numpy_backend._fused_store`): the interpreter runs on
-the bound tensors' views with no environment. Bits stay the reference's; a strided output, a
-profiled run and an unbound input go (or fail) the node-by-node way."""
+the bound tensors' views with no environment. Bits stay the reference's; a strided output is
+stored by the kernel's own rule (computed, then copied into it); a profiled run and an unbound
+input go (or fail) the node-by-node way."""
 from __future__ import annotations
 
 import numpy as np
@@ -39,7 +40,7 @@ def test_the_fused_kernel_runs_directly_with_the_reference_bits(shape, dtype):
     R.assert_bits_equal(again, out)
 
 
-def test_level_1_and_a_strided_output_go_node_by_node():
+def test_level_1_goes_node_by_node_and_a_strided_output_gets_only_its_elements():
     case = R.make_case((2, 3, 4), R.F32, seed=6)
     _, exe1 = phase1(case, np.zeros((2, 3, 4), R.F32), level=1)
     assert exe1.fused_store is None  # several nodes
