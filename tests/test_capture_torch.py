@@ -146,3 +146,25 @@ def test_a_one_rank_capture_exchanges_locally_and_equals_the_eager_function():
     [(equal, groups)] = ot.run_ranks(_one_rank, 1, timeout=TIMEOUT, pg_timeout=30.0)
     assert groups == ["local"]  # no gloo exchange on one rank, as the eager path skips it
     assert all(all(e) and len(e) == 4 for e in equal), equal
+
+
+def test_a_one_rank_capture_needs_no_process_group():
+    """world_size 1 without torch.distributed initialised: the eager function skips the
+    exchanges, and so does the capture (its one count is its own), replaying the eager bits."""
+    assert not torch.distributed.is_initialized()
+    x, dy, _, _ = _data(0, torch.float32)
+    w, b = torch.linspace(0.5, 2, C), torch.linspace(-1, 1, C)
+
+    def step(state):
+        xi = x.clone().requires_grad_()
+        y = ot.SyncBatchNormFunction.apply(xi, w, b, *state, 1e-5, 0.1, None, 1, {"backend": "numpy"})
+        return [y, *torch.autograd.grad(y, xi, dy)]
+
+    eager_state, state = [torch.zeros(C), torch.ones(C)], [torch.zeros(C), torch.ones(C)]
+    want = [t.detach() for t in step(eager_state)] + eager_state
+    with opgraph.capture() as prog:
+        outs = step(state)
+    prog.replay()
+    got = [t.detach() for t in outs] + state
+    assert [bool(torch.equal(a.view(torch.int32), g.view(torch.int32))) for a, g in zip(want, got)] \
+        == [True] * 4

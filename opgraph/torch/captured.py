@@ -5,8 +5,8 @@ exchange per direction are those of the eager path, so the program's bits are th
 
 In a capture nothing is computed, so what the eager path decides from data is decided when
 capturing: every rank's sample count (shapes only) is exchanged once, and every rank must have
-data. On a one-rank group the collectives are those of the one-process group (``"local"``: no
-gloo exchange), as the eager path skips them. The captured program reads the layer's parameters
+data. On one rank the collectives are those of the one-process group (``"local"``: no gloo
+exchange, no process group needed), as the eager path skips them. The captured program reads the layer's parameters
 and running statistics where they are when it runs, and updates the running statistics on every
 replay.
 
@@ -79,9 +79,10 @@ def forward(ctx: Any, input: Tensor, weight: Optional[Tensor], bias: Optional[Te
                                "is float32 and autograd would convert it outside the program "
                                "(keep the layer's parameters float32, e.g. with autocast)")
     counts = torch.full((1,), per_channel, dtype=torch.float32)
-    rows = [torch.empty_like(counts) for _ in range(world_size)]
-    dist.all_gather(rows, counts, process_group)  # shapes only, once, when capturing
-    counts = torch.cat(rows)
+    if world_size > 1:  # one rank: its own count, no process group needed (as the eager path)
+        rows = [torch.empty_like(counts) for _ in range(world_size)]
+        dist.all_gather(rows, counts, process_group)  # shapes only, once, when capturing
+        counts = torch.cat(rows)
     if (counts < 1).any():
         raise CaptureError("SyncBatchNorm in a capture needs data on every rank; ranks "
                            f"{[i for i, c in enumerate(counts.tolist()) if c < 1]} have none")
