@@ -384,7 +384,7 @@ def run_fused(a: FusedAttrs, inputs: Sequence[np.ndarray], out: "np.ndarray | No
     if math.prod(full) <= max(limit, whole_limit):  # one chunk: no slicing
         regs = dict(values)
         regs.update(prog.load_big(inputs))
-        out[...] = prog.run_live(regs)
+        prog.run_live(regs, out)  # the last step straight into out when it can
         return out
     whole = {name: values[name] for name in prog.live_reads if values[name].ndim != len(full)}
     sliced = [name for name in prog.live_reads if values[name].ndim == len(full)]

@@ -71,6 +71,10 @@ def test_every_chunking_gives_the_direct_bits(dt, layout, limits):
     P.run_fused(attrs, [a, b, x, y], out=out, limit=limit, channel_limit=channel_limit,
                 whole_limit=whole_limit)
     assert np.array_equal(out.view(np.uint8), np.ascontiguousarray(expected).view(np.uint8))
+    y_too = y.copy()  # out is the input y (read by an earlier step)
+    P.run_fused(attrs, [a, b, x, y_too], out=y_too, limit=limit, channel_limit=channel_limit,
+                whole_limit=whole_limit)
+    assert np.array_equal(y_too.view(np.uint8), np.ascontiguousarray(expected).view(np.uint8))
 
 
 def test_chunks_within_a_channel_only_where_memory_is_channel_major():
