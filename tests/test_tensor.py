@@ -370,3 +370,33 @@ def test_array_address_is_the_first_elements_for_every_dtype_and_layout(dtype):
     ro.flags.writeable = False
     for x in (a, a[3:], a[1::2], ro, a[:0], a.reshape(3, 4).T):
         assert array_address(x) == x.__array_interface__["data"][0]
+
+
+class CopyingExporter:
+    """A CPU array that looks like a torch tensor (``is_cpu``, ``data_ptr``, ``numpy``) but whose
+    ``numpy()`` is a copy; its DLPack export is its memory."""
+    is_cpu = True
+
+    def __init__(self, a: np.ndarray):
+        self.a = a
+
+    def data_ptr(self) -> int:
+        return self.a.ctypes.data
+
+    def numpy(self) -> np.ndarray:
+        return self.a.copy()
+
+    def __dlpack__(self, **kwargs):
+        return self.a.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self):
+        return self.a.__dlpack_device__()
+
+
+def test_a_foreign_array_is_viewed_only_through_memory_it_shares():
+    """The quick ``numpy()`` view of a torch-like tensor is taken only when it is the tensor's
+    own memory; a copy would lose what phase 2 writes, so DLPack views it instead."""
+    a = np.arange(6, dtype=np.float32).reshape(2, 3)
+    t = opgraph.tensor(CopyingExporter(a))
+    t.view()[1, 2] = -1.0
+    assert a[1, 2] == -1.0 and not t.copied

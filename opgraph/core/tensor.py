@@ -397,6 +397,9 @@ def foreign_array(obj: Any) -> np.ndarray:
     ``obj.detach()`` (same memory); bfloat16 through its raw 16-bit storage, viewed as
     ``ml_dtypes.bfloat16``. Memory on another device is a ValueError naming the device.
     """
+    own = _own_cpu_view(obj)
+    if own is not None:
+        return own
     try:
         dl_device = obj.__dlpack_device__()
         on_cpu = int(dl_device[0]) == DLPACK_CPU
@@ -416,6 +419,22 @@ def foreign_array(obj: Any) -> np.ndarray:
     except (BufferError, RuntimeError, TypeError, ValueError) as e:
         raise ValueError(f"cannot view {type(obj).__name__} of dtype "
                          f"{getattr(obj, 'dtype', '?')} as an array: {e}") from None
+
+
+def _own_cpu_view(obj: Any) -> "np.ndarray | None":
+    """A CPU torch tensor's own numpy view (``obj.numpy()``, a third of DLPack's cost), checked to
+    share ``obj``'s memory; None for anything else (a dtype numpy lacks, another device, another
+    kind of array), which DLPack then takes."""
+    if getattr(obj, "is_cpu", None) is not True or not callable(getattr(obj, "data_ptr", None)) \
+            or str(getattr(obj, "dtype", "")).endswith("bfloat16"):  # .numpy() would raise, slowly
+        return None
+    view = obj.detach() if getattr(obj, "requires_grad", False) else obj
+    try:
+        a = view.numpy()
+        shared = type(a) is np.ndarray and (a.size == 0 or array_address(a) == int(obj.data_ptr()))
+    except (TypeError, RuntimeError, ValueError, AttributeError):
+        return None
+    return a if shared else None
 
 
 def tensor(array: "np.ndarray | Sequence", format: "Format | str" = "ND", dtype: Any = None) -> Tensor:
@@ -449,7 +468,7 @@ def tensor(array: "np.ndarray | Sequence", format: "Format | str" = "ND", dtype:
                 _CONTIGUOUS.put(key, (t.dtype, t.strides, t.signature_id))
                 return t
     if not isinstance(array, np.ndarray) and hasattr(array, "__dlpack__"):
-        array = foreign_array(array)
+        return tensor(foreign_array(array), format, dtype)  # a numpy view: the hot path may take it
     a = np.asarray(array, dtype=None if dtype is None else dtype_of(dtype).np)
     # a new array that owns its memory is a copy the caller does not hold (a list, a scalar, a
     # dtype conversion); an array that is the caller's or views other memory is not
