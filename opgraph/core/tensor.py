@@ -393,7 +393,8 @@ def _device_name(obj: Any, dl_device: Any) -> str:
 def foreign_array(obj: Any) -> np.ndarray:
     """A numpy view of a DLPack-exporting array on the CPU (a torch tensor, ...), sharing memory.
 
-    Duck-typed, so the core never imports torch: a tensor that requires grad is viewed through
+    Duck-typed, so the core never imports torch: a CPU torch tensor through its own ``numpy()``
+    view when that is its memory, else DLPack; a tensor that requires grad through
     ``obj.detach()`` (same memory); bfloat16 through its raw 16-bit storage, viewed as
     ``ml_dtypes.bfloat16``. Memory on another device is a ValueError naming the device.
     """
@@ -422,7 +423,7 @@ def foreign_array(obj: Any) -> np.ndarray:
 
 
 def _own_cpu_view(obj: Any) -> "np.ndarray | None":
-    """A CPU torch tensor's own numpy view (``obj.numpy()``, a third of DLPack's cost), checked to
+    """A CPU torch tensor's own numpy view (``obj.numpy()``, about half DLPack's cost), checked to
     share ``obj``'s memory; None for anything else (a dtype numpy lacks, another device, another
     kind of array), which DLPack then takes."""
     if getattr(obj, "is_cpu", None) is not True or not callable(getattr(obj, "data_ptr", None)) \

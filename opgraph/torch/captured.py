@@ -6,9 +6,9 @@ exchange per direction are those of the eager path, so the program's bits are th
 In a capture nothing is computed, so what the eager path decides from data is decided when
 capturing: every rank's sample count (shapes only) is exchanged once, and every rank must have
 data. On one rank the collectives are those of the one-process group (``"local"``: no gloo
-exchange, no process group needed), as the eager path skips them. The captured program reads the layer's parameters
-and running statistics where they are when it runs, and updates the running statistics on every
-replay.
+exchange, no process group needed), as the eager path skips them. The captured program reads
+the layer's parameters and running statistics where they are when it runs, and updates the
+running statistics on every replay.
 
     >>> import numpy as np
     >>> TorchGroup.__name__, callable(group_of)
