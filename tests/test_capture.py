@@ -166,6 +166,10 @@ def test_replay_refuses_bad_inputs_and_leaves_outputs_untouched():
         prog.replay(bogus=np.zeros(3))
     with pytest.raises(ValueError, match=r"replay: input: the program was captured with f32\[4,3,5,5\]"):
         prog.replay(input=np.zeros((2, 3, 5, 5), np.float32))
+    for same_shape in (np.zeros((4, 3, 5, 10), np.float32)[..., ::2],  # other strides
+                       np.zeros(SHAPE, np.float16)):                     # another dtype
+        with pytest.raises(ValueError, match=r"replay: input: the program was captured with"):
+            prog.replay(input=same_shape)
     with pytest.raises(ValueError, match="replay: output: storage is read-only"):
         ro = np.zeros(SHAPE, np.float32)
         ro.flags.writeable = False

@@ -112,6 +112,12 @@ class Program:
         self.memory_plan = plan_memory(self.compiled)
         check_schedule(self.compiled, self.memory_plan)
         self.outputs = written_inputs(self.compiled)
+        self._types = {v.name: v.type for v in self.compiled.inputs}
+        # each input's type as a tensor's signature (shape, strides, dtype, format), which a
+        # rebound tensor carries built once: one tuple comparison a rebinding
+        self._signatures = {name: (t.shape, t.strides, int(t.dtype), int(t.format))
+                            for name, t in self._types.items()}
+        self._written = frozenset(self.outputs)
         self._executables: dict[int, tuple[Backend, Executable]] = {}
         self._workspace: Optional[bytearray] = None
         self._rebound: dict[str, tuple[Any, Any, Tensor]] = {}  # name: (object, layout, Tensor)
@@ -137,16 +143,16 @@ class Program:
 
     def _bindings(self, new: Mapping[str, Any]) -> dict[str, Tensor]:
         bindings = dict(self.inputs)
-        types = {v.name: v.type for v in self.compiled.inputs}
+        types, signatures = self._types, self._signatures
         for name, value in new.items():
             if name not in types:
                 raise ValueError(f"replay: {name}: not an input of the program (inputs: "
                                  f"{', '.join(types)})")
             t = value if isinstance(value, Tensor) else self._viewed(name, value)
-            if tensor_type(t) != types[name]:
+            if t.signature != signatures[name] and tensor_type(t) != types[name]:
                 raise ValueError(f"replay: {name}: the program was captured with {types[name]}, "
                                  f"got {tensor_type(t)}; capture again for other shapes")
-            if name in self.outputs:
+            if name in self._written:
                 why = unwritable_reason(t) if t.numel else None
                 if why:
                     raise ValueError(f"replay: {name}: {why}")
