@@ -19,8 +19,8 @@ import numpy as np
 
 from l0ops.collectives import is_collective
 from opgraph.aclnn.twophase import unwritable_reason, written_inputs
-from opgraph.core.backend import Backend, Executable, get as get_backend
-from opgraph.core.config import BackendRef, check_level, current_backend
+from opgraph.core.backend import Backend, Executable, get as get_backend, made
+from opgraph.core.config import BackendRef, check_level, current_backend_ref
 from opgraph.core.executor import tensor_type
 from opgraph.core.ir import Graph
 from opgraph.core.memory import MemoryPlan, plan_memory
@@ -185,9 +185,11 @@ class Program:
         ``backend``: this one, else the one the captured calls' phase 2 would have used, else
         the current one. Returns every written tensor by name (as numpy views)."""
         bindings = self._bindings(new_inputs)
-        if backend is None:
-            backend = self.backend
-        be = current_backend() if backend is None else get_backend(backend)
+        ref = current_backend_ref() if backend is None and self.backend is None else \
+            backend if backend is not None else self.backend
+        be = made(ref)  # a backend that compiled this program runs it without asking again
+        if be is None or self._executables.get(id(be), (None,))[0] is not be:
+            be = get_backend(ref)  # whether it is available, named when not
         if self.compiled.nodes:
             if self.workspace_size and (self._workspace is None
                                         or len(self._workspace) < self.workspace_size):
