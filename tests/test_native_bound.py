@@ -1,9 +1,10 @@
 """The native backend's bound runs (backends/native/bound.py): a captured program replayed, or a
-repeatable executor run, again and again on the same tensors binds its steps to them from the
-second such run on, and once bound rebinds other tensors of the same layouts. Every run here
-changes the data first, and every result is checked bit for bit — against the numpy backend on
-the same program and state (captured programs), or against the independent reference
-(repeatable executors) — with the bound path shown to run (or not, where it must not)."""
+repeatable executor run, again and again on tensors of the same layouts (the same ones or new
+ones) binds its steps to them from the second such run on, and once bound rebinds other
+tensors of the same layouts. Every run here changes the data first, and every result is
+checked bit for bit — against the numpy backend on the same program and state (captured
+programs), or against the independent reference (repeatable executors) — with the bound path
+shown to run (or not, where it must not)."""
 from __future__ import annotations
 
 import importlib.util
@@ -108,13 +109,15 @@ def test_rebinding_other_objects_rebinds_the_nodes_that_touch_them(bound_runs):
     rng = np.random.default_rng(2)
     shape = (4, 8, 12, 13)
     a, b = (rng.standard_normal(shape).astype(np.float32) for _ in range(2))
-    for x in (a, b, a, b):  # not bound yet, never the same object twice in a row: node by node
+    # a new object every replay, as a training step's input: the first replay runs node by
+    # node, the second too and binds (the layouts repeat), the later ones rebind and run bound
+    for x in (a, b, a, b):
         replay_both(prog, input=x)
-    assert bound_runs["runs"] == 0
-    for _ in range(3):  # the same object: bound from the second replay on
+    assert bound_runs["runs"] == 2
+    for _ in range(3):  # the same object again and again: bound every time
         a[...] = rng.standard_normal(shape).astype(np.float32)
         replay_both(prog, input=a)
-    assert bound_runs["runs"] == 1
+    assert bound_runs["runs"] == 2 + 3
     # now other objects of the same layout, inputs and outputs: rebound and run bound every time
     y1, y2 = np.empty(shape, np.float32), np.empty(shape, np.float32)
     g1, g2 = np.empty(shape, np.float32), np.empty(shape, np.float32)
@@ -122,13 +125,25 @@ def test_rebinding_other_objects_rebinds_the_nodes_that_touch_them(bound_runs):
                          (b, inputs["dy"], y2, g1), (a, inputs["dy"], y1, g2)):
         x[...] = rng.standard_normal(shape).astype(np.float32)
         replay_both(prog, input=x, gradOut=dy, output=y, gradInput=gx)
-    assert bound_runs["runs"] == 1 + 4
+    assert bound_runs["runs"] == 5 + 4
     # only a result placed in a user tensor changes (the reduction writes gradWeight there)
     w1, w2 = np.empty(8, np.float32), np.empty(8, np.float32)
     for gw in (w1, w2, w1):
         a[...] = rng.standard_normal(shape).astype(np.float32)
         replay_both(prog, input=a, gradWeight=gw)
-    assert bound_runs["runs"] == 1 + 4 + 3
+    assert bound_runs["runs"] == 5 + 4 + 3
+
+
+def test_fresh_tensors_every_replay_bind_from_the_second(bound_runs):
+    """A new array every replay (what a training loop hands a captured step), inputs and
+    outputs: bound from the second replay on, every result bit-equal to numpy's."""
+    shape = (4, 8, 12, 13)
+    prog, _ = captured(2, np.float32, None, shape)
+    rng = np.random.default_rng(5)
+    for _ in range(5):
+        replay_both(prog, input=(rng.standard_normal(shape) * 2).astype(np.float32),
+                    output=np.empty(shape, np.float32), gradInput=np.empty(shape, np.float32))
+    assert bound_runs["runs"] == 3
 
 
 def test_a_rebound_array_whose_layout_changed_in_place_is_viewed_again(bound_runs):

@@ -36,7 +36,7 @@ from opgraph.core.platform import Platform
 from opgraph.core.tensor import Tensor
 from ..numpy_backend import NUMPY_LOWERINGS, NumpyBackend, NumpyExecutable, takes_out
 from . import render, team
-from .bound import Bound
+from .bound import Bound, repeats
 from .build import NativeBuildError, availability
 from .direct_reduce import DirectReduce
 from .gather_fused import run_gather_fused
@@ -203,11 +203,11 @@ class NativeExecutable(NumpyExecutable):
         return super().run(bindings, workspace)
 
     def run_repeatable(self, bindings: Mapping[str, Tensor], workspace: Any = None) -> dict[str, np.ndarray]:
-        """:meth:`run`, for a caller that runs the same tensor objects and workspace again and
-        again: the second run with the same ones binds the steps to them (:class:`.bound.Bound`)
-        and later runs with the same ones run the bound steps; a run with other tensors of the
-        same layouts in the same workspace rebinds only the nodes that touch the ones that
-        changed, and runs bound."""
+        """:meth:`run`, for a caller that runs the program again and again in the same workspace:
+        the second run on tensors of the same layouts as the first's (the same ones or new ones,
+        :func:`.bound.repeats`) binds the steps to them (:class:`.bound.Bound`); later runs with
+        the same ones run the bound steps, and a run with other tensors of the same layouts
+        rebinds only the nodes that touch the ones that changed, and runs bound."""
         bound, same = self.bound, False
         if self.profile is None and bound is not None:
             same = bound.matches(bindings, workspace)
@@ -223,7 +223,7 @@ class NativeExecutable(NumpyExecutable):
         if self.profile is None and not same:
             key = (workspace, *[bindings[n] for n in self.input_names])
             last, self.last_key = self.last_key, key
-            if last is not None and len(last) == len(key) and all(a is b for a, b in zip(last, key)):
+            if repeats(last, key):
                 self.bound = Bound(self, bindings, workspace, _NATIVE)
         return out
 

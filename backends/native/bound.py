@@ -1,5 +1,5 @@
 """A native executable's steps bound to one set of tensors and one workspace, for callers that
-run the same bindings again and again (a captured program's replay, a repeatable executor):
+run a program again and again (a captured program's replay, a repeatable executor):
 every operand array is made once, every C kernel's pointer array once, and a run is the kernel
 calls and the numpy lowerings left, in order — no per-node layout lookups, views or address
 fetches. Other tensors of the same layouts in the same workspace (a new input every training
@@ -77,6 +77,15 @@ def _stores_unplaced(node: Any, outputs: tuple) -> bool:
 
 def _same_layout(a: Tensor, b: Tensor) -> bool:
     return (a.shape, a.strides, a.dtype) == (b.shape, b.strides, b.dtype)
+
+
+def repeats(last: Optional[tuple], key: tuple) -> bool:
+    """Whether a run on ``key`` (workspace, then the bound tensors in input order) repeats the
+    run on ``last``: the same workspace and, input by input, the same tensor or one of the same
+    layout — a training step's new tensors as much as the same ones again."""
+    return (last is not None and len(last) == len(key) and last[0] is key[0]
+            and all(a is b or (isinstance(a, Tensor) and isinstance(b, Tensor) and _same_layout(a, b))
+                    for a, b in zip(last[1:], key[1:])))
 
 
 class Bound:
