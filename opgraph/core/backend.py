@@ -57,9 +57,10 @@ class Executable:
         raise NotImplementedError
 
     def run_repeatable(self, bindings: Mapping[str, Tensor], workspace: Any = None) -> Any:
-        """:meth:`run`, for a caller that runs the same tensor objects and workspace again and
-        again (a captured program's replay): a backend may prepare once for them and keep them
-        (the native backend binds its kernels' pointers). The default runs."""
+        """:meth:`run`, for a caller that runs the program again and again in one workspace (a
+        captured program's replay), on the same tensors or new ones of the same layouts: a
+        backend may prepare once for them and keep them (the native backend binds its kernels'
+        pointers). The default runs."""
         return self.run(bindings, workspace)
 
     def release(self, bindings: Mapping[str, Tensor]) -> None:
