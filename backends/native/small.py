@@ -83,29 +83,34 @@ def plan_small(a: FusedReduceAttrs, inputs: Sequence[np.ndarray]) -> _SmallPlan:
                    lambda: _plan(a, inputs))
 
 
-def results_of(plan: _SmallPlan, a: FusedReduceAttrs, scr: np.ndarray) -> list[np.ndarray]:
-    """Each result read from the call's own scratch ``scr``, as its output."""
-    out = []
+def _readers(plan: _SmallPlan, a: FusedReduceAttrs, scr: np.ndarray) -> list[Callable[[], np.ndarray]]:
+    """Per result, how to read it from the call's own scratch ``scr`` as its output: a float32
+    one is a view made here, once; another dtype a cast made per read (the C call rounded the
+    register to its dtype: the cast is exact)."""
+    readers: list[Callable[[], np.ndarray]] = []
     for (off, shape, strides, dtype), out_shape in zip(plan.results, a.out_shapes):
         v = np.ndarray(shape, np.float32, scr, 4 * off, strides)
-        if dtype != F32:  # the C call rounded the register to its dtype: the cast is exact
-            v = v.astype(dtype.np)
-        out.append(as_output(v, out_shape))
-    return out
+        if dtype == F32:
+            view = as_output(v, out_shape)
+            readers.append(lambda view=view: view)
+        else:
+            readers.append(lambda v=v, t=dtype.np, s=out_shape: as_output(v.astype(t), s))
+    return readers
 
 
 def prepared_small(plan: _SmallPlan, a: FusedReduceAttrs,
                    addresses: Sequence[int]) -> Callable[[], list[np.ndarray]]:
     """``plan``'s serial C call on the inputs at ``addresses`` (the per-channel inputs
-    ``plan.small`` reads, in that order), prepared: its pointers and its own scratch made once;
-    each call of the result runs it and returns the results read from the scratch (a caller
-    that keeps them past the next call copies them)."""
+    ``plan.small`` reads, in that order), prepared: its pointers, its own scratch and the views
+    of the results in it made once; each call of the result runs it and returns the results
+    read from the scratch (a caller that keeps them past the next call copies them)."""
     scr = np.empty(plan.scratch, np.float32)
     fn, table, ptrs, at = plan.fn, plan.table, plan.pointers(*addresses), address(scr)
+    readers = _readers(plan, a, scr)
 
     def call() -> list[np.ndarray]:
         fn(table, ptrs, at)
-        return results_of(plan, a, scr)
+        return [read() for read in readers]
     return call
 
 
@@ -121,4 +126,4 @@ def run_small_reduce_native(a: FusedReduceAttrs, inputs: Sequence[np.ndarray]) -
     return call_small(plan, a, [address(inputs[k]) for k in plan.small])
 
 
-__all__ = ["call_small", "plan_small", "prepared_small", "results_of", "run_small_reduce_native"]
+__all__ = ["call_small", "plan_small", "prepared_small", "run_small_reduce_native"]
