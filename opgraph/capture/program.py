@@ -185,8 +185,9 @@ class Program:
         ``backend``: this one, else the one the captured calls' phase 2 would have used, else
         the current one. Returns every written tensor by name (as numpy views)."""
         bindings = self._bindings(new_inputs)
-        ref = current_backend_ref() if backend is None and self.backend is None else \
-            backend if backend is not None else self.backend
+        ref = backend if backend is not None else self.backend
+        if ref is None:
+            ref = current_backend_ref()
         be = made(ref)  # a backend that compiled this program runs it without asking again
         if be is None or self._executables.get(id(be), (None,))[0] is not be:
             be = get_backend(ref)  # whether it is available, named when not
