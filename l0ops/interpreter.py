@@ -234,8 +234,9 @@ class Program:
     def run_flat(self, inputs: Sequence[np.ndarray], out: "np.ndarray | None" = None) -> "np.ndarray | None":
         """The result of the whole body, instruction by instruction on whole arrays (numpy
         broadcasting right-aligns the per-channel terms): the fast path for small tensors.
-        With ``out`` (C-contiguous, the full shape and the output dtype) the result may be
-        computed there: then None is returned, else the result (the caller stores it)."""
+        With ``out`` (the full shape and the output dtype) the result is written there and None
+        returned: its last step computed straight into it when it can (:attr:`flat_store`),
+        as :meth:`run_live` does."""
         regs = [x.astype(np.float32) if narrow else x for x, narrow in zip(inputs, self.narrow_inputs)]
         append = regs.append
         flat = self.flat
@@ -251,7 +252,11 @@ class Program:
             fn, args = flat[-1]
             fn(*[regs[i] for i in args], out=out)
             return None
-        return _finish(regs[self.flat_result], self.result_dtype, self.out_dtype)
+        res = _finish(regs[self.flat_result], self.result_dtype, self.out_dtype)
+        if out is not None:
+            out[...] = res
+            return None
+        return res
 
     def _plan_in_place(self, a: FusedAttrs) -> None:
         """Per live step, an operand temporary that dies there (its buffer takes the result),
@@ -371,9 +376,7 @@ def run_fused(a: FusedAttrs, inputs: Sequence[np.ndarray], out: "np.ndarray | No
     if math.prod(full) <= FLAT_ELEMS or not prog.chunkable:  # small: no hoisting, no chunks
         if out is None:
             return np.ascontiguousarray(np.broadcast_to(prog.run_flat(inputs), full))
-        res = prog.run_flat(inputs, out)
-        if res is not None:
-            out[...] = res
+        prog.run_flat(inputs, out)
         return out
     values = prog.hoist(inputs)
     if out is None:

@@ -200,15 +200,9 @@ class Bound:
 
     def rebinds(self, bindings: Mapping[str, Tensor], workspace: Any) -> bool:
         """Whether a Bound for ``bindings`` can be made ``like`` this one: the same workspace,
-        and every tensor that changed of the same shape, strides and dtype."""
-        if self.key[0] is not workspace:
-            return False
+        and every tensor that changed of the same shape, strides and dtype (:func:`repeats`)."""
         get = bindings.get
-        for n, was in zip(self.names, self.key[1:]):
-            t = get(n)
-            if t is not was and (not isinstance(t, Tensor) or not _same_layout(t, was)):
-                return False
-        return True
+        return repeats(self.key, (workspace, *[get(n) for n in self.names]))
 
     def run(self) -> Optional[dict[str, np.ndarray]]:
         """Run the steps; the graph outputs by value name (None: busy in another thread)."""
