@@ -29,7 +29,7 @@ import numpy as np
 
 from l0ops.interpreter import Hoisted
 from l0ops.primitives import FusedAttrs
-from opgraph.core.backend import LoweringTable
+from opgraph.core.backend import Addressed, LoweringTable
 from opgraph.core.ir import Graph
 from opgraph.core.memory import MemoryPlan
 from opgraph.core.platform import Platform
@@ -182,25 +182,34 @@ class NativeExecutable(NumpyExecutable):
         return [v.name for v in self.graph.outputs] == [n.outputs[0].name for n in nodes]
 
     def run(self, bindings: Mapping[str, Tensor], workspace: Any = None) -> dict[str, np.ndarray]:
-        if self.profile is None:  # (profiled: node by node)
-            if self.direct is not None and self.launches is None:  # prepared once, on first run
-                self.launches = self._prepared(bindings)
-                self.pointers = [([], None)] * len(self.launches or ())
-                self.direct = None if self.launches is None else self.direct
-            if self.launches is not None:
-                out = self._run_direct(bindings)
-                if out is not None:
-                    return out
-            if self.reduce is not None:
-                if self.direct_reduce is None:  # prepared once, on first run
-                    self.direct_reduce = DirectReduce.prepare(
-                        self.reduce[0], bindings, self.backend.min_elements, *self.reduce[1:])
-                    self.reduce = None if self.direct_reduce is None else self.reduce
-                if self.direct_reduce is not None:
-                    out = self.direct_reduce.run(bindings, self.backend.min_elements)
-                    if out is not None:
-                        return out
-        return super().run(bindings, workspace)
+        if not self.run_direct(bindings):
+            return super().run(bindings, workspace)
+        if self.launches is not None:
+            return {v.name: bindings[operands[-1]].view()
+                    for v, (_, operands) in zip(self.graph.outputs, self.launches)}
+        assert self.direct_reduce is not None
+        return self.direct_reduce.graph_outputs(bindings)
+
+    def run_direct(self, bindings: Mapping[str, Addressed]) -> bool:
+        """See :meth:`opgraph.core.backend.Executable.run_direct`: the direct launches or the
+        direct reduction (class docstring), prepared on the first run; False (nothing run) when
+        the program has neither, they cannot take these tensors, or a ``profile`` hook is set."""
+        if self.profile is not None:  # (profiled: node by node)
+            return False
+        if self.direct is not None and self.launches is None:  # prepared once, on first run
+            self.launches = self._prepared(bindings)
+            self.pointers = [([], None)] * len(self.launches or ())
+            self.direct = None if self.launches is None else self.direct
+        if self.launches is not None:
+            return self._run_direct(bindings)
+        if self.reduce is not None:
+            if self.direct_reduce is None:  # prepared once, on first run
+                self.direct_reduce = DirectReduce.prepare(
+                    self.reduce[0], bindings, self.backend.min_elements, *self.reduce[1:])
+                self.reduce = None if self.direct_reduce is None else self.reduce
+            if self.direct_reduce is not None:
+                return self.direct_reduce.run(bindings, self.backend.min_elements)
+        return False
 
     def run_repeatable(self, bindings: Mapping[str, Tensor], workspace: Any = None) -> dict[str, np.ndarray]:
         """:meth:`run`, for a caller that runs the program again and again in the same workspace:
@@ -234,7 +243,7 @@ class NativeExecutable(NumpyExecutable):
             if key is not None and any(id(t) in held for t in key[1:]):
                 self.bound = self.last_key = None
 
-    def _prepared(self, bindings: Mapping[str, Tensor]) -> Optional[list]:
+    def _prepared(self, bindings: Mapping[str, Addressed]) -> Optional[list]:
         """Each direct node's launch, laid out from the bound tensors' views, and the names of
         the bindings whose addresses its kernel takes, in order (the output last); None if one
         has no C prologue or a read-only output."""
@@ -260,14 +269,14 @@ class NativeExecutable(NumpyExecutable):
             launches.append((ln, tuple(fused_operands(ln, names[:-1], names[-1]))))
         return launches
 
-    def _run_direct(self, bindings: Mapping[str, Tensor]) -> Optional[dict[str, np.ndarray]]:
-        """The direct launches, or None (nothing run) when one of them cannot be taken."""
+    def _run_direct(self, bindings: Mapping[str, Addressed]) -> bool:
+        """The direct launches; False (nothing run) when one of them cannot be taken."""
         assert self.launches is not None
         smallest = self.backend.min_fused_elements
         calls = []
         for i, (ln, operands) in enumerate(self.launches):  # every check before any launch
             if smallest and math.prod(ln.attrs.shape) < smallest:
-                return None
+                return False
             if ln.empty:
                 continue
             addrs = [bindings[n].data_address for n in operands]
@@ -278,14 +287,13 @@ class NativeExecutable(NumpyExecutable):
             try:
                 ptrs = fused_pointers(ln, addrs)
             except Unsupported:
-                return None
+                return False
             self.pointers[i] = (addrs, ptrs)
             calls.append((ln, ptrs))
         for ln, ptrs in calls:
             if ln.fn(ln.ndim, ln.shape, ln.strides, render.BLOCK, team.runner(), ln.tab, ptrs):
                 raise MemoryError("native kernel: cannot allocate the per-channel scratch")
-        return {v.name: bindings[operands[-1]].view()
-                for v, (_, operands) in zip(self.graph.outputs, self.launches)}
+        return True
 
 
 class NativeBackend(NumpyBackend):

@@ -25,17 +25,19 @@ falls on the prepared side of the threshold (it was changed since) returns None 
 """
 from __future__ import annotations
 
+import ctypes
 import math
+import threading
 from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 
 from l0ops.fused_reduce import FusedReduceAttrs
 from opgraph.core.ir import Node
-from opgraph.core.tensor import Tensor
+from opgraph.core.backend import Addressed
 from .reduce import plan_for, run_planned
 from .unsupported import Unsupported
-from .small import call_small, plan_small
+from .small import SmallCall, call_small, plan_small
 
 
 class DirectReduce:
@@ -51,9 +53,15 @@ class DirectReduce:
         self.small, self.plan, self.elements = small, plan, elements
         self.reads = tuple(self.names[k] for k in plan.small) if small else ()
         self.dests, self.outputs = tuple(dests), tuple(outputs)
+        self.call = SmallCall(plan, self.attrs) if small else None  # its scratch: under the lock
+        self.lock = threading.Lock()
+        # per result, (its dest, its span in the call's scratch) when a byte copy places it
+        spans = self.call.spans(self.attrs) if self.call is not None else None
+        self.moves = None if spans is None else tuple(
+            (dest, at, n) for (dest, _), (at, n) in zip(self.dests, spans))
 
     @classmethod
-    def prepare(cls, node: Node, bindings: Mapping[str, Tensor], small_below: int,
+    def prepare(cls, node: Node, bindings: Mapping[str, Addressed], small_below: int,
                 dests: Sequence[tuple[str, tuple[int, ...]]],
                 outputs: Sequence[tuple[str, str]]) -> "Optional[DirectReduce]":
         """The direct run of ``node`` for these bindings' layouts, or None."""
@@ -64,26 +72,49 @@ class DirectReduce:
             plan = plan_small(node.attrs, views) if small else plan_for(node.attrs, views)
         except Unsupported:
             return None
-        return cls(node, small, plan, elements, dests, outputs)
+        made = cls(node, small, plan, elements, dests, outputs)
+        if made.moves is not None and not all(_row_major(bindings[d].view(), np.float32)
+                                              for d, _ in dests):
+            made.moves = None
+        return made
 
-    def run(self, bindings: Mapping[str, Tensor],
-            small_below: int) -> Optional[dict[str, np.ndarray]]:
-        """Compute into the bound output tensors; the graph's outputs by value name, or None
-        (nothing done) when the size is no longer on the prepared side of ``small_below``."""
+    def run(self, bindings: Mapping[str, Addressed], small_below: int) -> bool:
+        """Compute into the bound output tensors; False (nothing done) when the size is no
+        longer on the prepared side of ``small_below``."""
         if (self.elements < small_below) != self.small:
-            return None
+            return False
         if self.small:
-            self._place(bindings, call_small(self.plan, self.attrs,
-                                             [bindings[n].data_address for n in self.reads]))
+            addresses = [bindings[n].data_address for n in self.reads]
+            if self.lock.acquire(blocking=False):
+                try:
+                    if self.moves is not None:
+                        self.call.compute(addresses)
+                        for dest, at, n in self.moves:
+                            ctypes.memmove(bindings[dest].data_address, at, n)
+                    else:
+                        self._place(bindings, self.call(addresses))
+                finally:
+                    self.lock.release()
+            else:  # another thread is in the scratch: a call of its own
+                self._place(bindings, call_small(self.plan, self.attrs, addresses))
         else:
             with np.errstate(all="ignore"):  # the plan is for these layouts: no lookup
                 self._place(bindings, run_planned(
                     self.plan, self.attrs, [bindings[n].view() for n in self.names]))
+        return True
+
+    def graph_outputs(self, bindings: Mapping[str, Addressed]) -> dict[str, np.ndarray]:
+        """The graph's outputs by value name, as views of the tensors they were copied into."""
         return {name: bindings[dest].view() for name, dest in self.outputs}
 
-    def _place(self, bindings: Mapping[str, Tensor], results: Sequence[np.ndarray]) -> None:
+    def _place(self, bindings: Mapping[str, Addressed], results: Sequence[np.ndarray]) -> None:
         for (dest, shape), r in zip(self.dests, results):
             np.copyto(bindings[dest].view().reshape(shape), r)
+
+
+def _row_major(x: np.ndarray, dtype: type) -> bool:
+    """Whether ``x`` is a C-contiguous array of ``dtype`` (its elements one run of bytes)."""
+    return x.dtype == dtype and x.flags.c_contiguous
 
 
 __all__ = ["DirectReduce"]

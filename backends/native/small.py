@@ -21,8 +21,9 @@ a body with an instruction the renderer does not cover raises :class:`Unsupporte
 from __future__ import annotations
 
 import ctypes
+import math
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
@@ -98,15 +99,45 @@ def _readers(plan: _SmallPlan, a: FusedReduceAttrs, scr: np.ndarray) -> list[Cal
     return readers
 
 
+class SmallCall:
+    """``plan``'s serial C call with its own scratch and the views of the results in it made
+    once; each call packs the inputs' addresses (the per-channel inputs ``plan.small`` reads, in
+    that order), runs it and returns the results read from the scratch (a caller that keeps them
+    past the next call, or shares the SmallCall between threads, copies them under a lock)."""
+
+    def __init__(self, plan: _SmallPlan, a: FusedReduceAttrs) -> None:
+        self.plan, self.scratch = plan, np.empty(plan.scratch, np.float32)
+        self.at, self.readers = address(self.scratch), _readers(plan, a, self.scratch)
+
+    def __call__(self, addresses: Sequence[int]) -> list[np.ndarray]:
+        self.compute(addresses)
+        return [read() for read in self.readers]
+
+    def compute(self, addresses: Sequence[int]) -> None:
+        """Run the call; the results are in the scratch (:meth:`spans`)."""
+        plan = self.plan
+        plan.fn(plan.table, plan.pointers(*addresses), self.at)
+
+    def spans(self, a: FusedReduceAttrs) -> Optional[list[tuple[int, int]]]:
+        """Per result, its ``(address, bytes)`` in the scratch, when every result is a float32
+        register laid out row-major with its output's size (a byte copy is then the read);
+        else None."""
+        spans = []
+        for (off, shape, strides, dtype), out_shape in zip(self.plan.results, a.out_shapes):
+            n = math.prod(shape)
+            if dtype != F32 or n != math.prod(out_shape) or \
+                    any(s != 4 * math.prod(shape[d + 1:]) for d, s in enumerate(strides) if shape[d] > 1):
+                return None
+            spans.append((self.at + 4 * off, 4 * n))
+        return spans
+
+
 def prepared_small(plan: _SmallPlan, a: FusedReduceAttrs,
                    addresses: Sequence[int]) -> Callable[[], list[np.ndarray]]:
-    """``plan``'s serial C call on the inputs at ``addresses`` (the per-channel inputs
-    ``plan.small`` reads, in that order), prepared: its pointers, its own scratch and the views
-    of the results in it made once; each call of the result runs it and returns the results
-    read from the scratch (a caller that keeps them past the next call copies them)."""
-    scr = np.empty(plan.scratch, np.float32)
-    fn, table, ptrs, at = plan.fn, plan.table, plan.pointers(*addresses), address(scr)
-    readers = _readers(plan, a, scr)
+    """``plan``'s serial C call on the inputs at ``addresses``, prepared: a :class:`SmallCall`
+    whose pointers are packed once too."""
+    fn, table, ptrs, small = plan.fn, plan.table, plan.pointers(*addresses), SmallCall(plan, a)
+    at, readers = small.at, small.readers
 
     def call() -> list[np.ndarray]:
         fn(table, ptrs, at)
@@ -126,4 +157,4 @@ def run_small_reduce_native(a: FusedReduceAttrs, inputs: Sequence[np.ndarray]) -
     return call_small(plan, a, [address(inputs[k]) for k in plan.small])
 
 
-__all__ = ["call_small", "plan_small", "prepared_small", "run_small_reduce_native"]
+__all__ = ["SmallCall", "call_small", "plan_small", "prepared_small", "run_small_reduce_native"]

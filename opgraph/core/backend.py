@@ -20,7 +20,7 @@ Built-in and third-party backends are found the same way: entry points of the gr
 from __future__ import annotations
 
 from importlib import metadata
-from typing import Any, Callable, Mapping, Optional, Union
+from typing import Any, Callable, Mapping, Optional, Protocol, Union
 
 from .ir import Graph, Node
 from .memory import MemoryPlan, plan_memory
@@ -42,6 +42,17 @@ class BackendUnavailable(RuntimeError):
     """A backend is unknown or cannot run on this machine (one clear line says why)."""
 
 
+class Addressed(Protocol):
+    """What :meth:`Executable.run_direct` reads of a bound tensor: its first element's address
+    and a numpy view of its elements (an :class:`opgraph.Tensor` is one; so is a caller's light
+    wrapper of another library's tensor of the recorded layout)."""
+
+    @property
+    def data_address(self) -> int: ...
+
+    def view(self) -> Any: ...
+
+
 class Executable:
     """A graph compiled by a backend. :meth:`run` binds graph input ``%name`` to
     ``bindings[name]`` (an :class:`opgraph.Tensor`), uses ``workspace`` (a writable buffer of at
@@ -55,6 +66,14 @@ class Executable:
 
     def run(self, bindings: Mapping[str, Tensor], workspace: Any = None) -> Any:
         raise NotImplementedError
+
+    def run_direct(self, bindings: Mapping[str, Addressed]) -> bool:
+        """Run without a workspace, when the backend runs this program straight from its
+        tensors' addresses and views (one fused kernel over the caller's tensors), for a caller
+        that has checked everything else phase 1 checks (the bindings have the layouts the
+        program was compiled for, the outputs are writable and share no memory with another
+        tensor); False when nothing ran (:meth:`run` then runs it). The default runs nothing."""
+        return False
 
     def run_repeatable(self, bindings: Mapping[str, Tensor], workspace: Any = None) -> Any:
         """:meth:`run`, for a caller that runs the program again and again in one workspace (a
