@@ -23,16 +23,16 @@ import numpy as np
 import torch
 
 from opgraph.core.config import BackendRef, use_backend
-from opgraph.core.dtypes import DataType
 from opgraph.core.platform import Platform, platform as use_platform
 from opgraph.core.tensor import tensor as op_tensor
 from opgraph.aclnn import (batch_norm_elemt as _elemt, batch_norm_elemt_backward as _elemt_bwd,
                            batch_norm_gather_stats_with_counts as _gather,
                            batch_norm_reduce_backward as _reduce_bwd, batch_norm_stats as _stats)
+from .arrays import as_numpy, to_torch
+from .direct import DIRECT_CALLS
 
 Tensor = torch.Tensor
 PlatformRef = Union[str, Platform, None]
-_BF16 = DataType.BF16.np
 PRIMITIVES = ("batch_norm_stats", "batch_norm_gather_stats_with_counts", "batch_norm_elemt",
               "batch_norm_elemt.out", "batch_norm_backward_reduce", "batch_norm_backward_elemt")
 
@@ -83,24 +83,6 @@ class _Both:
             self.first.__exit__(*exc)
 
 
-def as_numpy(t: Any) -> Any:
-    """A CPU torch tensor as a numpy array sharing its memory (``Tensor.numpy()`` on the
-    detached tensor; bfloat16 through its 16-bit words) — a few µs, where DLPack costs tens;
-    anything else (None, arrays, tensors on other devices: opgraph names the device) unchanged.
-
-    >>> a = as_numpy(torch.ones(2, 3, dtype=torch.bfloat16).t())
-    >>> a.dtype.name, a.shape, a.strides
-    ('bfloat16', (3, 2), (2, 6))
-    """
-    if not isinstance(t, Tensor) or not t.is_cpu:
-        return t
-    if t.requires_grad:
-        t = t.detach()
-    if t.dtype == torch.bfloat16:
-        return t.view(torch.int16).numpy().view(_BF16)
-    return t.numpy()
-
-
 class TorchViews:
     """Each CPU torch tensor passed in as an opgraph Tensor over its memory, made once per
     instance (held with the torch tensor, so an id is never reused while remembered); anything
@@ -135,24 +117,17 @@ def _views(views: Optional[TorchViews]) -> Callable[[Any], Any]:
     return as_numpy if views is None else views
 
 
-def to_torch(a: Optional[np.ndarray]) -> Optional[Tensor]:
-    """A numpy result as a torch tensor sharing its memory (bfloat16 through 16-bit words)."""
-    if a is None or isinstance(a, Tensor):
-        return a
-    if a.dtype == _BF16:
-        return torch.from_numpy(np.ascontiguousarray(a).view(np.int16)).view(torch.bfloat16)
-    return torch.from_numpy(np.ascontiguousarray(a))
-
-
 def batch_norm_stats(input: Tensor, eps: float, *, backend: Optional[BackendRef] = None,
                      platform: PlatformRef = None,
                      views: Optional[TorchViews] = None) -> tuple[Tensor, Tensor]:
     """Per-channel mean and 1/sqrt(biased var + eps) of ``input`` [N, C, ...], float32
     (aclnnBatchNormStats). ``views``: a :class:`TorchViews` shared by several calls (every
     function here takes one) views each tensor once."""
+    def slow() -> list:
+        return [to_torch(o) for o in _stats.batch_norm_stats(_views(views)(input), eps)]
     with on(backend, platform):
-        mean, invstd = _stats.batch_norm_stats(_views(views)(input), eps)
-    return to_torch(mean), to_torch(invstd)
+        mean, invstd = DIRECT_CALLS.call("aclnnBatchNormStats", (input, eps), slow)
+    return mean, invstd
 
 
 def batch_norm_gather_stats_with_counts(
@@ -162,12 +137,15 @@ def batch_norm_gather_stats_with_counts(
         views: Optional[TorchViews] = None) -> tuple[Tensor, Tensor]:
     """Global mean and invstd from per-rank ``mean``/``invstd`` [W, C] and ``counts`` [W]; the
     running stats (when given) are updated in place (aclnnBatchNormGatherStatsWithCounts)."""
-    view = _views(views)
+    args = (input, mean, invstd, running_mean, running_var, momentum, eps, counts)
+
+    def slow() -> list:
+        view = _views(views)
+        return [to_torch(o) for o in _gather.batch_norm_gather_stats_with_counts(
+            *map(view, args[:5]), momentum, eps, view(counts))]
     with on(backend, platform):
-        m, s = _gather.batch_norm_gather_stats_with_counts(
-            *map(view, (input, mean, invstd, running_mean, running_var)), momentum, eps,
-            view(counts))
-    return to_torch(m), to_torch(s)
+        m, s = DIRECT_CALLS.call("aclnnBatchNormGatherStatsWithCounts", args, slow)
+    return m, s
 
 
 def batch_norm_elemt(input: Tensor, weight: Optional[Tensor], bias: Optional[Tensor],
@@ -176,11 +154,15 @@ def batch_norm_elemt(input: Tensor, weight: Optional[Tensor], bias: Optional[Ten
                      views: Optional[TorchViews] = None) -> Tensor:
     """``(input - mean) * invstd * weight + bias`` per channel into ``out`` (default: a new tensor
     like ``input``, channels_last kept) (aclnnBatchNormElemt)."""
-    out = torch.empty_like(input) if out is None else out
-    with on(backend, platform):  # out as a numpy view: the Pythonic API returns it, no copy
-        _elemt.batch_norm_elemt(*map(_views(views), (input, weight, bias, mean, invstd)), eps,
-                                out=as_numpy(out))
-    return out
+    args = (input, weight, bias, mean, invstd, eps)
+
+    def slow(into: Optional[Tensor] = out) -> list:
+        into = torch.empty_like(input) if into is None else into
+        # into as a numpy view: the Pythonic API returns it, no copy
+        _elemt.batch_norm_elemt(*map(_views(views), args[:5]), eps, out=as_numpy(into))
+        return [into]
+    with on(backend, platform):  # a caller's out: the op_api checks it
+        return (slow() if out is not None else DIRECT_CALLS.call("aclnnBatchNormElemt", args, slow))[0]
 
 
 def batch_norm_backward_reduce(
@@ -190,11 +172,13 @@ def batch_norm_backward_reduce(
         views: Optional[TorchViews] = None) -> tuple[Optional[Tensor], ...]:
     """``(sum_dy, sum_dy_xmu, grad_weight, grad_bias)`` per channel; an output whose flag is
     False is None (aclnnBatchNormReduceBackward)."""
+    args = (grad_out, input, mean, invstd, weight, input_g, weight_g, bias_g)
+
+    def slow() -> list:
+        return [to_torch(o) for o in _reduce_bwd.batch_norm_backward_reduce(
+            *map(_views(views), args[:5]), input_g, weight_g, bias_g)]
     with on(backend, platform):
-        outs = _reduce_bwd.batch_norm_backward_reduce(
-            *map(_views(views), (grad_out, input, mean, invstd, weight)), input_g, weight_g,
-            bias_g)
-    return tuple(to_torch(o) for o in outs)
+        return tuple(DIRECT_CALLS.call("aclnnBatchNormReduceBackward", args, slow))
 
 
 def batch_norm_backward_elemt(
@@ -204,12 +188,16 @@ def batch_norm_backward_elemt(
         views: Optional[TorchViews] = None) -> Tensor:
     """SyncBatchNorm's input gradient from the all-reduced sums and the per-rank ``count``
     (aclnnBatchNormElemtBackward), into ``out`` (default: a new tensor like ``input``)."""
-    out = torch.empty_like(input) if out is None else out
-    with on(backend, platform):  # out as a numpy view: the Pythonic API returns it, no copy
-        _elemt_bwd.batch_norm_elemt_backward(
-            *map(_views(views), (grad_out, input, mean, invstd, weight, sum_dy, sum_dy_xmu,
-                                 count)), out=as_numpy(out))
-    return out
+    args = (grad_out, input, mean, invstd, weight, sum_dy, sum_dy_xmu, count)
+
+    def slow(into: Optional[Tensor] = out) -> list:
+        into = torch.empty_like(input) if into is None else into
+        # into as a numpy view: the Pythonic API returns it, no copy
+        _elemt_bwd.batch_norm_elemt_backward(*map(_views(views), args), out=as_numpy(into))
+        return [into]
+    with on(backend, platform):  # a caller's out: the op_api checks it
+        return (slow() if out is not None else
+                DIRECT_CALLS.call("aclnnBatchNormElemtBackward", args, slow))[0]
 
 
 # --- torch.library registration --------------------------------------------------------------

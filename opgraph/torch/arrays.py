@@ -1,0 +1,48 @@
+"""CPU torch tensors and numpy arrays as each other, sharing memory (bfloat16, which numpy
+lacks, through 16-bit words as ml_dtypes' bfloat16).
+
+    >>> t = to_torch(as_numpy(torch.arange(3.)))
+    >>> t.tolist(), t.dtype
+    ([0.0, 1.0, 2.0], torch.float32)
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import numpy as np
+import torch
+
+from opgraph.core.dtypes import DataType
+
+Tensor = torch.Tensor
+_BF16 = DataType.BF16.np
+
+
+def as_numpy(t: Any) -> Any:
+    """A CPU torch tensor as a numpy array sharing its memory (``Tensor.numpy()`` on the
+    detached tensor; bfloat16 through its 16-bit words) — a few µs, where DLPack costs tens;
+    anything else (None, arrays, tensors on other devices: opgraph names the device) unchanged.
+
+    >>> a = as_numpy(torch.ones(2, 3, dtype=torch.bfloat16).t())
+    >>> a.dtype.name, a.shape, a.strides
+    ('bfloat16', (3, 2), (2, 6))
+    """
+    if not isinstance(t, Tensor) or not t.is_cpu:
+        return t
+    if t.requires_grad:
+        t = t.detach()
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(_BF16)
+    return t.numpy()
+
+
+def to_torch(a: Optional[np.ndarray]) -> Optional[Tensor]:
+    """A numpy result as a torch tensor sharing its memory (bfloat16 through 16-bit words)."""
+    if a is None or isinstance(a, Tensor):
+        return a
+    if a.dtype == _BF16:
+        return torch.from_numpy(np.ascontiguousarray(a).view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(np.ascontiguousarray(a))
+
+
+__all__ = ["as_numpy", "to_torch"]

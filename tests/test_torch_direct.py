@@ -1,0 +1,205 @@
+"""Direct calls (opgraph.torch.direct): a primitive called again with the metadata of a call seen
+before runs its compiled program straight from the torch tensors' addresses on native. Checked
+against the op_api's usual two-phase call (direct calls off) bit for bit, with every output
+pre-filled with NaN (so an output the direct run skipped shows), at both sizes of the native
+reductions (the serial C call and the passes), fp32/fp16/bf16, channels_last and 2-d; that the
+direct run skips phase 1; and every case that must take the usual call: another backend, an
+active capture, in-out tensors sharing memory, a tensor opgraph cannot view, bad input, threads."""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is not installed (pip install 'opgraph[torch]')")
+
+import opgraph  # noqa: E402
+from backends import native  # noqa: E402
+from opgraph.aclnn.cache import EXECUTOR_CACHE  # noqa: E402
+from opgraph.core.status import AclnnError  # noqa: E402
+from opgraph.torch import direct, kernels as K  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not native.available(), reason="no C compiler for the native backend")
+EPS = 1e-5
+SMALL, LARGE = (4, 3, 5, 3), (4, 3, 40, 40)  # below and above the native min_elements (4096)
+
+
+def bits(t):
+    return None if t is None else t.detach().contiguous().view(torch.uint8).numpy()
+
+
+def same(a, b) -> bool:
+    return all((x is None and y is None) or np.array_equal(bits(x), bits(y)) for x, y in zip(a, b))
+
+
+def inputs(shape, dtype, channels_last=False, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    C = shape[1]
+    x, dy = [(torch.randn(*shape, generator=g) * 2 + 1).to(dtype) for _ in range(2)]
+    if channels_last:
+        x, dy = [t.contiguous(memory_format=torch.channels_last) for t in (x, dy)]
+    w = torch.linspace(0.5, 2.0, C)
+    return x, dy, w, torch.linspace(-1.0, 1.0, C), torch.zeros(C), torch.ones(C)
+
+
+def primitives(x, dy, w, b, rm, rv):
+    """The five primitives chained as SyncBatchNorm chains them on one rank: every output."""
+    mean, invstd = K.batch_norm_stats(x, EPS)
+    counts = np.full(1, x.numel() // x.shape[1], np.float32)
+    gm, gs = K.batch_norm_gather_stats_with_counts(x, K.as_numpy(mean)[None], K.as_numpy(invstd)[None],
+                                                   rm, rv, 0.1, EPS, counts)
+    y = K.batch_norm_elemt(x, w, b, gm, gs, EPS)
+    sdy, sdx, gw, gb = K.batch_norm_backward_reduce(dy, x, gm, gs, w, True, True, True)
+    dx = K.batch_norm_backward_elemt(dy, x, gm, gs, w, sdy, sdx, counts.astype(np.int32))
+    return [mean, invstd, gm, gs, y, sdy, sdx, gw, gb, dx, rm, rv]
+
+
+def nan_empty(shape, strides, dtype):
+    return torch.empty_strided(shape, strides, dtype=dtype).fill_(float("nan"))
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    """A fresh direct-call cache whose outputs start as NaN."""
+    fresh = direct.DirectCalls()
+    monkeypatch.setattr(K, "DIRECT_CALLS", fresh)
+    monkeypatch.setattr(direct, "_EMPTY", nan_empty)
+    return fresh
+
+
+def run(calls, enabled, args, backend="native", platform="Ascend910B"):
+    calls.enabled = enabled
+    with K.on(backend, platform):
+        return primitives(*[a.clone() for a in args])
+
+
+GATHER, ELEMT = "aclnnBatchNormGatherStatsWithCounts", "aclnnBatchNormElemt"
+# (shape, dtype, channels_last, platform, the calls whose program does not run direct: the
+# 950's gather is its own fused kernel; a 2-d elemt reshapes around its kernel)
+CASES = [(SMALL, torch.float32, False, "Ascend910B", ()),
+         (LARGE, torch.float32, False, "Ascend910B", ()),
+         (SMALL, torch.float16, False, "Ascend910B", ()),
+         (LARGE, torch.float32, True, "Ascend910B", ()),
+         (LARGE, torch.bfloat16, False, "Ascend950", (GATHER,)),
+         ((6, 3), torch.float32, False, "Ascend910B", (ELEMT,))]
+
+
+@pytest.mark.parametrize("shape, dtype, channels_last, platform, usual", CASES,
+                         ids=["small", "large", "fp16", "channels_last", "bf16-950", "2d"])
+def test_direct_calls_give_the_bits_of_the_two_phase_calls(calls, shape, dtype, channels_last,
+                                                           platform, usual):
+    args = inputs(shape, dtype, channels_last)
+    want = run(calls, False, args, platform=platform)
+    assert len(calls) == 0
+    learnt = run(calls, True, args, platform=platform)  # learns the five calls
+    assert len(calls) == 5
+    hits = EXECUTOR_CACHE.hits
+    again = run(calls, True, args, platform=platform)  # direct: no phase 1 but for ``usual``
+    assert EXECUTOR_CACHE.hits == hits + len(usual)
+    assert sorted(k[0] for k, e in calls._entries.items() if e.exe is None) == sorted(usual)
+    assert same(learnt, want) and same(again, want)
+    assert again[4].stride() == args[0].stride()  # channels_last kept, as empty_like keeps it
+
+
+def test_a_direct_call_on_new_tensors_reads_and_writes_them(calls):
+    first, second = inputs(LARGE, torch.float32), inputs(LARGE, torch.float32, seed=1)
+    run(calls, True, first)
+    got = run(calls, True, second)
+    assert same(got, run(calls, False, second)) and not same(got, run(calls, False, first))
+
+
+def test_other_backends_run_the_usual_call(calls):
+    args = inputs(SMALL, torch.float32)
+    want = run(calls, False, args, backend="numpy")
+    run(calls, True, args, backend="numpy")
+    hits = EXECUTOR_CACHE.hits
+    assert same(run(calls, True, args, backend="numpy"), want)
+    assert len(calls) == 5 and all(e is None for e in calls._entries.values())
+    assert EXECUTOR_CACHE.hits == hits + 5  # every call went through phase 1
+
+
+def test_a_capture_sees_every_call(calls):
+    x = inputs(SMALL, torch.float32)[0]
+    with K.on("native", "Ascend910B"):
+        K.batch_norm_stats(x, EPS), K.batch_norm_stats(x, EPS)  # learnt
+        with opgraph.capture() as prog:
+            K.batch_norm_stats(x, EPS)
+    assert prog.stats().launches >= 1
+
+
+@pytest.mark.parametrize("aliasing", ["same", "overlapping"])
+def test_running_stats_sharing_memory_take_the_usual_call(calls, aliasing):
+    x, _, _, _, _, _ = inputs(SMALL, torch.float32)
+    C = x.shape[1]
+    mean = torch.linspace(0, 1, C)[None]
+    invstd = torch.linspace(1, 2, C)[None]
+    counts = np.full(1, 20.0, np.float32)
+
+    def gather(enabled):
+        calls.enabled = enabled
+        buf = torch.linspace(0.5, 1.5, C + 1)
+        rm, rv = (buf[:C], buf[:C]) if aliasing == "same" else (buf[:C], buf[1:])
+        with K.on("native", "Ascend910B"):
+            out = K.batch_norm_gather_stats_with_counts(x, mean, invstd, rm, rv, 0.1, EPS, counts)
+        return [*out, buf]
+
+    calls.enabled = True
+    with K.on("native", "Ascend910B"):  # learnt on separate running stats
+        for _ in range(2):
+            K.batch_norm_gather_stats_with_counts(x, mean, invstd, torch.zeros(C), torch.ones(C),
+                                                  0.1, EPS, counts)
+    hits = EXECUTOR_CACHE.hits
+    got = gather(True)
+    assert EXECUTOR_CACHE.hits > hits or aliasing == "same"  # overlapping: phase 1 ran
+    assert same(got, gather(False))
+
+
+def test_a_tensor_opgraph_cannot_view_is_refused_as_before(calls):
+    x = inputs(SMALL, torch.float32)[0]
+    with K.on("native", "Ascend910B"):
+        K.batch_norm_stats(x, EPS), K.batch_norm_stats(x, EPS)  # learnt for this metadata
+        with pytest.raises(RuntimeError, match="negative bit"):
+            K.batch_norm_stats(torch._neg_view(x), EPS)
+
+
+def test_bad_input_is_refused_every_time(calls):
+    with K.on("native", "Ascend910B"):
+        for _ in range(2):
+            with pytest.raises(AclnnError, match="input"):
+                K.batch_norm_stats(torch.zeros(5), EPS)  # rank 1
+    assert len(calls) == 0  # nothing learnt from a refused call
+
+
+def test_threads_share_a_learnt_call(calls):
+    xs = [inputs(SMALL, torch.float32, seed=s)[0] for s in range(8)]
+    with K.on("native", "Ascend910B"):
+        want = [K.batch_norm_stats(x, EPS) for x in xs]
+    got, errors = {}, []
+
+    def work(k):
+        try:
+            with K.on("native", "Ascend910B"):
+                for _ in range(200):
+                    got[k] = K.batch_norm_stats(xs[k], EPS)
+                    if not same(got[k], want[k]):
+                        errors.append(k)
+                        return
+        except Exception as e:  # reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(len(xs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not errors and len(got) == len(xs)
+
+
+def test_the_cache_is_bounded():
+    calls = direct.DirectCalls(capacity=2)
+    with K.on("numpy"):
+        for n in (2, 3, 4):
+            calls.call("aclnnBatchNormStats", (torch.ones(2, n), EPS), lambda: [])
+    assert len(calls) == 2
+    assert direct.call_key("aclnnBatchNormStats", (torch.ones(2, 2), EPS)) not in calls._entries
