@@ -203,3 +203,18 @@ def test_the_cache_is_bounded():
             calls.call("aclnnBatchNormStats", (torch.ones(2, n), EPS), lambda: [])
     assert len(calls) == 2
     assert direct.call_key("aclnnBatchNormStats", (torch.ones(2, 2), EPS)) not in calls._entries
+
+
+def test_empty_inputs_give_what_the_usual_call_gives(calls):
+    x = torch.zeros(0, 3, 4)
+    m, s, w = torch.zeros(3), torch.ones(3), torch.ones(3)
+
+    def both(enabled):
+        calls.enabled = enabled
+        with K.on("native", "Ascend910B"):
+            return [*K.batch_norm_stats(x, EPS), K.batch_norm_elemt(x, w, None, m, s, EPS),
+                    *K.batch_norm_backward_reduce(x, x, m, s, w, True, True, True)]
+
+    want = both(False)
+    assert same(both(True), want) and same(both(True), want)  # learnt, then again
+    assert torch.isnan(want[1]).all() and (want[3] == 0).all()  # the op_apis' fills
