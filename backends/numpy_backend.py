@@ -23,7 +23,7 @@ from typing import Any, Callable, Mapping, Optional
 import numpy as np
 
 from l0ops.interpreter import run_fused
-from opgraph.core.backend import Backend, Executable, LoweringTable
+from opgraph.core.backend import Addressed, Backend, Executable, LoweringTable
 from opgraph.core.ir import Graph, Node
 from opgraph.core.memory import MemoryPlan
 from opgraph.core.platform import Platform
@@ -214,6 +214,14 @@ class NumpyExecutable(Executable):
                     return {result: _fused(self, node, args)[0]}
         with np.errstate(all="ignore"):
             return self.run_nodes(bindings, workspace)
+
+    def run_direct(self, bindings: Mapping[str, Addressed]) -> bool:
+        """See :meth:`opgraph.core.backend.Executable.run_direct`: a program that needs no
+        workspace runs as :meth:`run` runs it (which reads nothing of a binding but its view)."""
+        if self.plan.size:
+            return False
+        self.run(bindings)  # type: ignore[arg-type]
+        return True
 
     def run_nodes(self, bindings: Mapping[str, Tensor], workspace: Any = None) -> dict[str, np.ndarray]:
         """:meth:`run` under the caller's ``np.errstate``."""

@@ -16,6 +16,7 @@ torch = pytest.importorskip("torch", reason="torch is not installed (pip install
 
 import opgraph  # noqa: E402
 from backends import native  # noqa: E402
+from backends.numpy_backend import NumpyBackend  # noqa: E402
 from opgraph.aclnn.cache import EXECUTOR_CACHE  # noqa: E402
 from opgraph.core.status import AclnnError  # noqa: E402
 from opgraph.torch import direct, kernels as K  # noqa: E402
@@ -74,30 +75,24 @@ def run(calls, enabled, args, backend="native", platform="Ascend910B"):
         return primitives(*[a.clone() for a in args])
 
 
-GATHER, ELEMT = "aclnnBatchNormGatherStatsWithCounts", "aclnnBatchNormElemt"
-# (shape, dtype, channels_last, platform, the calls whose program does not run direct: the
-# 950's gather is its own fused kernel; a 2-d elemt reshapes around its kernel)
-CASES = [(SMALL, torch.float32, False, "Ascend910B", ()),
-         (LARGE, torch.float32, False, "Ascend910B", ()),
-         (SMALL, torch.float16, False, "Ascend910B", ()),
-         (LARGE, torch.float32, True, "Ascend910B", ()),
-         (LARGE, torch.bfloat16, False, "Ascend950", (GATHER,)),
-         ((6, 3), torch.float32, False, "Ascend910B", (ELEMT,))]
+CASES = [(SMALL, torch.float32, False, "Ascend910B"), (LARGE, torch.float32, False, "Ascend910B"),
+         (SMALL, torch.float16, False, "Ascend910B"), (LARGE, torch.float32, True, "Ascend910B"),
+         (LARGE, torch.bfloat16, False, "Ascend950"), ((6, 3), torch.float32, False, "Ascend910B")]
+IDS = ["small", "large", "fp16", "channels_last", "bf16-950", "2d"]
 
 
-@pytest.mark.parametrize("shape, dtype, channels_last, platform, usual", CASES,
-                         ids=["small", "large", "fp16", "channels_last", "bf16-950", "2d"])
+@pytest.mark.parametrize("backend", ["native", "numpy"])
+@pytest.mark.parametrize("shape, dtype, channels_last, platform", CASES, ids=IDS)
 def test_direct_calls_give_the_bits_of_the_two_phase_calls(calls, shape, dtype, channels_last,
-                                                           platform, usual):
+                                                           platform, backend):
     args = inputs(shape, dtype, channels_last)
-    want = run(calls, False, args, platform=platform)
+    want = run(calls, False, args, backend, platform)
     assert len(calls) == 0
-    learnt = run(calls, True, args, platform=platform)  # learns the five calls
+    learnt = run(calls, True, args, backend, platform)  # learns the five calls
     assert len(calls) == 5
     hits = EXECUTOR_CACHE.hits
-    again = run(calls, True, args, platform=platform)  # direct: no phase 1 but for ``usual``
-    assert EXECUTOR_CACHE.hits == hits + len(usual)
-    assert sorted(k[0] for k, e in calls._entries.items() if e.exe is None) == sorted(usual)
+    again = run(calls, True, args, backend, platform)  # direct: no phase 1 at all
+    assert EXECUTOR_CACHE.hits == hits
     assert same(learnt, want) and same(again, want)
     assert again[4].stride() == args[0].stride()  # channels_last kept, as empty_like keeps it
 
@@ -109,14 +104,34 @@ def test_a_direct_call_on_new_tensors_reads_and_writes_them(calls):
     assert same(got, run(calls, False, second)) and not same(got, run(calls, False, first))
 
 
-def test_other_backends_run_the_usual_call(calls):
-    args = inputs(SMALL, torch.float32)
-    want = run(calls, False, args, backend="numpy")
-    run(calls, True, args, backend="numpy")
+class NoDirectBackend(NumpyBackend):
+    """numpy whose executables do not run direct (as a backend without run_direct)."""
+
+    name = "numpy-no-direct"
+
+    def compile(self, graph, memory_plan, platform):
+        exe = super().compile(graph, memory_plan, platform)
+        exe.run_direct = lambda bindings: False
+        return exe
+
+
+def test_a_backend_that_does_not_run_direct_runs_the_usual_call(calls):
+    args, backend = inputs(SMALL, torch.float32), NoDirectBackend()
+    want = run(calls, False, args, backend)
+    run(calls, True, args, backend)  # learnt
+    run(calls, True, args, backend)  # tried once: does not run direct
     hits = EXECUTOR_CACHE.hits
-    assert same(run(calls, True, args, backend="numpy"), want)
-    assert len(calls) == 5 and all(e is None for e in calls._entries.values())
+    assert same(run(calls, True, args, backend), want)
     assert EXECUTOR_CACHE.hits == hits + 5  # every call went through phase 1
+    assert len(calls) == 5 and all(e.exe is None for e in calls._entries.values())
+
+
+def test_a_program_with_a_workspace_is_not_learnt(calls):
+    x = inputs(SMALL, torch.float32)[0]
+    with K.on("native", "Ascend910B"), opgraph.opt_level(0):  # as recorded: intermediates
+        for _ in range(2):
+            K.batch_norm_stats(x, EPS)
+    assert list(calls._entries.values()) == [None]
 
 
 def test_a_capture_sees_every_call(calls):

@@ -182,7 +182,7 @@ class NativeExecutable(NumpyExecutable):
         return [v.name for v in self.graph.outputs] == [n.outputs[0].name for n in nodes]
 
     def run(self, bindings: Mapping[str, Tensor], workspace: Any = None) -> dict[str, np.ndarray]:
-        if not self.run_direct(bindings):
+        if not self._direct(bindings):
             return super().run(bindings, workspace)
         if self.launches is not None:
             return {v.name: bindings[operands[-1]].view()
@@ -192,8 +192,13 @@ class NativeExecutable(NumpyExecutable):
 
     def run_direct(self, bindings: Mapping[str, Addressed]) -> bool:
         """See :meth:`opgraph.core.backend.Executable.run_direct`: the direct launches or the
-        direct reduction (class docstring), prepared on the first run; False (nothing run) when
-        the program has neither, they cannot take these tensors, or a ``profile`` hook is set."""
+        direct reduction (class docstring), else, with no workspace, node by node."""
+        return self._direct(bindings) or super().run_direct(bindings)
+
+    def _direct(self, bindings: Mapping[str, Addressed]) -> bool:
+        """The direct launches or the direct reduction, prepared on the first run; False
+        (nothing run) when the program has neither, they cannot take these tensors, or a
+        ``profile`` hook is set."""
         if self.profile is not None:  # (profiled: node by node)
             return False
         if self.direct is not None and self.launches is None:  # prepared once, on first run

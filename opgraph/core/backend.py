@@ -68,11 +68,13 @@ class Executable:
         raise NotImplementedError
 
     def run_direct(self, bindings: Mapping[str, Addressed]) -> bool:
-        """Run without a workspace, when the backend runs this program straight from its
-        tensors' addresses and views (one fused kernel over the caller's tensors), for a caller
-        that has checked everything else phase 1 checks (the bindings have the layouts the
-        program was compiled for, the outputs are writable and share no memory with another
-        tensor); False when nothing ran (:meth:`run` then runs it). The default runs nothing."""
+        """:meth:`run` without a workspace, reading of each binding only its ``data_address``
+        and ``view()``, for a caller that has checked everything else phase 1 checks (the
+        bindings have the layouts the program was compiled for, the outputs are writable and
+        share no memory with another tensor); True when it ran, False when nothing ran (the
+        program needs a workspace, or the backend does not run so: the default). The numpy
+        family runs any program without a workspace so; native runs its one-kernel programs
+        straight from the addresses."""
         return False
 
     def run_repeatable(self, bindings: Mapping[str, Tensor], workspace: Any = None) -> Any:

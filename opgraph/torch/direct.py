@@ -1,14 +1,16 @@
 """Direct calls: an op_api call on torch tensors whose every argument has the metadata of a call
-seen before runs its compiled program straight from the tensors' addresses — no opgraph
-Tensors, no phase 1, no Pythonic layer — when the backend can run that program so
-(:meth:`opgraph.core.backend.Executable.run_direct`: the native backend's one-kernel programs,
-as SyncBatchNorm's five op_apis are at level 2).
+seen before runs its compiled program straight from the tensors' memory — no opgraph Tensors,
+no phase 1, no Pythonic layer — when the backend can run that program so
+(:meth:`opgraph.core.backend.Executable.run_direct`: on numpy and native, any program without a
+workspace, as SyncBatchNorm's five op_apis are at levels 1 and 2; native runs their one-kernel
+programs from the tensors' addresses).
 
 What phase 1 checks depends on the arguments' metadata, never on their values: on dtypes,
 shapes, strides, which are NULL or the same tensor, the scalars, the platform and the opt level.
 So the first call with given metadata runs the op_api as usual (:func:`call`'s ``slow``), which
 checks everything and raises on bad input; a recorder watches its phase 1, and the call is
-remembered when its program runs direct and binds the caller's own memory (no argument copied).
+remembered when its program needs no workspace and binds the caller's own memory (no argument
+copied).
 A later call with the same metadata allocates the outputs as that call did and runs the
 program; it checks only what depends on the tensors themselves — CPU memory, and no written
 argument (BatchNormGatherStatsWithCounts' running statistics) sharing memory with another
@@ -19,7 +21,7 @@ the same compiled program runs on the same memory.
     >>> from backends.native import available
     >>> from opgraph.torch import kernels as K
     >>> x = torch.arange(8.).reshape(2, 2, 2)          # channel 0: 0 1 4 5, channel 1: 2 3 6 7
-    >>> with K.on("native" if available() else "numpy"):  # learnt, then (on native) direct
+    >>> with K.on("native" if available() else "numpy"):  # learnt, then direct
     ...     runs = [K.batch_norm_stats(x, 1e-5)[0].tolist() for _ in range(2)]
     >>> runs
     [[2.5, 4.5], [2.5, 4.5]]
