@@ -186,17 +186,26 @@ def test_bad_input_is_refused_every_time(calls):
     assert len(calls) == 0  # nothing learnt from a refused call
 
 
-def test_threads_share_a_learnt_call(calls):
-    xs = [inputs(SMALL, torch.float32, seed=s)[0] for s in range(8)]
+@pytest.mark.parametrize("shape", [SMALL, LARGE], ids=["small", "large"])
+def test_threads_share_a_learnt_call(calls, shape):
+    xs = [inputs(shape, torch.float32, seed=s)[0] for s in range(6)]
+    w = torch.linspace(0.5, 2.0, shape[1])
+
+    def both(x):
+        mean, invstd = K.batch_norm_stats(x, EPS)
+        return [mean, invstd, K.batch_norm_elemt(x, w, None, mean, invstd, EPS)]
+
+    calls.enabled = False
     with K.on("native", "Ascend910B"):
-        want = [K.batch_norm_stats(x, EPS) for x in xs]
+        want = [both(x) for x in xs]
+    calls.enabled = True
     got, errors = {}, []
 
     def work(k):
         try:
             with K.on("native", "Ascend910B"):
-                for _ in range(200):
-                    got[k] = K.batch_norm_stats(xs[k], EPS)
+                for _ in range(60):
+                    got[k] = both(xs[k])
                     if not same(got[k], want[k]):
                         errors.append(k)
                         return
@@ -207,8 +216,8 @@ def test_threads_share_a_learnt_call(calls):
     for t in threads:
         t.start()
     for t in threads:
-        t.join(timeout=60)
-    assert not errors and len(got) == len(xs)
+        t.join(timeout=120)
+    assert not errors and len(got) == len(xs) and len(calls) == 2
 
 
 def test_the_cache_is_bounded():
