@@ -242,3 +242,20 @@ def test_empty_inputs_give_what_the_usual_call_gives(calls):
     want = both(False)
     assert same(both(True), want) and same(both(True), want)  # learnt, then again
     assert torch.isnan(want[1]).all() and (want[3] == 0).all()  # the op_apis' fills
+
+
+def test_an_argument_the_op_api_copies_is_not_learnt(calls):
+    x = inputs(SMALL, torch.float32)[0]
+    C = x.shape[1]
+    backwards = np.linspace(0.5, 1.5, 2 * C).astype(np.float32)[::-2][None]  # negative strides
+    invstd, counts = np.ones((1, C), np.float32), np.full(1, 20.0, np.float32)
+
+    def gather(enabled):
+        calls.enabled = enabled
+        with K.on("native", "Ascend910B"):
+            return K.batch_norm_gather_stats_with_counts(x, backwards, invstd, None, None, 0.1,
+                                                         EPS, counts)
+
+    want = gather(False)
+    assert same(gather(True), want) and same(gather(True), want)
+    assert list(calls._entries.values()) == [None]  # opgraph viewed a copy: never direct
