@@ -56,9 +56,7 @@ class DirectReduce:
         self.call = SmallCall(plan, self.attrs) if small else None  # its scratch: under the lock
         self.lock = threading.Lock()
         # per result, (its dest, its span in the call's scratch) when a byte copy places it
-        spans = self.call.spans(self.attrs) if self.call is not None else None
-        self.moves = None if spans is None else tuple(
-            (dest, at, n) for (dest, _), (at, n) in zip(self.dests, spans))
+        self.moves: Optional[tuple[tuple[str, int, int], ...]] = None
 
     @classmethod
     def prepare(cls, node: Node, bindings: Mapping[str, Addressed], small_below: int,
@@ -73,9 +71,9 @@ class DirectReduce:
         except Unsupported:
             return None
         made = cls(node, small, plan, elements, dests, outputs)
-        if made.moves is not None and not all(_row_major(bindings[d].view(), np.float32)
-                                              for d, _ in dests):
-            made.moves = None
+        spans = made.call.spans(made.attrs) if made.call is not None else None
+        if spans is not None and all(_row_major(bindings[d].view(), np.float32) for d, _ in dests):
+            made.moves = tuple((dest, at, n) for (dest, _), (at, n) in zip(made.dests, spans))
         return made
 
     def run(self, bindings: Mapping[str, Addressed], small_below: int) -> bool:

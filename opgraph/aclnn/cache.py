@@ -21,18 +21,20 @@ import operator
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Callable, Hashable, Optional
+from typing import Any, Callable, Generic, Hashable, Optional, Sequence, TypeVar
 
 from opgraph.core.executor import CompiledProgram, Executor
 from opgraph.core.tensor import Tensor
 
 
-TensorMeta = Callable[[Tensor], Optional[Hashable]]
+TensorMeta = Callable[[Any], Optional[Hashable]]
 
 
-def call_key(name: str, args: tuple, platform: Any, level: int, meta: TensorMeta) -> Optional[tuple]:
+def call_key(name: Hashable, args: Sequence[Any], platform: Any, level: int, meta: TensorMeta,
+             kinds: Any = Tensor) -> Optional[tuple]:
     """``(name, platform, level, one part per argument)``: ``meta(tensor)`` for a tensor's
-    first appearance, ``("=", i)`` for a tensor that is also argument ``i``, None for a NULL, a
+    first appearance (a tensor: an instance of ``kinds``, opgraph Tensors unless a caller keys
+    other arrays), ``("=", i)`` for a tensor that is also argument ``i``, None for a NULL, a
     number by type and value (a float with its sign, so -0.0 is not 0.0). None when ``meta``
     gives None or an argument is neither a tensor nor a number (no key)."""
     parts: list[Any] = [name, platform, level]
@@ -40,7 +42,7 @@ def call_key(name: str, args: tuple, platform: Any, level: int, meta: TensorMeta
     for i, a in enumerate(args):
         if a is None:
             parts.append(None)
-        elif isinstance(a, Tensor):
+        elif isinstance(a, kinds):
             j = seen.setdefault(id(a), i)
             if j != i:
                 parts.append(("=", j))
@@ -101,16 +103,20 @@ class CachedOp:
         return Executor.of_program(self.program, {name: args[i] for name, i in self.positions})
 
 
-class ExecutorCache:
-    """A bounded LRU map from cache keys to CachedOp, safe under threads."""
+Entry = TypeVar("Entry")
+
+
+class ExecutorCache(Generic[Entry]):
+    """A bounded LRU map from cache keys to CachedOp (or another kind of entry: the torch
+    layer's direct calls), safe under threads."""
 
     def __init__(self, capacity: int = 256):
         self.capacity = capacity
-        self._items: "OrderedDict[tuple, CachedOp]" = OrderedDict()
+        self._items: "OrderedDict[tuple, Entry]" = OrderedDict()
         self._lock = threading.Lock()
         self.hits = self.misses = 0
 
-    def get(self, key: tuple) -> Optional[CachedOp]:
+    def get(self, key: tuple) -> Optional[Entry]:
         with self._lock:
             item = self._items.get(key)
             if item is None:
@@ -120,7 +126,7 @@ class ExecutorCache:
             self.hits += 1
             return item
 
-    def put(self, key: tuple, item: CachedOp) -> None:
+    def put(self, key: tuple, item: Entry) -> None:
         with self._lock:
             self._items[key] = item
             self._items.move_to_end(key)
@@ -135,5 +141,13 @@ class ExecutorCache:
     def __len__(self) -> int:
         return len(self._items)
 
+    def __contains__(self, key: tuple) -> bool:
+        return key in self._items
 
-EXECUTOR_CACHE = ExecutorCache()
+    def values(self) -> list[Entry]:
+        """The entries, least recently used first."""
+        with self._lock:
+            return list(self._items.values())
+
+
+EXECUTOR_CACHE: ExecutorCache[CachedOp] = ExecutorCache()

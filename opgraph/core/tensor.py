@@ -21,7 +21,7 @@ import ctypes
 import itertools
 import math
 import operator
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 
@@ -330,16 +330,21 @@ def overlapping(tensors: Sequence[Tensor]) -> bool:
     >>> overlapping([tensor(a[:4]), tensor(a[4:])]), overlapping([tensor(a[:5]), tensor(a[4:])])
     (False, True)
     """
-    if len(tensors) < 2:
-        return False
+    return len(tensors) > 1 and spans_overlap(map(extent, tensors))
+
+
+def spans_overlap(spans: Iterable[tuple[int, int]]) -> bool:
+    """Whether any two of the byte ranges ``[lo, hi)`` intersect (an empty one intersects none).
+
+    >>> spans_overlap([(0, 8), (8, 16)]), spans_overlap([(0, 9), (8, 16)]), spans_overlap([(4, 4), (0, 8)])
+    (False, True, False)
+    """
     seen: list[tuple[int, int]] = []
-    for t in tensors:
-        lo, hi = extent(t)
+    for lo, hi in spans:
         if lo == hi:
             continue
-        for lo2, hi2 in seen:
-            if lo < hi2 and lo2 < hi:
-                return True
+        if any(lo < hi2 and lo2 < hi for lo2, hi2 in seen):
+            return True
         seen.append((lo, hi))
     return False
 

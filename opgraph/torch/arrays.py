@@ -16,6 +16,9 @@ from opgraph.core.dtypes import DataType
 
 Tensor = torch.Tensor
 _BF16 = DataType.BF16.np
+# torch dtypes by numpy dtype name (ml_dtypes' bfloat16 is named so too): the floating dtypes
+# the SyncBatchNorm family computes in
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 def as_numpy(t: Any) -> Any:
@@ -45,4 +48,4 @@ def to_torch(a: Optional[np.ndarray]) -> Optional[Tensor]:
     return torch.from_numpy(np.ascontiguousarray(a))
 
 
-__all__ = ["as_numpy", "to_torch"]
+__all__ = ["DTYPES", "as_numpy", "to_torch"]

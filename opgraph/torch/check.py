@@ -17,10 +17,10 @@ from typing import Any, Optional, Sequence
 import torch
 import torch.nn.functional as F
 
+from .arrays import DTYPES
 from .launch import RankError, run_ranks
 from .syncbn import SyncBatchNorm
 
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 QUANTITIES = ("output", "running_mean", "running_var", "grad_input", "grad_weight", "grad_bias")
 
 

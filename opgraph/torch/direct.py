@@ -28,31 +28,26 @@ the same compiled program runs on the same memory.
 """
 from __future__ import annotations
 
-import math
-import threading
-from collections import OrderedDict
 from collections.abc import Iterator, Mapping
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Hashable, Optional, Sequence
 
 import numpy as np
 import torch
 
-from opgraph.aclnn.cache import CachedOp
+from opgraph.aclnn.cache import CachedOp, ExecutorCache, call_key as op_call_key
 from opgraph.core import capturing
 from opgraph.core.backend import Executable, made
 from opgraph.core.config import current_backend_ref, get_opt_level
 from opgraph.core.platform import get_platform
-from opgraph.core.tensor import Tensor as OpTensor, array_address
-from .arrays import as_numpy
+from opgraph.core.tensor import Tensor as OpTensor, array_address, spans_overlap
+from .arrays import DTYPES, as_numpy
+
+try:  # numpy 2
+    from numpy.lib.array_utils import byte_bounds
+except ImportError:  # numpy 1.x
+    from numpy import byte_bounds  # type: ignore[attr-defined,no-redef]
 
 Tensor = torch.Tensor
-_TORCH_DTYPES = {np.dtype(np.float32): torch.float32, np.dtype(np.float16): torch.float16,
-                 np.dtype(np.float64): torch.float64, np.dtype(np.int32): torch.int32,
-                 np.dtype(np.int64): torch.int64}
-
-
-def _torch_dtype(d: np.dtype) -> Optional[torch.dtype]:
-    return torch.bfloat16 if d.name == "bfloat16" else _TORCH_DTYPES.get(d)
 
 
 class _Bound:
@@ -69,49 +64,31 @@ class _Bound:
         return as_numpy(self.x)
 
 
-def _extent(x: Any) -> tuple[int, int]:
-    """The bytes ``[first, past the last)`` a tensor or array spans."""
-    if isinstance(x, Tensor):
-        first, size, strides = x.data_ptr(), x.element_size(), x.stride()
-    else:
-        first, size, strides = array_address(x), x.itemsize, [s // x.itemsize for s in x.strides]
-    if 0 in x.shape:
-        return first, first
-    return first, first + size * (1 + sum((n - 1) * s for n, s in zip(x.shape, strides)))
-
-
 def call_key(name: str, args: Sequence[Any]) -> Optional[tuple]:
     """What phase 1 depends on for ``args`` (torch tensors, numpy arrays, None, numbers): the
-    op_api, backend, platform and level, and per argument its metadata, the earlier argument it
-    is, or its value; None when an argument is of another kind (never direct).
+    executor cache's key (:func:`opgraph.aclnn.cache.call_key`) with the op_api and backend as
+    its name and each array's metadata; None when an argument is of another kind or a tensor
+    not in CPU memory (never direct).
 
     >>> x = torch.zeros(2, 3)
-    >>> call_key("op", (x, None, x, 0.5))[5:]
+    >>> call_key("op", (x, None, x, 0.5))[4:]
     (None, ('=', 0), (<class 'float'>, 0.5, 1.0))
     """
-    parts: list[Any] = [name, current_backend_ref(), get_platform(), get_opt_level()]
-    seen: dict[int, int] = {}
-    for i, a in enumerate(args):
-        kind = type(a)
-        if a is None:
-            parts.append(None)
-        elif kind is float:
-            parts.append((kind, a, math.copysign(1.0, a)))
-        elif kind is bool or kind is int:
-            parts.append((kind, a))
-        elif seen.setdefault(id(a), i) != i:
-            parts.append(("=", seen[id(a)]))
-        elif isinstance(a, Tensor):  # (a conjugate view is of a complex dtype: never learnt)
-            if not a.is_cpu or a.is_neg():
-                return None
-            parts.append((a.dtype, a.shape, a.stride()))
-        elif kind is np.ndarray:
-            parts.append((a.dtype, a.shape, a.strides))
-        elif isinstance(a, float):  # np.float64 & co.
-            parts.append((float, float(a), math.copysign(1.0, a)))
-        else:
-            return None
-    return tuple(parts)
+    return op_call_key((name, current_backend_ref()), args, get_platform(), get_opt_level(),
+                       _metadata, _ARRAYS)
+
+
+_ARRAYS = (Tensor, np.ndarray)
+
+
+def _metadata(a: Any) -> Optional[Hashable]:
+    """A torch tensor's or numpy array's dtype, shape and strides (None: a torch tensor off the
+    CPU or with its negative bit set; a conjugate view is of a complex dtype, never learnt)."""
+    if type(a) is np.ndarray:
+        return a.dtype, a.shape, a.strides
+    if not a.is_cpu or a.is_neg():
+        return None
+    return a.dtype, a.shape, a.stride()
 
 
 class _Entry:
@@ -140,11 +117,22 @@ class _Entry:
 
 def _apart(written: list) -> bool:
     """Whether the written arguments can be written as phase 1 compiled them: writable, and no
-    two sharing memory (phase 1 compiles such a call as recorded: :func:`writes_shared_memory`)."""
+    two sharing memory (phase 1 compiles such a call as recorded: :func:`writes_shared_memory`,
+    by the same rule)."""
     if any(type(a) is np.ndarray and not a.flags.writeable for a in written):
         return False
-    spans = [_extent(a) for a in written if a is not None]
-    return not any(_overlaps(a, b) for k, a in enumerate(spans) for b in spans[k + 1:])
+    return not spans_overlap(_span(a) for a in written if a is not None)
+
+
+def _span(a: Any) -> tuple[int, int]:
+    """The bytes ``[lo, hi)`` a numpy array (``byte_bounds``) or a torch tensor (from its first
+    element and its strides, never negative in torch) spans."""
+    if type(a) is np.ndarray:
+        return byte_bounds(a)
+    lo = a.data_ptr()
+    if a.numel() == 0:
+        return lo, lo
+    return lo, lo + a.element_size() * (1 + sum((n - 1) * s for n, s in zip(a.shape, a.stride())))
 
 
 class _Bindings(Mapping):
@@ -166,11 +154,8 @@ class _Bindings(Mapping):
         return len(self.positions)
 
 
-def _overlaps(a: tuple[int, int], b: tuple[int, int]) -> bool:
-    return a[0] < b[1] and b[0] < a[1] and a[0] < a[1] and b[0] < b[1]
-
-
 _EMPTY = torch.empty_strided  # (a test fills the outputs with NaN instead: every one is written)
+NOT_DIRECT = _Entry(None, {}, (), ())  # a learnt call that takes the usual path
 
 
 class _Watch:
@@ -186,30 +171,31 @@ class _Watch:
         return False
 
 
-def _learn(watch: _Watch, args: tuple) -> Optional[_Entry]:
-    """The entry of the one phase 1 call ``watch`` saw, or None when it cannot run direct: not
-    exactly one call, a workspace, a backend without a direct run, or an argument the op_api
-    did not bind in place (an opgraph copy, another object than the caller's)."""
+def _learn(watch: _Watch, args: tuple) -> _Entry:
+    """The entry of the one phase 1 call ``watch`` saw; one without an executable when it
+    cannot run direct: not exactly one call, a workspace, a backend without a direct run, or an
+    argument the op_api did not bind in place (an opgraph copy, another object than the
+    caller's)."""
     if len(watch.calls) != 1:
-        return None
+        return NOT_DIRECT
     ex, pargs = watch.calls[0]
     program, n = ex.program, len(args)
     exe = program.built_executable(made(current_backend_ref())) if program is not None else None
     if exe is None or program.workspace_size or len(pargs) < n \
             or type(exe).run_direct is Executable.run_direct:
-        return None
+        return NOT_DIRECT
     for a, p in zip(args, pargs):
         if (a is None) != (p is None) or (isinstance(p, OpTensor) and (
                 p.copied or p.data_address != _Bound(a).data_address)):
-            return None
+            return NOT_DIRECT
     outputs = []
     for p in pargs[n:]:
         if p is None:
             outputs.append(None)
             continue
-        dtype = _torch_dtype(p.dtype.np) if isinstance(p, OpTensor) else None
+        dtype = DTYPES.get(p.dtype.np.name) if isinstance(p, OpTensor) else None
         if dtype is None:
-            return None
+            return NOT_DIRECT
         outputs.append((p.shape, p.strides, dtype))
     cached = CachedOp.of(ex, pargs)
     written = tuple(i for i in cached.written if i < n)
@@ -217,13 +203,12 @@ def _learn(watch: _Watch, args: tuple) -> Optional[_Entry]:
 
 
 class DirectCalls:
-    """The learnt calls, by :func:`call_key` (an entry None: that call does not run direct).
-    Bounded (LRU, ``capacity`` entries) and thread-safe."""
+    """The learnt calls, by :func:`call_key`: an executor cache of entries (LRU, ``capacity``
+    entries, thread-safe). ``enabled = False``: every call takes ``slow``."""
 
     def __init__(self, capacity: int = 256) -> None:
-        self.capacity, self.enabled = capacity, True
-        self._entries: "OrderedDict[tuple, Optional[_Entry]]" = OrderedDict()
-        self._lock = threading.Lock()
+        self.entries: ExecutorCache[_Entry] = ExecutorCache(capacity)
+        self.enabled = True
 
     def call(self, name: str, args: tuple, slow: Callable[[], list]) -> list:
         """The outputs of op_api ``name`` on ``args``: run direct when a call with their
@@ -234,33 +219,25 @@ class DirectCalls:
         key = call_key(name, args)
         if key is None:
             return slow()
-        with self._lock:
-            known = key in self._entries
-            entry = self._entries.get(key)
-            if known:
-                self._entries.move_to_end(key)
-        if entry is not None:
-            outs = entry.run(args)
-            if outs is not None:
-                return outs
-        if known:
-            return slow()
-        watch = _Watch()
-        with capturing.recording(watch):
-            outs = slow()
-        learnt = _learn(watch, args)
-        with self._lock:
-            self._entries[key] = learnt
-            while len(self._entries) > self.capacity:
-                self._entries.popitem(last=False)
-        return outs
+        entry = self.entries.get(key)
+        if entry is None:
+            watch = _Watch()
+            with capturing.recording(watch):
+                outs = slow()
+            self.entries.put(key, _learn(watch, args))
+            return outs
+        outs = entry.run(args)
+        return slow() if outs is None else outs
 
-    def clear(self) -> None:
-        with self._lock:
-            self._entries.clear()
+    def runs_direct(self) -> list[bool]:
+        """Per learnt call, least recently used first, whether it runs direct."""
+        return [entry.exe is not None for entry in self.entries.values()]
+
+    def __contains__(self, key: tuple) -> bool:
+        return key in self.entries
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return len(self.entries)
 
 
 DIRECT_CALLS = DirectCalls()

@@ -155,14 +155,9 @@ def batch_norm_elemt(input: Tensor, weight: Optional[Tensor], bias: Optional[Ten
     """``(input - mean) * invstd * weight + bias`` per channel into ``out`` (default: a new tensor
     like ``input``, channels_last kept) (aclnnBatchNormElemt)."""
     args = (input, weight, bias, mean, invstd, eps)
-
-    def slow(into: Optional[Tensor] = out) -> list:
-        into = torch.empty_like(input) if into is None else into
-        # into as a numpy view: the Pythonic API returns it, no copy
-        _elemt.batch_norm_elemt(*map(_views(views), args[:5]), eps, out=as_numpy(into))
-        return [into]
-    with on(backend, platform):  # a caller's out: the op_api checks it
-        return (slow() if out is not None else DIRECT_CALLS.call("aclnnBatchNormElemt", args, slow))[0]
+    with on(backend, platform):
+        return _into(out, input, "aclnnBatchNormElemt", args, lambda into: _elemt.batch_norm_elemt(
+            *map(_views(views), args[:5]), eps, out=into))
 
 
 def batch_norm_backward_reduce(
@@ -189,15 +184,26 @@ def batch_norm_backward_elemt(
     """SyncBatchNorm's input gradient from the all-reduced sums and the per-rank ``count``
     (aclnnBatchNormElemtBackward), into ``out`` (default: a new tensor like ``input``)."""
     args = (grad_out, input, mean, invstd, weight, sum_dy, sum_dy_xmu, count)
+    with on(backend, platform):
+        return _into(out, input, "aclnnBatchNormElemtBackward", args,
+                     lambda into: _elemt_bwd.batch_norm_elemt_backward(*map(_views(views), args),
+                                                                      out=into))
 
-    def slow(into: Optional[Tensor] = out) -> list:
-        into = torch.empty_like(input) if into is None else into
-        # into as a numpy view: the Pythonic API returns it, no copy
-        _elemt_bwd.batch_norm_elemt_backward(*map(_views(views), args), out=as_numpy(into))
+
+def _into(out: Optional[Tensor], like: Tensor, name: str, args: tuple,
+          write: Callable[[np.ndarray], Any]) -> Tensor:
+    """An element-wise op_api's output: ``write(array)`` into ``out`` (a caller's: the op_api
+    checks it) or into a new tensor like ``like`` (channels_last kept), a direct call when
+    learnt. The array is the tensor's numpy view, which the Pythonic API writes in place."""
+    if out is not None:
+        write(as_numpy(out))
+        return out
+
+    def slow() -> list:
+        into = torch.empty_like(like)
+        write(as_numpy(into))
         return [into]
-    with on(backend, platform):  # a caller's out: the op_api checks it
-        return (slow() if out is not None else
-                DIRECT_CALLS.call("aclnnBatchNormElemtBackward", args, slow))[0]
+    return DIRECT_CALLS.call(name, args, slow)[0]
 
 
 # --- torch.library registration --------------------------------------------------------------
