@@ -5,6 +5,7 @@ inputs, NaN/Inf/-0.0 — the same for any thread count, planned once per operand
 family's op_apis at level 2 give the numpy backend's bits."""
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -372,3 +373,70 @@ def test_channel_groups_bits_equal_numpy(shape, layout, n, threads):
     stats = stats_body(shape)
     check_same(stats, [dy])
     assert steps_of(stats, [dy]) == ["blocked"]
+
+
+def epilogue_body(shape, out: D, square_sum: D):
+    """Σx and Σx² (x² rounded to ``square_sum``, and so its sum) in one pass, then a
+    per-channel epilogue: the mean, 1/sqrt(E[x²] − mean² + eps) rounded to ``out``."""
+    k, o, C = keep(shape), tuple(shape), shape[1]
+    n = float(np.float32(1.0 / (np.prod(shape) // C)))
+    body = (Instr(op="cast", args=("in0",), dtype=F32),                     # t0
+            Instr(op="sum", args=("t0",), dtype=F32, shape=k, over=o),      # t1
+            Instr(op="mul", args=("t0", "t0"), dtype=F32),                  # t2
+            Instr(op="cast", args=("t2",), dtype=square_sum),               # t3
+            Instr(op="sum", args=("t3",), dtype=square_sum, shape=k, over=o),  # t4
+            Instr(op="fill", dtype=F32, value=n),                           # t5
+            Instr(op="mul", args=("t1", "t5"), dtype=F32),                  # t6: the mean
+            Instr(op="mul", args=("t6", "t6"), dtype=F32),                  # t7
+            Instr(op="cast", args=("t4",), dtype=F32),                      # t8
+            Instr(op="mul", args=("t8", "t5"), dtype=F32),                  # t9
+            Instr(op="sub", args=("t9", "t7"), dtype=F32),                  # t10: the variance
+            Instr(op="fill", dtype=F32, value=1e-5),                        # t11
+            Instr(op="add", args=("t10", "t11"), dtype=F32),                # t12
+            Instr(op="sqrt", args=("t12",), dtype=F32),                     # t13
+            Instr(op="fill", dtype=F32, value=1.0),                         # t14
+            Instr(op="div", args=("t14", "t13"), dtype=F32),                # t15
+            Instr(op="cast", args=("t15",), dtype=out),                     # t16
+            Instr(op="view", args=("t6",), dtype=F32, shape=(C,)),          # t17
+            Instr(op="view", args=("t16",), dtype=out, shape=(C,)))         # t18
+    return FusedReduceAttrs(body=body, results=("t17", "t18"), out_shapes=((C,),) * 2)
+
+
+@pytest.mark.parametrize("square_sum", [F32, F16, BF16], ids=["sq-f32", "sq-f16", "sq-bf16"])
+@pytest.mark.parametrize("out", [F32, F16, BF16], ids=["out-f32", "out-f16", "out-bf16"])
+@pytest.mark.parametrize("dt", list(DTYPES))
+def test_the_epilogue_is_one_c_call_with_the_bits_of_numpy(dt, out, square_sum):
+    """After the last pass the per-channel instructions run as one serial C call (the plan's
+    ``tail``, the sums its inputs): the bits of the same plan's numpy steps and of the
+    reference — sums rounded to a narrow dtype and results cast to one included, and NaN, ±inf,
+    −0.0 and squares past the float16 range (inf, then 1/sqrt(inf) = 0)."""
+    shape = (3, 16, 700)
+    x = np.random.default_rng(16).standard_normal(shape).astype(np.float32) * 3
+    x[:, 0] = -0.0
+    x[1, 1, 17] = np.nan
+    x[0, 2, 5] = np.inf
+    x[:, 3] = 300.0  # x² = 90000: inf in float16, finite in bfloat16
+    x[:, 4, ::2], x[:, 4, 1::2] = 1e-3, -1e-3
+    x = x.astype(DTYPES[dt])
+    a = epilogue_body(shape, out, square_sum)
+    plan = plan_for(a, [x])
+    assert plan.tail is not None and [st[0] for st in plan.steps[:plan.tail.at]] == ["pass"]
+    with np.errstate(all="ignore"):
+        in_c = check_same(a, [x])
+        in_numpy = native_reduce.run_planned(dataclasses.replace(plan, tail=None), a, [x])
+    assert all(np.array_equal(bits(p), bits(q)) for p, q in zip(in_c, in_numpy))
+    assert np.signbit(in_c[0][0]) and np.isnan(in_c[0][1]) and in_c[0][2] == np.inf
+    assert (in_c[1][3] == 0) == (square_sum == F16)  # 1/sqrt(inf) where x² is inf in float16
+
+
+def test_an_epilogue_the_renderer_does_not_cover_stays_in_numpy():
+    """An epilogue instruction the C renderer does not cover (pow by 3) leaves the plan without
+    a tail: numpy runs the epilogue, with the reference's bits."""
+    shape = (2, 8, 300)
+    body = list(epilogue_body(shape, F32, F32).body)
+    body[14] = Instr(op="fill", dtype=F32, value=3.0)
+    body[15] = Instr(op="pow", args=("t13", "t14"), dtype=F32)
+    a = FusedReduceAttrs(body=tuple(body), results=("t17", "t18"), out_shapes=((8,),) * 2)
+    x = np.random.default_rng(17).standard_normal(shape).astype(np.float32)
+    check_same(a, [x])
+    assert plan_for(a, [x]).tail is None

@@ -7,8 +7,10 @@ into its tensor as the interpreter's placement does, so the bits are the same:
 
 * below the backend's ``min_elements``, the serial C call of :mod:`.small` on the bound
   tensors' addresses, its results read from the call's scratch;
-* from there on, the reduction passes of :mod:`.reduce` on the bound tensors' views (their
-  per-channel numpy instructions under ``np.errstate(all="ignore")``, as the interpreter runs).
+* from there on, the reduction passes of :mod:`.reduce` on the bound tensors' views, then
+  their epilogue as one C call into the call's scratch (:attr:`.reduce._Plan.tail`; where the
+  renderer does not cover it, numpy instructions under ``np.errstate(all="ignore")``, as the
+  interpreter runs).
 
 :meth:`DirectReduce.prepare` gives None when the body is one its path does not cover (the
 program then runs node by node, where the node falls back to numpy); a run whose size no longer
@@ -35,7 +37,7 @@ import numpy as np
 from l0ops.fused_reduce import FusedReduceAttrs
 from opgraph.core.ir import Node
 from opgraph.core.backend import Addressed
-from .reduce import plan_for, run_planned
+from .reduce import plan_for, run_passes, run_planned, tail_addresses
 from .unsupported import Unsupported
 from .small import SmallCall, call_small, plan_small
 
@@ -53,7 +55,9 @@ class DirectReduce:
         self.small, self.plan, self.elements = small, plan, elements
         self.reads = tuple(self.names[k] for k in plan.small) if small else ()
         self.dests, self.outputs = tuple(dests), tuple(outputs)
-        self.call = SmallCall(plan, self.attrs) if small else None  # its scratch: under the lock
+        tail = plan.tail.call if not small and plan.tail is not None else None
+        # the serial call (or the passes' epilogue), its scratch used under the lock
+        self.call = SmallCall(plan if small else tail, self.attrs) if small or tail else None
         self.lock = threading.Lock()
         # per result, (its dest, its span in the call's scratch) when a byte copy places it
         self.moves: Optional[tuple[tuple[str, int, int], ...]] = None
@@ -82,24 +86,33 @@ class DirectReduce:
         if (self.elements < small_below) != self.small:
             return False
         if self.small:
-            addresses = [bindings[n].data_address for n in self.reads]
-            if self.lock.acquire(blocking=False):
-                try:
-                    if self.moves is not None:
-                        self.call.compute(addresses)
-                        for dest, at, n in self.moves:
-                            ctypes.memmove(bindings[dest].data_address, at, n)
-                    else:
-                        self._place(bindings, self.call(addresses))
-                finally:
-                    self.lock.release()
-            else:  # another thread is in the scratch: a call of its own
-                self._place(bindings, call_small(self.plan, self.attrs, addresses))
-        else:
-            with np.errstate(all="ignore"):  # the plan is for these layouts: no lookup
-                self._place(bindings, run_planned(
-                    self.plan, self.attrs, [bindings[n].view() for n in self.names]))
+            self._compute(bindings, [bindings[n].data_address for n in self.reads])
+            return True
+        with np.errstate(all="ignore"):  # the plan is for these layouts: no lookup
+            views = [bindings[n].view() for n in self.names]
+            if self.call is None:
+                self._place(bindings, run_planned(self.plan, self.attrs, views))
+                return True
+            sums = run_passes(self.plan, views)  # held until the epilogue has read them
+            self._compute(bindings, tail_addresses(self.plan, views, sums))
         return True
+
+    def _compute(self, bindings: Mapping[str, Addressed], addresses: Sequence[int]) -> None:
+        """Run the serial C call on ``addresses`` into the outputs: in this object's scratch,
+        the results then copied by byte (:attr:`moves`) or placed; while another thread is in
+        the scratch, a call with a scratch of its own."""
+        if not self.lock.acquire(blocking=False):
+            self._place(bindings, call_small(self.call.plan, self.attrs, addresses))
+            return
+        try:
+            if self.moves is not None:
+                self.call.compute(addresses)
+                for dest, at, n in self.moves:
+                    ctypes.memmove(bindings[dest].data_address, at, n)
+            else:
+                self._place(bindings, self.call(addresses))
+        finally:
+            self.lock.release()
 
     def graph_outputs(self, bindings: Mapping[str, Addressed]) -> dict[str, np.ndarray]:
         """The graph's outputs by value name, as views of the tensors they were copied into."""

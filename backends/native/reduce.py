@@ -4,7 +4,9 @@ the thread team, vectorised lanes), bit-identical to numpy and the same for any 
 A reduction pass computes the per-element instructions its sums need and adds them into the 64
 lane accumulators of each (kept index, block) — the order of :mod:`l0ops.ordered` — then folds
 the lanes and blocks with the same tree (:mod:`.reduce_c`). numpy runs the per-channel
-instructions between passes (a variance's mean, the epilogue). Sums that need only inputs and
+instructions between passes (a variance's mean); those after the last pass (the epilogue) run
+as one serial C call on the passes' sums (:class:`_Tail`: ~7 numpy calls a stats call, 12–16 µs
+of its 90–130 µs at 8×64×28×28 and below), or in numpy where the renderer does not cover them. Sums that need only inputs and
 finished per-channel values share one pass over the data. Two passes with only simple
 per-channel arithmetic between them (a mean, then the squared differences from it) run channel
 by channel in one C call, the second while the channel's data is still in cache
@@ -28,7 +30,7 @@ from __future__ import annotations
 import ctypes
 import math
 from dataclasses import dataclass
-from typing import Any, Container, Sequence
+from typing import Any, Container, Optional, Sequence
 
 import numpy as np
 
@@ -41,6 +43,7 @@ from . import build, team
 from .build import PointerArray, address
 from .reduce_c import render_blocked, render_pass
 from .render import C_OP, FLOATS
+from .small import SmallPlan, call_small, compile_body
 from .unsupported import Unsupported, planned
 
 _ARGTYPES = [ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
@@ -85,6 +88,18 @@ class _Plan:
     R: int
     kept_view: tuple[int, ...]      # kept registers broadcast to this shape, then flattened
     consts: dict                    # the fill instructions' values (read-only), made once
+    tail: "Optional[_Tail]" = None  # the instructions after the last pass, as one C call
+
+
+@dataclass
+class _Tail:
+    """The instructions after a plan's last pass (its epilogue) as one serial C call
+    (:func:`.small.compile_body`): ``call`` reads the body's per-channel inputs and then every
+    pass's sums, one float32 row of K each in pass order; ``at`` is the index of the first step
+    it replaces."""
+
+    call: SmallPlan
+    at: int
 
 
 @dataclass
@@ -221,7 +236,30 @@ def _plan(a: FusedReduceAttrs, inputs: Sequence[np.ndarray]) -> _Plan:
             steps.append(("instr", name, fn, ins.args))
         ready.add(name)
     kept_view = tuple(1 if d in raxes else n for d, n in enumerate(full_shape))
-    return _Plan(_blocked(steps, a.body, types, consts, K), small, types, K, R, kept_view, consts)
+    steps = _blocked(steps, a.body, types, consts, K)
+    return _Plan(steps, small, types, K, R, kept_view, consts, _tail(a, steps, in_types, inputs))
+
+
+def _tail(a: FusedReduceAttrs, steps: list, in_types: list, inputs: Sequence[np.ndarray]
+          ) -> "Optional[_Tail]":
+    """The results computed from the passes' sums by one C call, or None when the prologue
+    renderer does not cover an instruction of the epilogue. The call runs the body with each
+    sum instruction replaced by a cast (to the sum's dtype: the rounding :func:`_store` makes)
+    of a new float32 input, the sum's row; everything the results depend on is then per-channel."""
+    last = max(i for i, st in enumerate(steps) if st[0] != "instr")
+    sums = [j for st in steps[:last + 1] if st[0] != "instr"
+            for j in (st[1].batch if st[0] == "pass" else st[1].a.batch + st[1].b.batch)]
+    body, types, shaped = list(a.body), list(in_types), list(inputs)
+    for j in sums:
+        shape = tuple(a.body[j].shape)
+        body[j] = Instr(op="cast", args=(f"in{len(types)}",), dtype=a.body[j].dtype)
+        types.append(TensorType(shape, DataType.FLOAT))
+        shaped.append(np.empty(shape, np.float32))
+    body_t = tuple(body)
+    try:
+        return _Tail(compile_body(body_t, body_types(body_t, types), shaped, a.results), last + 1)
+    except Unsupported:
+        return None
 
 
 def _blocked(steps: list, body: Sequence[Instr], types: dict, consts: dict, K: int) -> list:
@@ -334,9 +372,10 @@ def _pointers(p: _Pass, inputs: Sequence[np.ndarray], kept_at: int, K: int) -> A
                        *[kept_at + 4 * K * j for j in range(len(p.kept))])
 
 
-def _run_pass(p: _Pass, plan: _Plan, inputs: Sequence[np.ndarray], values: dict) -> None:
-    """One C sweep; stores the folded sums of ``p.batch`` into ``values``. The kept registers
-    and the sums share one float32 buffer (one address to fetch)."""
+def _run_pass(p: _Pass, plan: _Plan, inputs: Sequence[np.ndarray], values: dict) -> np.ndarray:
+    """One C sweep; stores the folded sums of ``p.batch`` into ``values`` and returns them (one
+    float32 row each). The kept registers and the sums share one float32 buffer (one address
+    to fetch)."""
     K, nk = plan.K, len(p.kept)
     buf = np.empty((nk + len(p.batch), K), np.float32)
     _fill_kept(p, plan, values, buf)
@@ -347,10 +386,12 @@ def _run_pass(p: _Pass, plan: _Plan, inputs: Sequence[np.ndarray], values: dict)
             base + 4 * K * nk, team.runner()):
         raise MemoryError("FusedReduce: no memory for the per-block sums")
     _store(p, buf[nk:], values)
+    return buf[nk:]
 
 
-def _run_blocked(bp: _Blocked, plan: _Plan, inputs: Sequence[np.ndarray], values: dict) -> None:
-    """Both passes of ``bp`` in one C call; stores their sums into ``values``. One float32
+def _run_blocked(bp: _Blocked, plan: _Plan, inputs: Sequence[np.ndarray], values: dict) -> np.ndarray:
+    """Both passes of ``bp`` in one C call; stores their sums into ``values`` and returns them
+    (pass a's rows, then pass b's). One float32
     buffer holds pass a's kept registers, pass b's (the derived ones written by the call), then
     the two passes' sums."""
     a, b, K = bp.a, bp.b, plan.K
@@ -368,6 +409,7 @@ def _run_blocked(bp: _Blocked, plan: _Plan, inputs: Sequence[np.ndarray], values
         raise MemoryError("FusedReduce: no memory for the per-block sums")
     _store(a, buf[out_a:out_a + len(a.batch)], values)
     _store(b, buf[out_a + len(a.batch):], values)
+    return buf[out_a:]
 
 
 def run_fused_reduce_native(a: FusedReduceAttrs, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
@@ -380,17 +422,11 @@ def run_fused_reduce_native(a: FusedReduceAttrs, inputs: Sequence[np.ndarray]) -
 def run_planned(plan: _Plan, a: FusedReduceAttrs, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
     """:func:`run_fused_reduce_native` with the plan already made for these operands' layouts
     (:func:`plan_for`): a caller whose layouts are fixed looks it up once."""
-    values: dict[str, np.ndarray] = dict(plan.consts)
-    for k, narrow in plan.small:
-        values[f"in{k}"] = inputs[k].astype(np.float32) if narrow else inputs[k]
-    for step in plan.steps:
-        if step[0] == "pass":
-            _run_pass(step[1], plan, inputs, values)
-        elif step[0] == "blocked":
-            _run_blocked(step[1], plan, inputs, values)
-        else:
-            _, name, fn, args = step
-            values[name] = fn(*[values[r] for r in args])
+    if plan.tail is not None:
+        sums = run_passes(plan, inputs)  # held until the call has read them
+        return call_small(plan.tail.call, a, tail_addresses(plan, inputs, sums))
+    values: dict[str, np.ndarray] = {}
+    run_passes(plan, inputs, values)
     out = []
     types = plan.types
     for r, shape in zip(a.results, a.out_shapes):
@@ -404,4 +440,32 @@ def run_planned(plan: _Plan, a: FusedReduceAttrs, inputs: Sequence[np.ndarray]) 
     return out
 
 
-__all__ = ["collapse_reduced", "plan_for", "run_fused_reduce_native", "run_planned"]
+def run_passes(plan: _Plan, inputs: Sequence[np.ndarray], values: "dict | None" = None) -> list[np.ndarray]:
+    """Run ``plan``'s steps up to its tail (all of them without one), the registers into
+    ``values``; returns every pass's sums (float32 rows of K, in pass order)."""
+    values = {} if values is None else values
+    values.update(plan.consts)
+    for k, narrow in plan.small:
+        values[f"in{k}"] = inputs[k].astype(np.float32) if narrow else inputs[k]
+    sums = []
+    for step in plan.steps if plan.tail is None else plan.steps[:plan.tail.at]:
+        if step[0] == "pass":
+            sums.append(_run_pass(step[1], plan, inputs, values))
+        elif step[0] == "blocked":
+            sums.append(_run_blocked(step[1], plan, inputs, values))
+        else:
+            _, name, fn, args = step
+            values[name] = fn(*[values[r] for r in args])
+    return sums
+
+
+def tail_addresses(plan: _Plan, inputs: Sequence[np.ndarray], sums: Sequence[np.ndarray]) -> list[int]:
+    """The pointers of ``plan``'s tail call: the per-channel inputs it reads, then the sum rows
+    (``sums`` from :func:`run_passes`)."""
+    rows = [address(s) + 4 * plan.K * i for s in sums for i in range(len(s))]
+    n = len(inputs)
+    return [address(inputs[k]) if k < n else rows[k - n] for k in plan.tail.call.small]
+
+
+__all__ = ["collapse_reduced", "plan_for", "run_fused_reduce_native", "run_passes", "run_planned",
+           "tail_addresses"]

@@ -29,7 +29,7 @@ import numpy as np
 
 from l0ops.expansion import array_types
 from l0ops.fused_reduce import FusedReduceAttrs, as_output
-from l0ops.primitives import IdentityMemo, body_types
+from l0ops.primitives import IdentityMemo, Instr, body_types
 from opgraph.core.dtypes import DataType
 from . import build
 from .build import PointerArray, address, int64_array
@@ -41,7 +41,7 @@ _ARGTYPES = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
 
 
 @dataclass
-class _SmallPlan:
+class SmallPlan:
     """The compiled body of one FusedReduce for given operand layouts: the C function, its
     table, the inputs it reads (in pointer order), the scratch size and each result's place in
     the scratch (element offset, shape, byte strides, register dtype)."""
@@ -56,10 +56,18 @@ class _SmallPlan:
         self.pointers = PointerArray(max(len(self.small), 1))  # packs the addresses
 
 
-def _plan(a: FusedReduceAttrs, inputs: Sequence[np.ndarray]) -> _SmallPlan:
-    types = body_types(a.body, array_types(inputs))
-    needed = tuple(dict.fromkeys(a.results))
-    pro = Prologue(a.body, types, inputs, needed)
+def _plan(a: FusedReduceAttrs, inputs: Sequence[np.ndarray]) -> SmallPlan:
+    return compile_body(a.body, body_types(a.body, array_types(inputs)), inputs, a.results)
+
+
+def compile_body(body: Sequence[Instr], types: dict, inputs: Sequence[np.ndarray],
+                 results: Sequence[str]) -> SmallPlan:
+    """The serial C call computing the registers ``results`` of ``body`` (``types``: every
+    register's dtype and shape) from the per-channel ``inputs`` it reads, laid out as these are;
+    :class:`Unsupported` when the prologue renderer does not cover an instruction or a result
+    is not a float register. The reductions' epilogue uses it too (:mod:`.reduce`)."""
+    needed = tuple(dict.fromkeys(results))
+    pro = Prologue(body, types, inputs, needed)
     if any(r not in pro.regs for r in needed):
         raise Unsupported("a result is not a float register")
     source = "\n".join([HELPERS, SUM_HELPERS, pro.source,
@@ -68,23 +76,22 @@ def _plan(a: FusedReduceAttrs, inputs: Sequence[np.ndarray]) -> _SmallPlan:
     fn = build.load(source, symbol="opg_small").fn
     if fn.argtypes is None:
         fn.argtypes, fn.restype = _ARGTYPES, ctypes.c_int
-    results = tuple((pro.regs[r][0], tuple(pro.regs[r][1]), tuple(4 * s for s in pro.regs[r][2]),
-                     types[r][0]) for r in a.results)
-    return _SmallPlan(fn, int64_array(pro.table), pro.small, pro.scratch,
-                      results)
+    regs = tuple((pro.regs[r][0], tuple(pro.regs[r][1]), tuple(4 * s for s in pro.regs[r][2]),
+                  types[r][0]) for r in results)
+    return SmallPlan(fn, int64_array(pro.table), pro.small, pro.scratch, regs)
 
 
 _PLANS = IdentityMemo(limit=256)
 
 
-def plan_small(a: FusedReduceAttrs, inputs: Sequence[np.ndarray]) -> _SmallPlan:
+def plan_small(a: FusedReduceAttrs, inputs: Sequence[np.ndarray]) -> SmallPlan:
     """The cached serial C call of ``a`` for operands of these layouts (Unsupported if the
     prologue renderer does not cover the body)."""
     return planned(_PLANS, a, tuple((x.dtype, x.shape, x.strides) for x in inputs),
                    lambda: _plan(a, inputs))
 
 
-def _readers(plan: _SmallPlan, a: FusedReduceAttrs, scr: np.ndarray) -> list[Callable[[], np.ndarray]]:
+def _readers(plan: SmallPlan, a: FusedReduceAttrs, scr: np.ndarray) -> list[Callable[[], np.ndarray]]:
     """Per result, how to read it from the call's own scratch ``scr`` as its output: a float32
     one is a view made here, once; another dtype a cast made per read (the C call rounded the
     register to its dtype: the cast is exact)."""
@@ -105,7 +112,7 @@ class SmallCall:
     that order), runs it and returns the results read from the scratch (a caller that keeps them
     past the next call, or shares the SmallCall between threads, copies them under a lock)."""
 
-    def __init__(self, plan: _SmallPlan, a: FusedReduceAttrs) -> None:
+    def __init__(self, plan: SmallPlan, a: FusedReduceAttrs) -> None:
         self.plan, self.scratch = plan, np.empty(plan.scratch, np.float32)
         self.at, self.readers = address(self.scratch), _readers(plan, a, self.scratch)
 
@@ -132,7 +139,7 @@ class SmallCall:
         return spans
 
 
-def prepared_small(plan: _SmallPlan, a: FusedReduceAttrs,
+def prepared_small(plan: SmallPlan, a: FusedReduceAttrs,
                    addresses: Sequence[int]) -> Callable[[], list[np.ndarray]]:
     """``plan``'s serial C call on the inputs at ``addresses``, prepared: a :class:`SmallCall`
     whose pointers are packed once too."""
@@ -145,7 +152,7 @@ def prepared_small(plan: _SmallPlan, a: FusedReduceAttrs,
     return call
 
 
-def call_small(plan: _SmallPlan, a: FusedReduceAttrs, addresses: Sequence[int]) -> list[np.ndarray]:
+def call_small(plan: SmallPlan, a: FusedReduceAttrs, addresses: Sequence[int]) -> list[np.ndarray]:
     """The results of ``plan``'s serial C call on the inputs at ``addresses``, once."""
     return prepared_small(plan, a, addresses)()
 
@@ -157,4 +164,4 @@ def run_small_reduce_native(a: FusedReduceAttrs, inputs: Sequence[np.ndarray]) -
     return call_small(plan, a, [address(inputs[k]) for k in plan.small])
 
 
-__all__ = ["SmallCall", "call_small", "plan_small", "prepared_small", "run_small_reduce_native"]
+__all__ = ["SmallCall", "SmallPlan", "call_small", "compile_body", "plan_small", "prepared_small", "run_small_reduce_native"]
