@@ -6,13 +6,14 @@ lane accumulators of each (kept index, block) — the order of :mod:`l0ops.order
 the lanes and blocks with the same tree (:mod:`.reduce_c`). numpy runs the per-channel
 instructions between passes (a variance's mean); those after the last pass (the epilogue) run
 as one serial C call on the passes' sums (:class:`_Tail`: ~7 numpy calls a stats call, 12–16 µs
-of its 90–130 µs at 8×64×28×28 and below), or in numpy where the renderer does not cover them. Sums that need only inputs and
-finished per-channel values share one pass over the data. Two passes with only simple
-per-channel arithmetic between them (a mean, then the squared differences from it) run channel
-by channel in one C call, the second while the channel's data is still in cache
-(:func:`_blocked`); each block's sum and fold is the same, so are the bits. Everything that depends only on the
-operands' dtypes, shapes and strides (which registers are per element, the passes, their C
-kernels, offsets and strides) is planned once per FusedReduce and reused.
+of its 90–130 µs at 8×64×28×28 and below), or in numpy where the renderer does not cover them.
+Sums that need only inputs and finished per-channel values share one pass over the data. Two
+passes with only simple per-channel arithmetic between them (a mean, then the squared
+differences from it) run channel by channel in one C call, the second while the channel's data
+is still in cache (:func:`_blocked`); each block's sum and fold is the same, so are the bits.
+Everything that depends only on the operands' dtypes, shapes and strides (which registers are
+per element, the passes, their C kernels, offsets and strides) is planned once per FusedReduce
+and reused.
 
     >>> import numpy as np
     >>> from l0ops.fused_reduce import FusedReduceAttrs, Instr
@@ -440,7 +441,8 @@ def run_planned(plan: _Plan, a: FusedReduceAttrs, inputs: Sequence[np.ndarray]) 
     return out
 
 
-def run_passes(plan: _Plan, inputs: Sequence[np.ndarray], values: "dict | None" = None) -> list[np.ndarray]:
+def run_passes(plan: _Plan, inputs: Sequence[np.ndarray],
+               values: "dict | None" = None) -> list[np.ndarray]:
     """Run ``plan``'s steps up to its tail (all of them without one), the registers into
     ``values``; returns every pass's sums (float32 rows of K, in pass order)."""
     values = {} if values is None else values

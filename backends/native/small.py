@@ -164,4 +164,5 @@ def run_small_reduce_native(a: FusedReduceAttrs, inputs: Sequence[np.ndarray]) -
     return call_small(plan, a, [address(inputs[k]) for k in plan.small])
 
 
-__all__ = ["SmallCall", "SmallPlan", "call_small", "compile_body", "plan_small", "prepared_small", "run_small_reduce_native"]
+__all__ = ["SmallCall", "SmallPlan", "call_small", "compile_body", "plan_small", "prepared_small",
+           "run_small_reduce_native"]
