@@ -231,6 +231,11 @@ class Program:
                            and last.op in ARITH and last.dtype == F32 and a.out_dtype == F32
                            and self.types[a.result][1] == self.full)
 
+    def straight(self) -> bool:
+        """Whether :func:`run_fused` runs this program straight through (:meth:`run_flat`): a
+        small iteration space, or a body whose chunks cannot be sliced."""
+        return math.prod(self.full) <= FLAT_ELEMS or not self.chunkable
+
     def run_flat(self, inputs: Sequence[np.ndarray], out: "np.ndarray | None" = None) -> "np.ndarray | None":
         """The result of the whole body, instruction by instruction on whole arrays (numpy
         broadcasting right-aligns the per-channel terms): the fast path for small tensors.
@@ -373,7 +378,7 @@ def run_fused(a: FusedAttrs, inputs: Sequence[np.ndarray], out: "np.ndarray | No
     single values, see :func:`chunks`)."""
     prog = program(a, inputs)
     full = prog.full
-    if math.prod(full) <= FLAT_ELEMS or not prog.chunkable:  # small: no hoisting, no chunks
+    if prog.straight():  # small: no hoisting, no chunks
         if out is None:
             return np.ascontiguousarray(np.broadcast_to(prog.run_flat(inputs), full))
         prog.run_flat(inputs, out)

@@ -68,3 +68,28 @@ def test_a_profiled_run_times_the_node_and_an_unbound_input_is_named():
     del bindings["counter"]
     with pytest.raises(ValueError, match="counter is not bound"):
         exe.run(bindings)
+
+
+@pytest.mark.parametrize("dtype", [R.F32, R.F16, R.BF16], ids=["f32", "f16", "bf16"])
+def test_a_small_kernel_keeps_its_program_and_a_chunked_one_does_not(dtype):
+    """A small fused store looks its interpreter program up at the first run and calls it
+    straight on later runs, whatever tensors they bind: another call with the same metadata
+    (the same executable) gets its own data's reference bits. A chunked one keeps none."""
+    case, other = R.make_case((2, 3, 4), dtype, seed=8), R.make_case((2, 3, 4), dtype, seed=9)
+    out, out2 = np.full((2, 3, 4), 3, dtype), np.full((2, 3, 4), 5, dtype)
+    ex, exe = phase1(case, out)
+    exe.store_program = None  # as a new executable (an earlier test may have run this one)
+    exe.run(ex.bindings)
+    assert exe.store_program and exe.store_program.straight()
+    R.assert_bits_equal(out, case.expected())
+    ex2, exe2 = phase1(other, out2)
+    assert exe2 is exe
+    exe.run(ex2.bindings)
+    R.assert_bits_equal(out2, other.expected())
+    assert not np.array_equal(out2, out)
+    big = R.make_case((4, 8, 40, 40), dtype, seed=10)
+    big_out = np.zeros((4, 8, 40, 40), dtype)
+    ex3, exe3 = phase1(big, big_out)
+    exe3.run(ex3.bindings)
+    assert exe3.store_program is False
+    R.assert_bits_equal(big_out, big.expected())
