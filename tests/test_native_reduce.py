@@ -19,7 +19,8 @@ import opgraph
 from backends import native
 from backends.native import build, team
 from backends.native import reduce as native_reduce
-from backends.native.reduce import collapse_reduced, plan_for, run_fused_reduce_native
+from backends.native.reduce import collapse_reduced, plan_for
+from backends.native.reduce_run import run_fused_reduce_native, run_planned
 from l0ops.fused_reduce import FusedReduce, FusedReduceAttrs, Instr
 from opgraph.core.dtypes import DataType as D
 
@@ -246,7 +247,7 @@ THREADS = """
 import sys, numpy as np
 sys.path.insert(0, {tests!r})
 from test_native_reduce import backward_body, stats_body
-from backends.native.reduce import run_fused_reduce_native
+from backends.native.reduce_run import run_fused_reduce_native
 shape = (5, 3, 28, 1000)
 rng = np.random.default_rng(7)
 dy, x = rng.standard_normal(shape).astype(np.float32), rng.standard_normal(shape).astype(np.float32)
@@ -423,7 +424,7 @@ def test_the_epilogue_is_one_c_call_with_the_bits_of_numpy(dt, out, square_sum):
     assert plan.tail is not None and [st[0] for st in plan.steps[:plan.tail.at]] == ["pass"]
     with np.errstate(all="ignore"):
         in_c = check_same(a, [x])
-        in_numpy = native_reduce.run_planned(dataclasses.replace(plan, tail=None), a, [x])
+        in_numpy = run_planned(dataclasses.replace(plan, tail=None), a, [x])
     assert all(np.array_equal(bits(p), bits(q)) for p, q in zip(in_c, in_numpy))
     assert np.signbit(in_c[0][0]) and np.isnan(in_c[0][1]) and in_c[0][2] == np.inf
     assert (in_c[1][3] == 0) == (square_sum == F16)  # 1/sqrt(inf) where x² is inf in float16

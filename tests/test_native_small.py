@@ -90,7 +90,7 @@ def test_a_body_the_c_code_does_not_cover_is_planned_once(monkeypatch):
     """An Unsupported outcome is remembered per body and operand layouts (raised anew each call,
     with its reason), for the serial call, the reduction passes and the elementwise launch — a
     body that falls back to numpy is not planned again on every call."""
-    from backends.native import launch, reduce
+    from backends.native import launch, reduce, reduce_run
     from l0ops.primitives import FusedAttrs
     counts = {"small": 0, "passes": 0, "launch": 0}
 
@@ -112,7 +112,7 @@ def test_a_body_the_c_code_does_not_cover_is_planned_once(monkeypatch):
     y = np.float32([[1, -2, 3], [4, 5, -6]])
     for _ in range(3):
         for call in (lambda: small.run_small_reduce_native(a, [x]),
-                     lambda: reduce.run_fused_reduce_native(a, [x]),
+                     lambda: reduce_run.run_fused_reduce_native(a, [x]),
                      lambda: native.run_fused_native(per_element, [y])):
             with pytest.raises(native.Unsupported, match="fma|max"):
                 call()

@@ -41,7 +41,7 @@ from .build import NativeBuildError, availability
 from .direct_reduce import DirectReduce
 from .gather_fused import run_gather_fused
 from .launch import Launch, collapse, fused_operands, fused_pointers, new_launch, run_fused_native
-from .reduce import run_fused_reduce_native
+from .reduce_run import run_fused_reduce_native
 from .small import run_small_reduce_native
 from .unsupported import Unsupported
 

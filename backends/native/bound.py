@@ -54,7 +54,8 @@ from opgraph.core.tensor import Tensor
 from . import render, team
 from .build import address
 from .launch import fused_operands, fused_pointers, launch_for
-from .reduce import plan_for, run_planned
+from .reduce import plan_for
+from .reduce_run import run_planned
 from .small import plan_small, prepared_small
 from .unsupported import Unsupported
 

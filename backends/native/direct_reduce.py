@@ -8,7 +8,7 @@ into its tensor as the interpreter's placement does, so the bits are the same:
 * below the backend's ``min_elements``, the serial C call of :mod:`.small` on the bound
   tensors' addresses, its results read from the call's scratch;
 * from there on, the reduction passes of :mod:`.reduce` on the bound tensors' views, then
-  their epilogue as one C call into the call's scratch (:attr:`.reduce._Plan.tail`; where the
+  their epilogue as one C call into the call's scratch (:attr:`.reduce.Plan.tail`; where the
   renderer does not cover it, numpy instructions under ``np.errstate(all="ignore")``, as the
   interpreter runs).
 
@@ -37,7 +37,8 @@ import numpy as np
 from l0ops.fused_reduce import FusedReduceAttrs
 from opgraph.core.ir import Node
 from opgraph.core.backend import Addressed
-from .reduce import plan_for, run_passes, run_planned, tail_addresses
+from .reduce import plan_for
+from .reduce_run import PassRun, run_passes, run_planned, tail_addresses
 from .unsupported import Unsupported
 from .small import SmallCall, call_small, plan_small
 
@@ -56,8 +57,9 @@ class DirectReduce:
         self.reads = tuple(self.names[k] for k in plan.small) if small else ()
         self.dests, self.outputs = tuple(dests), tuple(outputs)
         tail = plan.tail.call if not small and plan.tail is not None else None
-        # the serial call (or the passes' epilogue), its scratch used under the lock
+        # the serial call (or the passes and their epilogue), the buffers used under the lock
         self.call = SmallCall(plan if small else tail, self.attrs) if small or tail else None
+        self.passes = PassRun(plan) if tail is not None else None
         self.lock = threading.Lock()
         # per result, (its dest, its span in the call's scratch) when a byte copy places it
         self.moves: Optional[tuple[tuple[str, int, int], ...]] = None
@@ -92,27 +94,37 @@ class DirectReduce:
             views = [bindings[n].view() for n in self.names]
             if self.call is None:
                 self._place(bindings, run_planned(self.plan, self.attrs, views))
-                return True
-            sums = run_passes(self.plan, views)  # held until the epilogue has read them
-            self._compute(bindings, tail_addresses(self.plan, views, sums))
+            elif self.lock.acquire(blocking=False):
+                try:  # this object's pass buffers and scratch
+                    self._finish(bindings, tail_addresses(self.plan, views, self.passes.run(views)))
+                finally:
+                    self.lock.release()
+            else:  # another thread is in them: buffers and a scratch of this call's own
+                sums = run_passes(self.plan, views)  # held until the epilogue has read them
+                self._place(bindings, call_small(self.call.plan, self.attrs,
+                                                 tail_addresses(self.plan, views, sums)))
         return True
 
     def _compute(self, bindings: Mapping[str, Addressed], addresses: Sequence[int]) -> None:
-        """Run the serial C call on ``addresses`` into the outputs: in this object's scratch,
-        the results then copied by byte (:attr:`moves`) or placed; while another thread is in
-        the scratch, a call with a scratch of its own."""
+        """The serial call on ``addresses`` into the outputs, in this object's scratch (under
+        the lock; while another thread is in it, a call with a scratch of its own)."""
         if not self.lock.acquire(blocking=False):
             self._place(bindings, call_small(self.call.plan, self.attrs, addresses))
             return
         try:
-            if self.moves is not None:
-                self.call.compute(addresses)
-                for dest, at, n in self.moves:
-                    ctypes.memmove(bindings[dest].data_address, at, n)
-            else:
-                self._place(bindings, self.call(addresses))
+            self._finish(bindings, addresses)
         finally:
             self.lock.release()
+
+    def _finish(self, bindings: Mapping[str, Addressed], addresses: Sequence[int]) -> None:
+        """Run the serial call in this object's scratch (the lock held) and copy its results
+        into the outputs: by byte (:attr:`moves`), else placed."""
+        if self.moves is not None:
+            self.call.compute(addresses)
+            for dest, at, n in self.moves:
+                ctypes.memmove(bindings[dest].data_address, at, n)
+        else:
+            self._place(bindings, self.call(addresses))
 
     def graph_outputs(self, bindings: Mapping[str, Addressed]) -> dict[str, np.ndarray]:
         """The graph's outputs by value name, as views of the tensors they were copied into."""

@@ -5,7 +5,7 @@ A reduction pass computes the per-element instructions its sums need and adds th
 lane accumulators of each (kept index, block) — the order of :mod:`l0ops.ordered` — then folds
 the lanes and blocks with the same tree (:mod:`.reduce_c`). numpy runs the per-channel
 instructions between passes (a variance's mean); those after the last pass (the epilogue) run
-as one serial C call on the passes' sums (:class:`_Tail`: ~7 numpy calls a stats call, 12–16 µs
+as one serial C call on the passes' sums (:class:`Tail`: ~7 numpy calls a stats call, 12–16 µs
 of its 90–130 µs at 8×64×28×28 and below), or in numpy where the renderer does not cover them.
 Sums that need only inputs and finished per-channel values share one pass over the data. Two
 passes with only simple per-channel arithmetic between them (a mean, then the squared
@@ -15,6 +15,8 @@ Everything that depends only on the operands' dtypes, shapes and strides (which 
 per element, the passes, their C kernels, offsets and strides) is planned once per FusedReduce
 and reused.
 
+This module plans; :mod:`.reduce_run` runs the plans.
+
     >>> import numpy as np
     >>> from l0ops.fused_reduce import FusedReduceAttrs, Instr
     >>> from opgraph.core.dtypes import DataType as D
@@ -23,8 +25,8 @@ and reused.
     >>> a = FusedReduceAttrs(body=body, results=("t1",), out_shapes=((3,),))
     >>> x = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
     >>> ok = __import__("backends.native.build", fromlist=["_"]).availability()[0]
-    >>> (run_fused_reduce_native(a, [x])[0] if ok else (x.astype(np.float64) ** 2).sum((0, 2))).tolist()
-    [748.0, 1356.0, 2220.0]
+    >>> [st[0] for st in plan_for(a, [x]).steps] if ok else ["pass"]
+    ['pass']
 """
 from __future__ import annotations
 
@@ -36,15 +38,14 @@ from typing import Any, Container, Optional, Sequence
 import numpy as np
 
 from l0ops.fused_reduce import FusedReduceAttrs
-from l0ops.ordered import BLOCK
-from l0ops.primitives import IdentityMemo, Instr, body_types, cast_array, compile_instr
+from l0ops.primitives import IdentityMemo, Instr, body_types, compile_instr
 from opgraph.core.dtypes import DataType, dtype_of
 from opgraph.core.types import TensorType
-from . import build, team
-from .build import PointerArray, address
+from . import build
+from .build import PointerArray
 from .reduce_c import render_blocked, render_pass
 from .render import C_OP, FLOATS
-from .small import SmallPlan, call_small, compile_body
+from .small import SmallPlan, compile_body
 from .unsupported import Unsupported, planned
 
 _ARGTYPES = [ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
@@ -57,7 +58,7 @@ _NARROW = (DataType.FLOAT16, DataType.BF16)
 
 
 @dataclass
-class _Pass:
+class Pass:
     """One C sweep: the sums ``batch`` (body indices) over the big inputs ``big`` (input
     indices), reading the per-kept registers ``kept``."""
 
@@ -78,9 +79,9 @@ class _Pass:
 
 
 @dataclass
-class _Plan:
+class Plan:
     """A FusedReduce planned for its operands: ``steps`` are ("instr", name, fn, args) run in
-    numpy on per-channel values, or ("pass", _Pass)."""
+    numpy on per-channel values, or ("pass", Pass)."""
 
     steps: list
     small: list[tuple[int, bool]]   # per-channel inputs (index, f16/bf16 to widen)
@@ -89,11 +90,11 @@ class _Plan:
     R: int
     kept_view: tuple[int, ...]      # kept registers broadcast to this shape, then flattened
     consts: dict                    # the fill instructions' values (read-only), made once
-    tail: "Optional[_Tail]" = None  # the instructions after the last pass, as one C call
+    tail: "Optional[Tail]" = None  # the instructions after the last pass, as one C call
 
 
 @dataclass
-class _Tail:
+class Tail:
     """The instructions after a plan's last pass (its epilogue) as one serial C call
     (:func:`.small.compile_body`): ``call`` reads the body's per-channel inputs and then every
     pass's sums, one float32 row of K each in pass order; ``at`` is the index of the first step
@@ -104,13 +105,13 @@ class _Tail:
 
 
 @dataclass
-class _Blocked:
+class BlockedPair:
     """Two passes run kept index by kept index in one C call (:func:`.reduce_c.render_blocked`):
     pass ``a``, the per-index instructions between them, pass ``b`` over the same data while it
     is in cache. ``derived``: pass b's kept registers the call computes, ``(row, register)``."""
 
-    a: _Pass
-    b: _Pass
+    a: Pass
+    b: Pass
     fn: Any
     derived: tuple[tuple[int, str], ...]
 
@@ -188,7 +189,7 @@ def collapse_reduced(shape: Sequence[int], strides: Sequence[Sequence[int]]) -> 
     return out_shape, out_st
 
 
-def _plan(a: FusedReduceAttrs, inputs: Sequence[np.ndarray]) -> _Plan:
+def _plan(a: FusedReduceAttrs, inputs: Sequence[np.ndarray]) -> Plan:
     in_types = [TensorType(x.shape, dtype_of(x.dtype)) for x in inputs]
     types = body_types(a.body, in_types)
     sums = [k for k, ins in enumerate(a.body) if ins.op == "sum" and ins.shape is not None]
@@ -238,11 +239,11 @@ def _plan(a: FusedReduceAttrs, inputs: Sequence[np.ndarray]) -> _Plan:
         ready.add(name)
     kept_view = tuple(1 if d in raxes else n for d, n in enumerate(full_shape))
     steps = _blocked(steps, a.body, types, consts, K)
-    return _Plan(steps, small, types, K, R, kept_view, consts, _tail(a, steps, in_types, inputs))
+    return Plan(steps, small, types, K, R, kept_view, consts, _tail(a, steps, in_types, inputs))
 
 
 def _tail(a: FusedReduceAttrs, steps: list, in_types: list, inputs: Sequence[np.ndarray]
-          ) -> "Optional[_Tail]":
+          ) -> "Optional[Tail]":
     """The results computed from the passes' sums by one C call, or None when the prologue
     renderer does not cover an instruction of the epilogue. The call runs the body with each
     sum instruction replaced by a cast (to the sum's dtype: the rounding :func:`_store` makes)
@@ -258,14 +259,14 @@ def _tail(a: FusedReduceAttrs, steps: list, in_types: list, inputs: Sequence[np.
         shaped.append(np.empty(shape, np.float32))
     body_t = tuple(body)
     try:
-        return _Tail(compile_body(body_t, body_types(body_t, types), shaped, a.results), last + 1)
+        return Tail(compile_body(body_t, body_types(body_t, types), shaped, a.results), last + 1)
     except Unsupported:
         return None
 
 
 def _blocked(steps: list, body: Sequence[Instr], types: dict, consts: dict, K: int) -> list:
     """``steps`` with its first two passes and the instructions between them as one
-    ("blocked", :class:`_Blocked`) step where that applies — at least :data:`BLOCKED_MIN_K`
+    ("blocked", :class:`BlockedPair`) step where that applies — at least :data:`BLOCKED_MIN_K`
     kept indices, both passes kept-index major (not channels_last), every instruction between
     them a float add/sub/mul/div/sqrt/cast/view of pass a's sums, one-element constants or each
     other, with one value per kept index or one for all — else ``steps`` unchanged. The
@@ -293,11 +294,11 @@ def _blocked(steps: list, body: Sequence[Instr], types: dict, consts: dict, K: i
     fn = build.load(src).fn
     if fn.argtypes is None:
         fn.argtypes, fn.restype = _BLOCKED_ARGTYPES, ctypes.c_int
-    return [*steps[:at[0]], ("blocked", _Blocked(a, b, fn, derived)), *steps[at[0] + 1:at[1]],
+    return [*steps[:at[0]], ("blocked", BlockedPair(a, b, fn, derived)), *steps[at[0] + 1:at[1]],
             *steps[at[1] + 1:]]
 
 
-def _make_pass(body, batch, full, types, inputs, full_shape, raxes, K, views) -> _Pass:
+def _make_pass(body, batch, full, types, inputs, full_shape, raxes, K, views) -> Pass:
     live_idx = sorted({i for j in batch for i in _closure(body, body[j].args[0], full, views)})
     regs_used = set().union(*(_reads(body, j, full, views) for j in batch))
     source = {r: (int(r[2:]), inputs[int(r[2:])]) for r in regs_used if r.startswith("in")}
@@ -335,139 +336,16 @@ def _make_pass(body, batch, full, types, inputs, full_shape, raxes, K, views) ->
         fn.argtypes, fn.restype = _ARGTYPES, ctypes.c_int
     stores = tuple((f"t{j}", types[f"t{j}"][0].np if types[f"t{j}"][0] in _NARROW else None,
                     types[f"t{j}"][1]) for j in batch)
-    return _Pass(tuple(batch), tuple(source[r][0] for r in big), tuple(kept), fn,
+    return Pass(tuple(batch), tuple(source[r][0] for r in big), tuple(kept), fn,
                  np.asarray(rshape, np.int64), koff, np.ascontiguousarray(rstr, np.int64).reshape(-1),
                  stores, cols, spec)
 
 
-def plan_for(a: FusedReduceAttrs, inputs: Sequence[np.ndarray]) -> _Plan:
+def plan_for(a: FusedReduceAttrs, inputs: Sequence[np.ndarray]) -> Plan:
     """The cached plan of ``a`` for operands of these dtypes, shapes and strides (a body the C
     passes do not cover raises :class:`Unsupported`, also remembered)."""
     return planned(_PLANS, a, tuple((x.dtype, x.shape, x.strides) for x in inputs),
                    lambda: _plan(a, inputs))
 
 
-def _fill_kept(p: _Pass, plan: _Plan, values: dict, rows: np.ndarray, skip: Sequence[int] = ()) -> None:
-    """Pass ``p``'s kept registers into ``rows`` (one row of K each; rows in ``skip`` are the
-    call's own to fill)."""
-    for j, r in enumerate(p.kept):
-        if j in skip:
-            continue
-        v = values[r]  # a register of K elements is in kept order; others broadcast
-        if v.size == plan.K:
-            rows[j] = v.reshape(plan.K)
-        else:  # assigning broadcasts (np.broadcast_to costs ~6 µs)
-            rows[j].reshape(plan.kept_view)[...] = v
-
-
-def _store(p: _Pass, sums: np.ndarray, values: dict) -> None:
-    """Pass ``p``'s folded sums (one row each) as their registers, rounded to a narrow dtype."""
-    for total, (name, narrow, shape) in zip(sums, p.stores):
-        values[name] = (total.astype(narrow).astype(np.float32) if narrow is not None else total).reshape(shape)
-
-
-def _pointers(p: _Pass, inputs: Sequence[np.ndarray], kept_at: int, K: int) -> Any:
-    """Pass ``p``'s pointer array: its big inputs, then its kept registers, one row of ``K``
-    float32 each from address ``kept_at``."""
-    return p.ptr_array(*[address(inputs[i]) for i in p.big],
-                       *[kept_at + 4 * K * j for j in range(len(p.kept))])
-
-
-def _run_pass(p: _Pass, plan: _Plan, inputs: Sequence[np.ndarray], values: dict) -> np.ndarray:
-    """One C sweep; stores the folded sums of ``p.batch`` into ``values`` and returns them (one
-    float32 row each). The kept registers and the sums share one float32 buffer (one address
-    to fetch)."""
-    K, nk = plan.K, len(p.kept)
-    buf = np.empty((nk + len(p.batch), K), np.float32)
-    _fill_kept(p, plan, values, buf)
-    base = address(buf)
-    ptrs = _pointers(p, inputs, base, K)
-    rshape, koff, rstr = p.addresses
-    if p.fn(K, plan.R, len(p.rshape), rshape, ptrs, koff, rstr, -(-plan.R // BLOCK),
-            base + 4 * K * nk, team.runner()):
-        raise MemoryError("FusedReduce: no memory for the per-block sums")
-    _store(p, buf[nk:], values)
-    return buf[nk:]
-
-
-def _run_blocked(bp: _Blocked, plan: _Plan, inputs: Sequence[np.ndarray], values: dict) -> np.ndarray:
-    """Both passes of ``bp`` in one C call; stores their sums into ``values`` and returns them
-    (pass a's rows, then pass b's). One float32
-    buffer holds pass a's kept registers, pass b's (the derived ones written by the call), then
-    the two passes' sums."""
-    a, b, K = bp.a, bp.b, plan.K
-    na, nb = len(a.kept), len(b.kept)
-    buf = np.empty((na + nb + len(a.batch) + len(b.batch), K), np.float32)
-    _fill_kept(a, plan, values, buf[:na])
-    _fill_kept(b, plan, values, buf[na:na + nb], [j for j, _ in bp.derived])
-    base, row = address(buf), 4 * K
-    ptrs_a = _pointers(a, inputs, base, K)
-    ptrs_b = _pointers(b, inputs, base + row * na, K)
-    out_a = na + nb
-    if bp.fn(K, plan.R, -(-plan.R // BLOCK), len(a.rshape), a.addresses[0], ptrs_a, a.addresses[1],
-             a.addresses[2], base + row * out_a, len(b.rshape), b.addresses[0], ptrs_b,
-             b.addresses[1], b.addresses[2], base + row * (out_a + len(a.batch)), team.runner()):
-        raise MemoryError("FusedReduce: no memory for the per-block sums")
-    _store(a, buf[out_a:out_a + len(a.batch)], values)
-    _store(b, buf[out_a + len(a.batch):], values)
-    return buf[out_a:]
-
-
-def run_fused_reduce_native(a: FusedReduceAttrs, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
-    """The results of ``a`` on ``inputs``; :class:`Unsupported` for bodies the C pass does not
-    cover (full-size results, reductions over different shapes, non-float data)."""
-    inputs = [np.asarray(x) for x in inputs]
-    return run_planned(plan_for(a, inputs), a, inputs)
-
-
-def run_planned(plan: _Plan, a: FusedReduceAttrs, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
-    """:func:`run_fused_reduce_native` with the plan already made for these operands' layouts
-    (:func:`plan_for`): a caller whose layouts are fixed looks it up once."""
-    if plan.tail is not None:
-        sums = run_passes(plan, inputs)  # held until the call has read them
-        return call_small(plan.tail.call, a, tail_addresses(plan, inputs, sums))
-    values: dict[str, np.ndarray] = {}
-    run_passes(plan, inputs, values)
-    out = []
-    types = plan.types
-    for r, shape in zip(a.results, a.out_shapes):
-        d, rshape = types[r]
-        v = values[r]
-        if v.dtype != d.np:
-            v = cast_array(v.astype(d.np), d)
-        if v.shape != rshape:
-            v = np.broadcast_to(v, rshape)
-        out.append(v.reshape(shape) if v.size == math.prod(shape) else np.array(np.broadcast_to(v, shape)))
-    return out
-
-
-def run_passes(plan: _Plan, inputs: Sequence[np.ndarray],
-               values: "dict | None" = None) -> list[np.ndarray]:
-    """Run ``plan``'s steps up to its tail (all of them without one), the registers into
-    ``values``; returns every pass's sums (float32 rows of K, in pass order)."""
-    values = {} if values is None else values
-    values.update(plan.consts)
-    for k, narrow in plan.small:
-        values[f"in{k}"] = inputs[k].astype(np.float32) if narrow else inputs[k]
-    sums = []
-    for step in plan.steps if plan.tail is None else plan.steps[:plan.tail.at]:
-        if step[0] == "pass":
-            sums.append(_run_pass(step[1], plan, inputs, values))
-        elif step[0] == "blocked":
-            sums.append(_run_blocked(step[1], plan, inputs, values))
-        else:
-            _, name, fn, args = step
-            values[name] = fn(*[values[r] for r in args])
-    return sums
-
-
-def tail_addresses(plan: _Plan, inputs: Sequence[np.ndarray], sums: Sequence[np.ndarray]) -> list[int]:
-    """The pointers of ``plan``'s tail call: the per-channel inputs it reads, then the sum rows
-    (``sums`` from :func:`run_passes`)."""
-    rows = [address(s) + 4 * plan.K * i for s in sums for i in range(len(s))]
-    n = len(inputs)
-    return [address(inputs[k]) if k < n else rows[k - n] for k in plan.tail.call.small]
-
-
-__all__ = ["collapse_reduced", "plan_for", "run_fused_reduce_native", "run_passes", "run_planned",
-           "tail_addresses"]
+__all__ = ["BlockedPair", "Pass", "Plan", "Tail", "collapse_reduced", "plan_for"]
