@@ -18,15 +18,15 @@ and reused.
 This module plans; :mod:`.reduce_run` runs the plans.
 
     >>> import numpy as np
-    >>> from l0ops.fused_reduce import FusedReduceAttrs, Instr
+    >>> from l0ops.fused_reduce import FusedReduceAttrs, Instr as I
     >>> from opgraph.core.dtypes import DataType as D
-    >>> body = (Instr(op="mul", args=("in0", "in0"), dtype=D.FLOAT),
-    ...         Instr(op="sum", args=("t0",), dtype=D.FLOAT, shape=(1, 3, 1)))
-    >>> a = FusedReduceAttrs(body=body, results=("t1",), out_shapes=((3,),))
-    >>> x = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    >>> k = dict(dtype=D.FLOAT, shape=(1, 3, 1))   # Σx and Σx² over dims 0 and 2: one pass
+    >>> a = FusedReduceAttrs(body=(I(op="sum", args=("in0",), **k), I(op="mul", args=("in0", "in0"),
+    ...     dtype=D.FLOAT), I(op="sum", args=("t1",), **k)), results=("t0", "t2"), out_shapes=((3,),) * 2)
     >>> ok = __import__("backends.native.build", fromlist=["_"]).availability()[0]
-    >>> [st[0] for st in plan_for(a, [x]).steps] if ok else ["pass"]
-    ['pass']
+    >>> plan = plan_for(a, [np.ones((2, 3, 4), np.float32)]) if ok else None
+    >>> [(st[0], st[1].batch) for st in plan.steps] if ok else [("pass", (0, 2))]
+    [('pass', (0, 2))]
 """
 from __future__ import annotations
 
