@@ -22,6 +22,7 @@ from typing import Any, Callable, Mapping, Optional
 
 import numpy as np
 
+from l0ops.fused import stores_in_place
 from l0ops.interpreter import program as fused_program, run_fused
 from opgraph.core.backend import Addressed, Backend, Executable, LoweringTable
 from opgraph.core.ir import Graph, Node
@@ -228,7 +229,7 @@ class NumpyExecutable(Executable):
             prog = fused_program(node.attrs, args[:-1])
             self.store_program = prog = prog if prog.straight() else False
         dst = args[-1]
-        if prog and dst.flags.writeable and dst.flags.c_contiguous:
+        if prog and stores_in_place(dst):  # as the lowering decides
             prog.run_flat(args[:-1], dst)
             return dst
         return _fused(self, node, args)[0]

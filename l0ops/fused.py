@@ -12,13 +12,15 @@ them.
 """
 from __future__ import annotations
 
+import numpy as np
+
 from opgraph.core.opdef import Fidelity, require
 from opgraph.core.types import TensorType
 from .define import define_op
 from .interpreter import run_fused
 from .primitives import FusedAttrs, Instr, body_lines, reg_types
 
-__all__ = ["FusedAttrs", "FusedElementwise", "Instr"]
+__all__ = ["FusedAttrs", "FusedElementwise", "Instr", "stores_in_place"]
 
 
 def _infer(ts, a: FusedAttrs):
@@ -33,10 +35,20 @@ def _infer(ts, a: FusedAttrs):
     return [TensorType(a.shape, a.out_dtype)]
 
 
+def stores_in_place(dst: np.ndarray) -> bool:
+    """Whether a storing body computes straight into its destination ``dst`` (writable and
+    C-contiguous), rather than into a new array then copied into it.
+
+        >>> stores_in_place(np.zeros((2, 3))), stores_in_place(np.zeros((2, 3)).T)
+        (True, False)
+    """
+    return dst.flags.writeable and dst.flags.c_contiguous
+
+
 def _compute(xs, a: FusedAttrs):
     if a.store:
         dst = xs[-1]
-        if dst.flags.writeable and dst.flags.c_contiguous:
+        if stores_in_place(dst):
             run_fused(a, xs[:-1], out=dst)
         else:
             dst[...] = run_fused(a, xs[:-1])

@@ -38,7 +38,7 @@ from l0ops.fused_reduce import FusedReduceAttrs
 from opgraph.core.ir import Node
 from opgraph.core.backend import Addressed
 from .reduce import plan_for
-from .reduce_run import PassRun, run_passes, run_planned, tail_addresses
+from .reduce_run import PassRun, run_planned, tail_addresses
 from .unsupported import Unsupported
 from .small import SmallCall, call_small, plan_small
 
@@ -92,17 +92,13 @@ class DirectReduce:
             return True
         with np.errstate(all="ignore"):  # the plan is for these layouts: no lookup
             views = [bindings[n].view() for n in self.names]
-            if self.call is None:
-                self._place(bindings, run_planned(self.plan, self.attrs, views))
-            elif self.lock.acquire(blocking=False):
+            if self.passes is not None and self.lock.acquire(blocking=False):
                 try:  # this object's pass buffers and scratch
                     self._finish(bindings, tail_addresses(self.plan, views, self.passes.run(views)))
                 finally:
                     self.lock.release()
-            else:  # another thread is in them: buffers and a scratch of this call's own
-                sums = run_passes(self.plan, views)  # held until the epilogue has read them
-                self._place(bindings, call_small(self.call.plan, self.attrs,
-                                                 tail_addresses(self.plan, views, sums)))
+            else:  # no tail, or another thread is in them: buffers and a scratch of its own
+                self._place(bindings, run_planned(self.plan, self.attrs, views))
         return True
 
     def _compute(self, bindings: Mapping[str, Addressed], addresses: Sequence[int]) -> None:

@@ -19,7 +19,7 @@ one and runs it under a lock. Bit-identical to numpy and the same for any thread
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -51,6 +51,12 @@ def _store(p: Pass, sums: np.ndarray, values: dict) -> None:
         values[name] = (total.astype(narrow).astype(np.float32) if narrow is not None else total).reshape(shape)
 
 
+def _bind(ptrs: Any, p: Pass, inputs: Sequence[np.ndarray]) -> None:
+    """Write the addresses of pass ``p``'s big inputs into the first slots of ``ptrs``."""
+    for j, i in enumerate(p.big):
+        ptrs[j] = address(inputs[i])
+
+
 class _PassCall:
     """One C sweep of pass ``p`` with its float32 buffer (the kept registers' rows, then the
     sums') and its C arguments made once: a call writes the big inputs' addresses and the kept
@@ -70,8 +76,7 @@ class _PassCall:
     def __call__(self, inputs: Sequence[np.ndarray], values: dict) -> np.ndarray:
         p = self.p
         _fill_kept(p, self.plan, values, self.buf)
-        for j, i in enumerate(p.big):
-            self.ptrs[j] = address(inputs[i])
+        _bind(self.ptrs, p, inputs)
         if p.fn(*self.head, team.runner()):
             raise MemoryError("FusedReduce: no memory for the per-block sums")
         if self.store:
@@ -105,10 +110,8 @@ class _BlockedCall:
         a, b = bp.a, bp.b
         _fill_kept(a, plan, values, self.buf[:na])
         _fill_kept(b, plan, values, self.buf[na:na + self.nb], self.skip)
-        for j, i in enumerate(a.big):
-            self.ptrs_a[j] = address(inputs[i])
-        for j, i in enumerate(b.big):
-            self.ptrs_b[j] = address(inputs[i])
+        _bind(self.ptrs_a, a, inputs)
+        _bind(self.ptrs_b, b, inputs)
         if bp.fn(*self.head, team.runner()):
             raise MemoryError("FusedReduce: no memory for the per-block sums")
         if self.store:
@@ -123,7 +126,7 @@ class PassRun:
     registers into ``values`` (the last pass's sums only without a tail, which reads them from
     their rows) and returns every pass's sums, rows of its buffers that the next run
     overwrites: one run at a time (a caller that shares a PassRun holds a lock; a run of its
-    own makes a new one, as :func:`run_passes` does)."""
+    own makes a new one, as :func:`run_planned` does)."""
 
     def __init__(self, plan: Plan) -> None:
         self.plan = plan
@@ -166,11 +169,10 @@ def run_fused_reduce_native(a: FusedReduceAttrs, inputs: Sequence[np.ndarray]) -
 def run_planned(plan: Plan, a: FusedReduceAttrs, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
     """:func:`run_fused_reduce_native` with the plan already made for these operands' layouts
     (:func:`plan_for`): a caller whose layouts are fixed looks it up once."""
-    if plan.tail is not None:
-        sums = run_passes(plan, inputs)  # held until the call has read them
-        return call_small(plan.tail.call, a, tail_addresses(plan, inputs, sums))
     values: dict[str, np.ndarray] = {}
-    run_passes(plan, inputs, values)
+    sums = PassRun(plan).run(inputs, values)  # held until the tail call has read them
+    if plan.tail is not None:
+        return call_small(plan.tail.call, a, tail_addresses(plan, inputs, sums))
     out = []
     types = plan.types
     for r, shape in zip(a.results, a.out_shapes):
@@ -184,19 +186,12 @@ def run_planned(plan: Plan, a: FusedReduceAttrs, inputs: Sequence[np.ndarray]) -
     return out
 
 
-def run_passes(plan: Plan, inputs: Sequence[np.ndarray],
-               values: "dict | None" = None) -> list[np.ndarray]:
-    """Run ``plan``'s steps up to its tail (all of them without one) on buffers of their own
-    (:class:`PassRun`), the registers into ``values``; returns every pass's sums."""
-    return PassRun(plan).run(inputs, values)
-
-
 def tail_addresses(plan: Plan, inputs: Sequence[np.ndarray], sums: Sequence[np.ndarray]) -> list[int]:
     """The pointers of ``plan``'s tail call: the per-channel inputs it reads, then the sum rows
-    (``sums`` from :func:`run_passes`)."""
+    (``sums`` from :meth:`PassRun.run`)."""
     rows = [address(s) + 4 * plan.K * i for s in sums for i in range(len(s))]
     n = len(inputs)
     return [address(inputs[k]) if k < n else rows[k - n] for k in plan.tail.call.small]
 
 
-__all__ = ["PassRun", "run_fused_reduce_native", "run_passes", "run_planned", "tail_addresses"]
+__all__ = ["PassRun", "run_fused_reduce_native", "run_planned", "tail_addresses"]
