@@ -18,6 +18,7 @@ import opgraph  # noqa: E402
 from backends import native  # noqa: E402
 from backends.numpy_backend import NumpyBackend  # noqa: E402
 from opgraph.aclnn.cache import EXECUTOR_CACHE  # noqa: E402
+from opgraph.aclnn.direct import NUMPY_CALLS  # noqa: E402
 from opgraph.core.status import AclnnError  # noqa: E402
 from opgraph.torch import direct, kernels as K  # noqa: E402
 
@@ -63,9 +64,10 @@ def nan_empty(shape, strides, dtype):
 @pytest.fixture
 def calls(monkeypatch):
     """A fresh direct-call cache whose outputs start as NaN."""
-    fresh = direct.DirectCalls()
+    fresh = direct.DirectCalls(direct.TORCH)
     monkeypatch.setattr(K, "DIRECT_CALLS", fresh)
     monkeypatch.setattr(direct, "_EMPTY", nan_empty)
+    monkeypatch.setattr(NUMPY_CALLS, "enabled", False)  # the usual call under the torch layer's
     return fresh
 
 
@@ -221,7 +223,7 @@ def test_threads_share_a_learnt_call(calls, shape):
 
 
 def test_the_cache_is_bounded():
-    calls = direct.DirectCalls(capacity=2)
+    calls = direct.DirectCalls(direct.TORCH, capacity=2)
     with K.on("numpy"):
         for n in (2, 3, 4):
             calls.call("aclnnBatchNormStats", (torch.ones(2, n), EPS), lambda: [])

@@ -51,6 +51,7 @@ from opgraph.core.status import AclnnError, Status
 from opgraph.core.tensor import Tensor, tensor
 from .common import (F32, MAX_RANK, check_dtype, check_not_private, check_rank, float_dtypes,
                      invalid, require_kernel)
+from .direct import NUMPY_CALLS
 from .pythonic import as_tensor, result, run_op_api
 from .twophase import op_api, run_executor
 
@@ -234,6 +235,16 @@ def batch_norm_elemt(input: Any, weight: Any, bias: Any, mean: Any, invstd: Any,
     >>> y.ravel().tolist()
     [-0.5, 0.0, 1.0, 3.0, 1.5, 2.0, 9.0, 11.0]
     """
+    args = (input, weight, bias, mean, invstd, eps)
+    if out is not None:  # the caller's array: the usual call checks and writes it
+        return _batch_norm_elemt(*args, out)
+    return NUMPY_CALLS.call("aclnnBatchNormElemt", args,
+                            lambda: [_batch_norm_elemt(*args, None)])[0]
+
+
+def _batch_norm_elemt(input: Any, weight: Any, bias: Any, mean: Any, invstd: Any, eps: float,
+                     out: "np.ndarray | Tensor | None" = None) -> np.ndarray:
+    """The usual two-phase call of :func:`batch_norm_elemt`."""
     args = [as_tensor(n, a) for n, a in zip(("input", "weight", "bias", "mean", "invstd"),
                                              (input, weight, bias, mean, invstd))]
     x = args[0]
@@ -253,4 +264,3 @@ def _as_output(out: Any, fmt: Format) -> Tensor:
     except (TypeError, ValueError) as e:
         raise AclnnError(Status.ACLNN_ERR_PARAM_INVALID,
                          f"out: cannot be used as a tensor ({type(out).__name__}): {e}") from None
-

@@ -31,6 +31,7 @@ from opgraph.core.opapi import Arrays, InputConfig, Option, Param
 from opgraph.core.platform import PRESETS, Platform
 from opgraph.core.tensor import Tensor
 from .common import F16, F32, MAX_RANK, S32, check_dtype, float_dtypes, invalid, require_kernel
+from .direct import NUMPY_CALLS
 from .pythonic import as_tensor, output, require_input, result, run_op_api
 from .twophase import check_not_null, op_api, run_executor
 
@@ -193,6 +194,17 @@ def batch_norm_elemt_backward(grad_out: Any, input: Any, mean: Any, invstd: Any,
     >>> np.allclose(y, 0.9 * x)
     True
     """
+    args = (grad_out, input, mean, invstd, weight, sum_dy, sum_dy_xmu, counter)
+    if out is not None:  # the caller's array: the usual call checks and writes it
+        return _batch_norm_elemt_backward(*args, out)
+    return NUMPY_CALLS.call("aclnnBatchNormElemtBackward", args,
+                            lambda: [_batch_norm_elemt_backward(*args, None)])[0]
+
+
+def _batch_norm_elemt_backward(grad_out: Any, input: Any, mean: Any, invstd: Any, weight: Any,
+                              sum_dy: Any, sum_dy_xmu: Any, counter: Any,
+                              out: "np.ndarray | Tensor | None" = None) -> np.ndarray:
+    """The usual two-phase call of :func:`batch_norm_elemt_backward`."""
     names = ("grad_out", "input", "mean", "invstd", "weight", "sum_dy", "sum_dy_xmu", "counter")
     args = [as_tensor(n, a) for n, a in zip(names, (grad_out, input, mean, invstd, weight, sum_dy,
                                                      sum_dy_xmu, counter))]

@@ -60,6 +60,7 @@ from opgraph.core.status import AclnnError, Status
 from opgraph.core.tensor import Tensor
 from .common import (F32, check_channel_vector, check_dtype, check_not_private, check_rank,
                      float_dtypes, invalid, require_kernel)
+from .direct import NUMPY_CALLS
 from .pythonic import as_tensor, output, require_input, result, run_op_api
 from .twophase import check_not_null, op_api, run_executor
 
@@ -329,6 +330,15 @@ def batch_norm_gather_stats_with_counts(input: Any, mean: Any, invstd: Any, runn
     >>> m.tolist(), rm.tolist(), [round(float(v), 4) for v in rv]
     ([1.5, 2.5], [0.75, 1.25], [1.6667, 1.6667])
     """
+    args = (input, mean, invstd, running_mean, running_var, momentum, eps, counts)
+    return tuple(NUMPY_CALLS.call("aclnnBatchNormGatherStatsWithCounts", args,
+                                  lambda: _batch_norm_gather_stats_with_counts(*args)))
+
+
+def _batch_norm_gather_stats_with_counts(input: Any, mean: Any, invstd: Any, running_mean: Any,
+                                        running_var: Any, momentum: float, eps: float,
+                                        counts: Any) -> tuple[np.ndarray, np.ndarray]:
+    """The usual two-phase call of :func:`batch_norm_gather_stats_with_counts`."""
     names = ("input", "mean", "invstd", "running_mean", "running_var", "counts")
     x, m, i, rm, rv, c = (as_tensor(n, a) for n, a in zip(
         names, (input, mean, invstd, running_mean, running_var, counts)))

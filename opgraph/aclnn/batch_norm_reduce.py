@@ -45,6 +45,7 @@ from opgraph.core.platform import Platform
 from opgraph.core.status import AclnnError, Status
 from opgraph.core.tensor import Tensor, tensor
 from .common import BF16, F16, F32, check_dtype, invalid, require_kernel
+from .direct import NUMPY_CALLS
 from .pythonic import as_tensor, require_input, result, run_op_api
 from .twophase import check_not_null, op_api, run_executor
 
@@ -180,6 +181,12 @@ def batch_norm_reduce(input: Any) -> tuple[np.ndarray, np.ndarray]:
     >>> [a.tolist() for a in batch_norm_reduce(x)]
     [[6.0, 22.0], [14.0, 126.0]]
     """
+    args = (input,)
+    return tuple(NUMPY_CALLS.call("aclnnBatchNormReduce", args, lambda: _batch_norm_reduce(*args)))
+
+
+def _batch_norm_reduce(input: Any) -> tuple[np.ndarray, np.ndarray]:
+    """The usual two-phase call of :func:`batch_norm_reduce`."""
     t = require_input("input", as_tensor("input", input))
     if not isinstance(input, Tensor):  # numpy data: tag it NCHW
         t = Tensor(t.storage, t.shape, t.strides, t.offset, Format.NCHW, t.storage_shape,

@@ -50,6 +50,7 @@ from opgraph.core.status import AclnnError, Status
 from opgraph.core.tensor import Tensor
 from .common import (BF16, F16, F32, MAX_RANK, check_dtype, check_not_private, check_rank, invalid,
                      require_kernel)
+from .direct import NUMPY_CALLS
 from .pythonic import as_tensor, output, result, run_op_api
 from .twophase import check_not_null, op_api, run_executor
 
@@ -238,6 +239,15 @@ def batch_norm_backward_reduce(grad_out: Any, input: Any, mean: Any, invstd: Any
     >>> [None if v is None else v.tolist() for v in r]
     [[3.0, 3.0], [0.0, 0.0], None, [3.0, 3.0]]
     """
+    args = (grad_out, input, mean, invstd, weight, input_g, weight_g, bias_g)
+    return tuple(NUMPY_CALLS.call("aclnnBatchNormReduceBackward", args,
+                                  lambda: _batch_norm_backward_reduce(*args)))
+
+
+def _batch_norm_backward_reduce(grad_out: Any, input: Any, mean: Any, invstd: Any, weight: Any,
+                               input_g: bool, weight_g: bool, bias_g: bool
+                               ) -> tuple[Optional[np.ndarray], ...]:
+    """The usual two-phase call of :func:`batch_norm_backward_reduce`."""
     names = ("grad_out", "input", "mean", "invstd", "weight")
     args = [as_tensor(n, a) for n, a in zip(names, (grad_out, input, mean, invstd, weight))]
     x, m = args[1], args[2]

@@ -43,6 +43,7 @@ from opgraph.core.platform import Platform
 from opgraph.core.tensor import Tensor
 from .common import (BF16, F16, F32, MAX_RANK, check_channel_vector, check_dtype, check_not_private,
                      check_rank, invalid, require_kernel)
+from .direct import NUMPY_CALLS
 from .pythonic import as_tensor, output, require_input, result, run_op_api
 from .twophase import check_not_null, op_api, run_executor
 
@@ -170,6 +171,12 @@ def batch_norm_stats(input: Any, eps: float) -> tuple[np.ndarray, np.ndarray]:
     >>> mean.dtype, mean.tolist(), np.allclose(invstd, 1 / np.sqrt(8 / 3 + 1e-5))
     (dtype('float32'), [3.0, 4.0], True)
     """
+    args = (input, eps)
+    return tuple(NUMPY_CALLS.call("aclnnBatchNormStats", args, lambda: _batch_norm_stats(*args)))
+
+
+def _batch_norm_stats(input: Any, eps: float) -> tuple[np.ndarray, np.ndarray]:
+    """The usual two-phase call of :func:`batch_norm_stats`."""
     x = require_input("input", as_tensor("input", input))
     C = x.shape[1] if x.ndim >= 2 else 0
     mean, mean_t = output("mean", None, (C,), F32)

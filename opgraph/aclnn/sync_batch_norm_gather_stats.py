@@ -37,6 +37,7 @@ from opgraph.core.opapi import Arrays, InputConfig, Option, Param
 from opgraph.core.platform import Platform
 from opgraph.core.tensor import Tensor
 from .common import BF16, F16, F32, S32, check_dtype, check_not_private, invalid, require_kernel
+from .direct import NUMPY_CALLS
 from .pythonic import as_tensor, output, require_input, run_op_api
 from .twophase import check_not_null, op_api, run_executor
 
@@ -196,6 +197,14 @@ def sync_batch_norm_gather_stats(total_sum: Any, total_square_sum: Any, sample_c
     >>> bm.tolist(), bi.tolist(), rm.tolist()            # var 1 per channel, unbiased 2
     ([2.0, 3.0], [1.0, 1.0], [0.20000000298023224, 0.30000001192092896])
     """
+    args = (total_sum, total_square_sum, sample_count, mean, variance, momentum, eps)
+    return tuple(NUMPY_CALLS.call("aclnnSyncBatchNormGatherStats", args,
+                                  lambda: _sync_batch_norm_gather_stats(*args)))
+
+
+def _sync_batch_norm_gather_stats(total_sum: Any, total_square_sum: Any, sample_count: Any, mean: Any,
+                                 variance: Any, momentum: float, eps: float) -> tuple[np.ndarray, np.ndarray]:
+    """The usual two-phase call of :func:`sync_batch_norm_gather_stats`."""
     names = ("total_sum", "total_square_sum", "sample_count", "mean", "variance")
     args = [as_tensor(n, a) for n, a in zip(names, (total_sum, total_square_sum, sample_count, mean,
                                                      variance))]
