@@ -64,13 +64,17 @@ FUNCTIONS = (ops.batch_norm_stats, ops.batch_norm_gather_stats_with_counts, ops.
              ops.sync_batch_norm_gather_stats)
 
 
-_MAKE = direct.Arrays.make
+_MAKER = direct.Arrays.maker
 
 
-def nan_make(self, spec):
-    out = _MAKE(self, spec)
-    out[...] = np.nan
-    return out
+def nan_maker(self, shape, strides, dtype):
+    make = _MAKER(self, shape, strides, dtype)
+
+    def filled():
+        out = make()
+        out[...] = np.nan
+        return out
+    return None if make is None else filled
 
 
 @pytest.fixture
@@ -79,7 +83,7 @@ def calls(monkeypatch):
     fresh = direct.DirectCalls(direct.NUMPY)
     for f in FUNCTIONS:
         monkeypatch.setattr(f"{f.__module__}.NUMPY_CALLS", fresh)
-    monkeypatch.setattr(direct.Arrays, "make", nan_make)
+    monkeypatch.setattr(direct.Arrays, "maker", nan_maker)
     return fresh
 
 
@@ -253,8 +257,8 @@ def test_empty_inputs_give_what_the_usual_call_gives(calls):
     assert np.isnan(want[1]).all() and (want[3] == 0).all()  # the op_apis' fills
 
 
-def test_a_strided_output_spec_makes_that_layout():
-    spec = direct.NUMPY.spec((2, 3), (1, 4), DataType.FLOAT16)  # columns 4 elements apart
-    out = direct.Arrays.make(direct.NUMPY, spec)
+def test_an_output_maker_makes_phase_1s_layout():
+    out = _MAKER(direct.NUMPY, (2, 3), (1, 4), DataType.FLOAT16)()  # columns 4 elements apart
     assert out.shape == (2, 3) and out.strides == (2, 8) and out.flags.writeable
-    assert direct.NUMPY.spec((2, 1, 3), (3, 7, 1), DataType.FLOAT) == ((2, 1, 3), np.dtype(F32))
+    row = _MAKER(direct.NUMPY, (2, 1, 3), (3, 7, 1), DataType.FLOAT)()  # a size-1 dim's stride
+    assert row.flags.c_contiguous and row.dtype == F32 and row.shape == (2, 1, 3)

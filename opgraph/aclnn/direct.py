@@ -27,6 +27,7 @@ torch tensors); :data:`NUMPY_CALLS` serves the Pythonic API (``opgraph.ops``).
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator, Mapping
 from typing import Any, Callable, Hashable, Optional, Sequence
 
@@ -46,6 +47,24 @@ except ImportError:  # numpy 1.x
     from numpy import byte_bounds  # type: ignore[attr-defined,no-redef]
 
 
+class Bound:
+    """A numpy array as the executable reads a binding: the protocol
+    :class:`opgraph.core.backend.Addressed` (its address made only when asked: native reads
+    it, numpy does not)."""
+
+    __slots__ = ("x",)
+
+    def __init__(self, x: np.ndarray) -> None:
+        self.x = x
+
+    @property
+    def data_address(self) -> int:
+        return array_address(self.x)
+
+    def view(self) -> np.ndarray:
+        return self.x
+
+
 class Arrays:
     """How direct calls read and make one kind of array — here numpy arrays (a subclass of
     ``np.ndarray`` is never keyed: its operators may differ).
@@ -53,12 +72,13 @@ class Arrays:
         >>> a = np.zeros((2, 3), np.float32)
         >>> NUMPY.metadata(a)
         (dtype('float32'), (2, 3), (12, 4))
-        >>> out = NUMPY.make(NUMPY.spec((3, 2), (1, 3), DataType.FLOAT))  # column-major
+        >>> out = NUMPY.maker((3, 2), (1, 3), DataType.FLOAT)()  # column-major
         >>> out.shape, out.strides
         ((3, 2), (4, 12))
     """
 
     kinds: tuple[type, ...] = (np.ndarray,)
+    bound: Callable[[Any], Any] = Bound  # a binding of an argument or output
 
     def metadata(self, a: Any) -> Optional[Hashable]:
         """What phase 1 depends on of array ``a``: dtype, shape, strides (None: never direct)."""
@@ -68,10 +88,6 @@ class Arrays:
         """The address of ``a``'s first element."""
         return array_address(a)
 
-    def view(self, a: Any) -> np.ndarray:
-        """``a`` as a numpy array sharing its memory."""
-        return a
-
     def span(self, a: Any) -> tuple[int, int]:
         """The bytes ``[lo, hi)`` ``a`` spans."""
         return byte_bounds(a)
@@ -79,21 +95,19 @@ class Arrays:
     def writable(self, a: Any) -> bool:
         return bool(a.flags.writeable)
 
-    def spec(self, shape: tuple[int, ...], strides: tuple[int, ...], dtype: DataType) -> Optional[tuple]:
-        """What :meth:`make` needs for a new output like phase 1's (element ``strides``, never
+    def maker(self, shape: tuple[int, ...], strides: tuple[int, ...],
+              dtype: DataType) -> Optional[Callable[[], Any]]:
+        """What makes a new uninitialised output like phase 1's (element ``strides``, never
         negative in a new output); None for a dtype this kind cannot hold."""
         d = dtype.np
         if all(s == r for s, r, n in zip(strides, _row_major(shape), shape) if n > 1):
-            return (shape, d)
+            return functools.partial(np.empty, shape, d)
         extent = 1 + sum((n - 1) * s for n, s in zip(shape, strides)) if 0 not in shape else 0
-        return (shape, d, tuple(s * d.itemsize for s in strides), extent)
+        return functools.partial(_strided, shape, d, tuple(s * d.itemsize for s in strides), extent)
 
-    def make(self, spec: tuple) -> np.ndarray:
-        """A new uninitialised output of :meth:`spec`'s layout."""
-        if len(spec) == 2:
-            return np.empty(spec[0], spec[1])
-        shape, d, strides, extent = spec
-        return np.lib.stride_tricks.as_strided(np.empty(extent, d), shape, strides)
+
+def _strided(shape: tuple[int, ...], d: np.dtype, strides: tuple[int, ...], extent: int) -> np.ndarray:
+    return np.lib.stride_tricks.as_strided(np.empty(extent, d), shape, strides)
 
 
 def _row_major(shape: tuple[int, ...]) -> list[int]:
@@ -107,34 +121,17 @@ def _row_major(shape: tuple[int, ...]) -> list[int]:
 NUMPY = Arrays()
 
 
-class _Bound:
-    """An array as the executable reads a binding (``data_address``, ``view()``): the protocol
-    :class:`opgraph.core.backend.Addressed`."""
-
-    __slots__ = ("x", "arrays")
-
-    def __init__(self, x: Any, arrays: Arrays) -> None:
-        self.x, self.arrays = x, arrays
-
-    @property
-    def data_address(self) -> int:  # read by native, not by numpy: made when asked
-        return self.arrays.address(self.x)
-
-    def view(self) -> np.ndarray:
-        return self.arrays.view(self.x)
-
-
 class _Bindings(Mapping):
-    """The graph inputs by name, each argument at its position as :class:`_Bound`, made when
-    the executable asks for it."""
+    """The graph inputs by name, each argument at its position as its kind's binding
+    (:attr:`Arrays.bound`), made when the executable asks for it."""
 
-    __slots__ = ("args", "positions", "arrays")
+    __slots__ = ("args", "positions", "bound")
 
-    def __init__(self, args: tuple, positions: dict[str, int], arrays: Arrays) -> None:
-        self.args, self.positions, self.arrays = args, positions, arrays
+    def __init__(self, args: tuple, positions: dict[str, int], bound: Callable[[Any], Any]) -> None:
+        self.args, self.positions, self.bound = args, positions, bound
 
-    def __getitem__(self, name: str) -> _Bound:
-        return _Bound(self.args[self.positions[name]], self.arrays)
+    def __getitem__(self, name: str) -> Any:
+        return self.bound(self.args[self.positions[name]])
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.positions)
@@ -145,7 +142,7 @@ class _Bindings(Mapping):
 
 class _Entry:
     """A learnt call: the executable that runs it direct, the argument position each graph
-    input binds (outputs after the caller's arguments), each output's :meth:`Arrays.spec` or
+    input binds (outputs after the caller's arguments), each output's :meth:`Arrays.maker` or
     None (a NULL output), and the written caller arguments (checked before a run)."""
 
     __slots__ = ("exe", "positions", "outputs", "written")
@@ -160,9 +157,8 @@ class _Entry:
         written, exe = self.written, self.exe
         if exe is None or (written and not _apart([args[i] for i in written], arrays)):
             return None
-        make = arrays.make
-        outs = [None if o is None else make(o) for o in self.outputs]
-        if not exe.run_direct(_Bindings((*args, *outs), self.positions, arrays)):
+        outs = [None if make is None else make() for make in self.outputs]
+        if not exe.run_direct(_Bindings((*args, *outs), self.positions, arrays.bound)):
             self.exe = None
             return None
         return outs
@@ -216,10 +212,10 @@ def _learn(watch: _Watch, args: tuple, arrays: Arrays) -> _Entry:
         if p is None:
             outputs.append(None)
             continue
-        spec = arrays.spec(p.shape, p.strides, p.dtype) if isinstance(p, OpTensor) else None
-        if spec is None:
+        make = arrays.maker(p.shape, p.strides, p.dtype) if isinstance(p, OpTensor) else None
+        if make is None:
             return NOT_DIRECT
-        outputs.append(spec)
+        outputs.append(make)
     cached = CachedOp.of(ex, pargs)
     written = tuple(i for i in cached.written if i < n)
     return _Entry(exe, dict(cached.positions), tuple(outputs), written)
@@ -281,4 +277,4 @@ class DirectCalls:
 
 NUMPY_CALLS = DirectCalls(NUMPY)  # the Pythonic API's (opgraph.ops) on numpy arrays
 
-__all__ = ["Arrays", "DirectCalls", "NOT_DIRECT", "NUMPY", "NUMPY_CALLS"]
+__all__ = ["Arrays", "Bound", "DirectCalls", "NOT_DIRECT", "NUMPY", "NUMPY_CALLS"]

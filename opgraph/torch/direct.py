@@ -15,16 +15,32 @@ set, is never keyed.
 """
 from __future__ import annotations
 
-from typing import Any, Hashable, Optional, Sequence
+import functools
+from typing import Any, Callable, Hashable, Optional, Sequence
 
 import numpy as np
 import torch
 
 from opgraph.aclnn.direct import Arrays, DirectCalls
 from opgraph.core.dtypes import DataType
+from opgraph.core.tensor import array_address
 from .arrays import DTYPES, as_numpy
 
 Tensor = torch.Tensor
+
+
+class TorchBound:
+    """A torch tensor or numpy array as the executable reads a binding (``data_address``,
+    ``view()``): the protocol :class:`opgraph.core.backend.Addressed`."""
+
+    __slots__ = ("x", "data_address")
+
+    def __init__(self, x: Any) -> None:
+        self.x = x
+        self.data_address = x.data_ptr() if isinstance(x, Tensor) else array_address(x)
+
+    def view(self) -> np.ndarray:
+        return as_numpy(self.x)
 
 
 class TorchArrays(Arrays):
@@ -32,6 +48,7 @@ class TorchArrays(Arrays):
     new outputs are torch tensors (:func:`torch.empty_strided`)."""
 
     kinds = (Tensor, np.ndarray)
+    bound = TorchBound
 
     def metadata(self, a: Any) -> Optional[Hashable]:
         """A torch tensor's or numpy array's dtype, shape and strides (None: a torch tensor off
@@ -46,9 +63,6 @@ class TorchArrays(Arrays):
     def address(self, a: Any) -> int:
         return a.data_ptr() if isinstance(a, Tensor) else super().address(a)
 
-    def view(self, a: Any) -> np.ndarray:
-        return as_numpy(a)
-
     def span(self, a: Any) -> tuple[int, int]:
         """A numpy array's ``byte_bounds``, or a torch tensor's bytes from its first element
         and its strides (never negative in torch)."""
@@ -62,19 +76,13 @@ class TorchArrays(Arrays):
     def writable(self, a: Any) -> bool:
         return True if isinstance(a, Tensor) else super().writable(a)
 
-    def spec(self, shape: tuple[int, ...], strides: tuple[int, ...], dtype: DataType) -> Optional[tuple]:
+    def maker(self, shape: tuple[int, ...], strides: tuple[int, ...],
+              dtype: DataType) -> Optional[Callable[[], Tensor]]:
         d = DTYPES.get(dtype.np.name)
-        return None if d is None else (shape, strides, d)
-
-    def make(self, spec: tuple) -> Tensor:
-        return _EMPTY(*spec)
+        return None if d is None else functools.partial(_EMPTY, shape, strides, dtype=d)
 
 
-def _empty(shape: Sequence[int], strides: Sequence[int], dtype: torch.dtype) -> Tensor:
-    return torch.empty_strided(shape, strides, dtype=dtype)
-
-
-_EMPTY = _empty  # (a test fills the outputs with NaN instead: every one is written)
+_EMPTY = torch.empty_strided  # (a test fills the outputs with NaN instead: every one is written)
 TORCH = TorchArrays()
 DIRECT_CALLS = DirectCalls(TORCH)
 
@@ -89,4 +97,4 @@ def call_key(name: str, args: Sequence[Any]) -> Optional[tuple]:
     return DIRECT_CALLS.key(name, args)
 
 
-__all__ = ["DIRECT_CALLS", "TORCH", "TorchArrays", "call_key"]
+__all__ = ["DIRECT_CALLS", "TORCH", "TorchArrays", "TorchBound", "call_key"]
