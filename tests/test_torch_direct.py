@@ -166,9 +166,9 @@ def test_running_stats_sharing_memory_take_the_usual_call(calls, aliasing):
         for _ in range(2):
             K.batch_norm_gather_stats_with_counts(x, mean, invstd, torch.zeros(C), torch.ones(C),
                                                   0.1, EPS, counts)
-    hits = EXECUTOR_CACHE.hits
+    before = EXECUTOR_CACHE.hits + EXECUTOR_CACHE.misses
     got = gather(True)
-    assert EXECUTOR_CACHE.hits > hits or aliasing == "same"  # overlapping: phase 1 ran
+    assert EXECUTOR_CACHE.hits + EXECUTOR_CACHE.misses > before  # phase 1 ran
     assert same(got, gather(False))
 
 
