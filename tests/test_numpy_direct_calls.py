@@ -8,8 +8,6 @@ that must take the usual call: an opgraph Tensor argument, a caller's ``out``, a
 capture, read-only or overlapping running statistics, bad input, an ndarray subclass."""
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 import pytest
 
@@ -19,6 +17,7 @@ from opgraph.aclnn import direct
 from opgraph.aclnn.cache import EXECUTOR_CACHE
 from opgraph.core.dtypes import DataType
 from opgraph.core.status import AclnnError
+from threads import hammer
 
 EPS = 1e-5
 SMALL, LARGE = (4, 3, 5, 3), (4, 3, 40, 40)  # below and above the native min_elements (4096)
@@ -221,24 +220,8 @@ def test_threads_share_a_learnt_call(calls, shape):
     with opgraph.use_backend("native"):
         want = [both(x) for x in xs]
     calls.enabled = True
-    got, errors = {}, []
-
-    def work(k):
-        try:
-            with opgraph.use_backend("native"):
-                for _ in range(40):
-                    got[k] = both(xs[k])
-                    if not same(got[k], want[k]):
-                        errors.append(k)
-                        return
-        except Exception as e:  # reported below
-            errors.append(e)
-
-    threads = [threading.Thread(target=work, args=(k,)) for k in range(len(xs))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
+    got, errors = hammer(lambda k: both(xs[k]), want, same, rounds=40,
+                         context=lambda: opgraph.use_backend("native"))
     assert not errors and len(got) == len(xs) and len(calls) == 2
 
 

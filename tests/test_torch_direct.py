@@ -7,8 +7,6 @@ direct run skips phase 1; and every case that must take the usual call: another 
 active capture, in-out tensors sharing memory, a tensor opgraph cannot view, bad input, threads."""
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 import pytest
 
@@ -21,6 +19,7 @@ from opgraph.aclnn.cache import EXECUTOR_CACHE  # noqa: E402
 from opgraph.aclnn.direct import NUMPY_CALLS  # noqa: E402
 from opgraph.core.status import AclnnError  # noqa: E402
 from opgraph.torch import direct, kernels as K  # noqa: E402
+from threads import hammer  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not native.available(), reason="no C compiler for the native backend")
 EPS = 1e-5
@@ -201,24 +200,8 @@ def test_threads_share_a_learnt_call(calls, shape):
     with K.on("native", "Ascend910B"):
         want = [both(x) for x in xs]
     calls.enabled = True
-    got, errors = {}, []
-
-    def work(k):
-        try:
-            with K.on("native", "Ascend910B"):
-                for _ in range(60):
-                    got[k] = both(xs[k])
-                    if not same(got[k], want[k]):
-                        errors.append(k)
-                        return
-        except Exception as e:  # reported below
-            errors.append(e)
-
-    threads = [threading.Thread(target=work, args=(k,)) for k in range(len(xs))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
+    got, errors = hammer(lambda k: both(xs[k]), want, same, rounds=60,
+                         context=lambda: K.on("native", "Ascend910B"))
     assert not errors and len(got) == len(xs) and len(calls) == 2
 
 
