@@ -1,5 +1,7 @@
 """The Pythonic API: torch's names and argument orders, numpy arrays in and out, ``AclnnError``
-on bad input. Each function lives next to its op_api (``opgraph/aclnn/<op_api>.py``).
+on bad input. Each function lives next to its op_api (``opgraph/aclnn/<op_api>.py``). A call
+repeated with arrays of the same metadata runs its compiled program straight from their memory
+(:mod:`opgraph.aclnn.direct`: the same program, the same bits, none of phase 1's work).
 
     >>> import numpy as np
     >>> x = np.arange(8, dtype=np.float32).reshape(1, 2, 4)
