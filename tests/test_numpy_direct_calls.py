@@ -245,3 +245,14 @@ def test_an_output_maker_makes_phase_1s_layout():
     assert out.shape == (2, 3) and out.strides == (2, 8) and out.flags.writeable
     row = _MAKER(direct.NUMPY, (2, 1, 3), (3, 7, 1), DataType.FLOAT)()  # a size-1 dim's stride
     assert row.flags.c_contiguous and row.dtype == F32 and row.shape == (2, 1, 3)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("platform", ["Ascend910B", "Ascend950"])
+def test_the_whole_family_on_empty_inputs_gives_what_the_usual_call_gives(calls, backend, platform):
+    args = inputs((0, 3, 4, 4), F32)
+    want = run(calls, False, args, backend, platform)
+    learnt = run(calls, True, args, backend, platform)
+    again = run(calls, True, args, backend, platform)
+    assert same(learnt, want) and same(again, want)
+    assert len(calls) == 7  # learnt (most as not direct: an empty input's program launches none)
