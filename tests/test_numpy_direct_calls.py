@@ -255,4 +255,4 @@ def test_the_whole_family_on_empty_inputs_gives_what_the_usual_call_gives(calls,
     learnt = run(calls, True, args, backend, platform)
     again = run(calls, True, args, backend, platform)
     assert same(learnt, want) and same(again, want)
-    assert len(calls) == 7  # learnt (most as not direct: an empty input's program launches none)
+    assert len(calls) == 7  # learnt (most not direct: an empty array is not bound at its own address)
