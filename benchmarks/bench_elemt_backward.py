@@ -15,7 +15,8 @@ Every variant reads the same input arrays and writes the same output array (torc
 ``out=`` / ``copy_``, which inductor stores into directly), all on huge pages
 (``bench_common.on_huge_pages``): on this VM 4 KiB pages made the same kernel up to 2.8x slower.
 Also: per-call latency for the small shape (the first call of a structure, a new shape of it,
-a cached call) and peak extra memory (tracemalloc).
+a cached call; ``opgraph.ops`` on arrays of a seen layout, usual and direct) and peak extra memory
+(tracemalloc).
 
     python benchmarks/bench_elemt_backward.py            # full run (a few minutes)
     python benchmarks/bench_elemt_backward.py --quick    # smaller shapes, fewer repeats
@@ -37,6 +38,7 @@ import opgraph
 from opgraph.aclnn import aclnnBatchNormElemtBackward as phase2
 from opgraph.aclnn import aclnnBatchNormElemtBackwardGetWorkspaceSize as phase1
 from opgraph.aclnn.cache import EXECUTOR_CACHE
+from opgraph.aclnn.direct import NUMPY_CALLS
 from opgraph.aclnn.structure import STRUCTURE_CACHE
 from bench_common import backends_here, c_floor_variant, on_huge_pages, steady_time
 
@@ -183,7 +185,7 @@ def bench_latency(reps: int) -> None:
     cases = []
     for shape in shapes:
         arrays, out = make_inputs(shape, np.float32)
-        cases.append(([opgraph.tensor(a) for a in arrays], opgraph.tensor(out)))
+        cases.append(([opgraph.tensor(a) for a in arrays], opgraph.tensor(out), arrays))
     print("\nper-call latency, shape [n,2,4] fp32 (phase 1 + phase 2), medians:")
     for backend in backends_here():
         for level in (0, 1, 2):
@@ -210,6 +212,29 @@ def bench_latency(reps: int) -> None:
                   f"{statistics.median(first) * 1e6:8.1f} µs   new shape "
                   f"{statistics.median(new) * 1e6:7.1f} µs   cached "
                   f"{statistics.median(cached) * 1e6:7.1f} µs  (shape [1,2,4])")
+        usual, direct = pythonic_latency(backend, cases[0][2], reps)
+        print(f"  {backend:6s} opgraph.ops, arrays of a seen layout: usual call {usual * 1e6:7.1f} µs"
+              f"   direct call {direct * 1e6:7.1f} µs  (shape [1,2,4], level 2)")
+
+
+def pythonic_latency(backend: str, arrays: list, reps: int) -> tuple[float, float]:
+    """Medians of ``opgraph.ops.batch_norm_elemt_backward`` on numpy arrays whose layout it has
+    seen: through phase 1 and 2 (direct calls off) and direct, alternating in blocks."""
+    times: dict[bool, list[float]] = {False: [], True: []}
+    was = NUMPY_CALLS.enabled
+    try:
+        with opgraph.opt_level(2), opgraph.use_backend(backend):
+            for _ in range(reps):
+                for on in (False, True):
+                    NUMPY_CALLS.enabled = on
+                    opgraph.ops.batch_norm_elemt_backward(*arrays)
+                    t0 = time.perf_counter()
+                    for _ in range(5):
+                        opgraph.ops.batch_norm_elemt_backward(*arrays)
+                    times[on].append((time.perf_counter() - t0) / 5)
+    finally:
+        NUMPY_CALLS.enabled = was
+    return statistics.median(times[False]), statistics.median(times[True])
 
 
 def _cpu_name() -> str:

@@ -101,3 +101,21 @@ def test_benchmark_arrays_sit_in_private_memory_advised_onto_huge_pages():
     flags = _mapping_flags(a.ctypes.data)
     assert "sh" not in flags and "hg" in flags, flags
     assert a.sum() == 4 << 18
+
+
+def test_the_pythonic_latency_times_both_ways_and_leaves_direct_calls_as_they_were():
+    spec = importlib.util.spec_from_file_location(
+        "bench_elemt_backward", ROOT / "benchmarks" / "bench_elemt_backward.py")
+    sys.path.insert(0, str(ROOT / "benchmarks"))  # its bench_common
+    try:
+        bench = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(bench)
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    arrays, _ = bench.make_inputs((1, 2, 4), np.float32)
+    bench.NUMPY_CALLS.enabled = False
+    try:
+        usual, direct = bench.pythonic_latency("numpy", arrays, 2)
+        assert usual > 0 and direct > 0 and bench.NUMPY_CALLS.enabled is False
+    finally:
+        bench.NUMPY_CALLS.enabled = True
