@@ -173,3 +173,61 @@ def test_threads_calling_new_sizes_of_one_structure_get_their_own_bits():
     with futures.ThreadPoolExecutor(4) as pool:
         assert sum(pool.map(worker, range(4)), []) == []
     assert STRUCTURE_CACHE.hits - hits >= len(cases)  # every size a new shape of the structure
+
+
+def _elemt(x: np.ndarray, out: np.ndarray, seed: int = 0):
+    """aclnnBatchNormElemt on ``x`` into ``out`` at level 2 on native: the executable."""
+    rng = np.random.default_rng(seed)
+    C = x.shape[1]
+    chans = [opgraph.tensor(rng.uniform(0.5, 2.0, C).astype(np.float32)) for _ in range(4)]
+    with opgraph.use_backend("native"), opgraph.opt_level(2):
+        st, ws, ex = opgraph.aclnn.aclnnBatchNormElemtGetWorkspaceSize(
+            opgraph.tensor(x), *chans, 1e-5, opgraph.tensor(out))
+        assert st == 0 and ws == 0, opgraph.aclnn.aclGetRecentErrMsg()
+        assert opgraph.aclnn.aclnnBatchNormElemt(None, 0, ex) == 0
+    return executable_of(ex), chans
+
+
+@pytest.mark.parametrize("shape", [(16, 8, 300), (4096, 3), (16, 8, 300, 1)],
+                         ids=["3d", "2d", "4d"])
+def test_elemt_on_a_2d_or_3d_input_launches_directly_through_its_reshapes(shape):
+    """The 910B views a 2-d or 3-d input as 4-d (Reshape, ReFormat), the kernel's result placed
+    in the output its redirected copy goes to: the launch reads and writes the caller's tensors
+    through those reshapes, and the bits are the numpy backend's."""
+    for seed in (1, 2):  # the second call: the same executable on new tensors
+        x = np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+        out = np.full(shape, np.nan, np.float32)
+        exe, chans = _elemt(x, out)
+        assert exe.launches is not None and len(exe.launches) == 1
+        want = np.empty(shape, np.float32)
+        with opgraph.use_backend("numpy"), opgraph.opt_level(2):
+            st, ws, ex = opgraph.aclnn.aclnnBatchNormElemtGetWorkspaceSize(
+                opgraph.tensor(x), *chans, 1e-5, opgraph.tensor(want))
+            assert opgraph.aclnn.aclnnBatchNormElemt(None, 0, ex) == 0
+        R.assert_bits_equal(out, want)
+
+
+def test_a_strided_3d_input_goes_node_by_node():
+    """A 3-d input whose last dim is strided is viewed as 4-d inside the kernel's body (a
+    per-element view, which the direct launch does not render): that program never launches
+    directly, and its bits are still the numpy backend's."""
+    wide = np.random.default_rng(2).standard_normal((16, 8, 600)).astype(np.float32)
+    x = wide[:, :, ::2]
+    out = np.full(x.shape, np.nan, np.float32)
+    exe, chans = _elemt(x, out)
+    assert exe.launches is None
+    want = np.empty(x.shape, np.float32)
+    with opgraph.use_backend("numpy"), opgraph.opt_level(2):
+        st, ws, ex = opgraph.aclnn.aclnnBatchNormElemtGetWorkspaceSize(
+            opgraph.tensor(x), *chans, 1e-5, opgraph.tensor(want))
+        assert opgraph.aclnn.aclnnBatchNormElemt(None, 0, ex) == 0
+    R.assert_bits_equal(out, want)
+
+
+def test_a_reshape_that_would_copy_is_refused():
+    """The direct launch only reads a tensor through a reshape that keeps its memory and its
+    first element's address."""
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    assert np.shares_memory(native._reshaped_view(x, (2, 3, 1)), x)
+    assert native._reshaped_view(x.T, (6,)) is None  # a transpose flattens only by copying
+    assert native._reshaped_view(x[:, 1:], (2, 2, 1)) is not None  # strided, yet a view

@@ -101,12 +101,30 @@ NATIVE_LOWERINGS: LoweringTable = NUMPY_LOWERINGS.extend({
     "SyncBatchNormGatherStatsFused": _lower_gather_fused})
 
 
+def _reshaped_view(x: np.ndarray, shape: tuple[int, ...]) -> Optional[np.ndarray]:
+    """``x`` with ``shape``, sharing its memory and its first element's address; None when numpy
+    would have to copy (a reshape the layout does not allow)."""
+    if x.shape == shape:
+        return x
+    r = x.reshape(shape)
+    same = x.size == 0 or r.__array_interface__["data"][0] == x.__array_interface__["data"][0]
+    return r if same and np.may_share_memory(r, x) else None
+
+
+# views that only reshape: the same elements in row-major order, so an operand seen through a
+# chain of them lives at its bound tensor's address with the view's shape
+RESHAPES = frozenset({"Reshape", "ReFormat", "UnsqueezeNd", "SqueezeNd"})
+
+
 class NativeExecutable(NumpyExecutable):
-    """A graph compiled for the native backend. When every node is a FusedElementwise that reads
-    the caller's tensors and stores into one of them (BatchNormElemt and BatchNormElemtBackward at
-    level 2), the first run prepares each kernel's launch from the bound tensors' views and
-    every run launches the kernels straight from the bound tensors' addresses: the operand
-    layouts are fixed for a compiled program, so no numpy views and no per-call layout lookup.
+    """A graph compiled for the native backend. When every kernel is a FusedElementwise that
+    reads the caller's tensors and writes into one of them (BatchNormElemt and
+    BatchNormElemtBackward at level 2), the first run prepares each kernel's launch from the
+    bound tensors' views and every run launches the kernels straight from the bound tensors'
+    addresses: the operand layouts are fixed for a compiled program, so no numpy views and no
+    per-call layout lookup. A kernel may read a tensor through reshapes (:data:`RESHAPES`) and
+    write a result the memory plan places in a tensor its redirected copy goes to (the 910B's
+    BatchNormElemt on a 2-d or 3-d input views it as 4-d).
     Anything else — a kernel without a C prologue, a read-only output, an output that partly
     overlaps an input, a kernel below ``min_fused_elements``, a run with a ``profile`` hook —
     takes the node-by-node path. A graph that is one FusedReduce whose results land in the
@@ -132,7 +150,10 @@ class NativeExecutable(NumpyExecutable):
 
     def _start(self) -> None:
         """The state of the direct paths before the first run."""
-        self.direct: Optional[list[Any]] = [node for node, _ in self.steps] if self.all_direct else None
+        plan = self._direct_plan() if self.all_direct else None
+        # per kernel: (node, the bound tensor of each operand, inputs then output; their shapes)
+        self.direct: Optional[list[tuple]] = plan[0] if plan is not None else None
+        self.direct_outputs: dict[str, str] = plan[1] if plan is not None else {}
         self.launches: Optional[list[tuple[Launch, tuple[str, ...]]]] = None
         self.pointers: list[tuple[list[int], Any]] = []  # per node: the last addresses, pointers
         self.reduce = self._direct_reduce() if self.copies is not None else None
@@ -172,21 +193,51 @@ class NativeExecutable(NumpyExecutable):
         return node, [(slot.user, slot.shape) for slot in slots], self.copies
 
     def _all_direct(self) -> bool:
-        """Whether every node is a FusedElementwise that reads bound tensors and stores into
-        one of them, the graph's outputs being the nodes' results in order."""
+        """Whether the graph is only kernels the direct launches run (:meth:`_direct_plan`)."""
+        return self._direct_plan() is not None
+
+    def _direct_plan(self) -> Optional[tuple[list[tuple], dict[str, str]]]:
+        """When every node is a FusedElementwise that reads bound tensors (or reshapes of them)
+        and stores into one, or writes a result placed in a bound tensor, or a reshape, or a
+        redirected copy of such a result into its tensor: per kernel ``(node, the bound tensor
+        of each operand — inputs, then the output —, their shapes)``, and the bound tensor each
+        graph output is in. Else None."""
         bound = set(self.input_names)
-        nodes = [node for node, _ in self.steps]
-        if not nodes or any(n.op != "FusedElementwise" or not n.attrs.store
-                            or any(v.name not in bound for v in n.inputs) for n in nodes):
-            return False
-        return [v.name for v in self.graph.outputs] == [n.outputs[0].name for n in nodes]
+        home: dict[str, str] = {n: n for n in bound}  # value -> the bound tensor it lives in
+        kernels, made = [], set()
+        for node, _ in self.steps:
+            ins = node.inputs
+            if node.op == "FusedElementwise" and all(v.name in home for v in ins):
+                names = [home[v.name] for v in ins]
+                shapes = [v.type.shape for v in ins]
+                out = node.outputs[0]
+                if not node.attrs.store:  # its result placed in a bound tensor, or not direct
+                    slot = self.slots.get(out.name)
+                    if slot is None or slot.user not in bound:
+                        return None
+                    names.append(slot.user)
+                    shapes.append(slot.shape)
+                home[out.name] = names[-1]
+                made.add(out.name)
+                kernels.append((node, tuple(names), tuple(shapes)))
+            elif node.op in RESHAPES and ins[0].name in home:
+                home[node.outputs[0].name] = home[ins[0].name]
+                made.update(v.name for v in node.outputs if ins[0].name in made)
+            elif (node.op == "ViewCopy" and node.opdef.redirects(node) and ins[0].name in made
+                    and home[ins[0].name] == home.get(ins[1].name)):
+                home[node.outputs[0].name] = home[ins[1].name]
+                made.add(node.outputs[0].name)
+            else:
+                return None
+        if not kernels or any(v.name not in made for v in self.graph.outputs):
+            return None
+        return kernels, {v.name: home[v.name] for v in self.graph.outputs}
 
     def run(self, bindings: Mapping[str, Tensor], workspace: Any = None) -> dict[str, np.ndarray]:
         if not self._direct(bindings):
             return super().run(bindings, workspace)
         if self.launches is not None:
-            return {v.name: bindings[operands[-1]].view()
-                    for v, (_, operands) in zip(self.graph.outputs, self.launches)}
+            return {name: bindings[where].view() for name, where in self.direct_outputs.items()}
         assert self.direct_reduce is not None
         return self.direct_reduce.graph_outputs(bindings)
 
@@ -254,11 +305,10 @@ class NativeExecutable(NumpyExecutable):
         has no C prologue or a read-only output."""
         seeded = self.seed.launches if self.seed is not None else None
         launches = []
-        for i, node in enumerate(self.direct or ()):
+        for i, (node, names, shapes) in enumerate(self.direct or ()):
             a: FusedAttrs = node.attrs
-            names = self.program[i][2]
-            views = [bindings[n].view() for n in names]
-            if not views[-1].flags.writeable:
+            views = [_reshaped_view(bindings[n].view(), shape) for n, shape in zip(names, shapes)]
+            if any(v is None for v in views) or not views[-1].flags.writeable:
                 return None
             if seeded:  # the launch its seed prepared, at these sizes (its operands in order)
                 ln = seeded[i][0].resized(a, views[:-1], views[-1])
