@@ -175,17 +175,19 @@ def test_threads_calling_new_sizes_of_one_structure_get_their_own_bits():
     assert STRUCTURE_CACHE.hits - hits >= len(cases)  # every size a new shape of the structure
 
 
-def _elemt(x: np.ndarray, out: np.ndarray, seed: int = 0):
-    """aclnnBatchNormElemt on ``x`` into ``out`` at level 2 on native: the executable."""
-    rng = np.random.default_rng(seed)
-    C = x.shape[1]
-    chans = [opgraph.tensor(rng.uniform(0.5, 2.0, C).astype(np.float32)) for _ in range(4)]
-    with opgraph.use_backend("native"), opgraph.opt_level(2):
+def _elemt(x: np.ndarray, out: np.ndarray, backend: str = "native", chans=None):
+    """aclnnBatchNormElemt on ``x`` into ``out`` at level 2 on ``backend``: the native
+    executable (None on numpy) and the channel tensors (new random ones unless given)."""
+    if chans is None:
+        rng = np.random.default_rng(0)
+        chans = [opgraph.tensor(rng.uniform(0.5, 2.0, x.shape[1]).astype(np.float32))
+                 for _ in range(4)]
+    with opgraph.use_backend(backend), opgraph.opt_level(2):
         st, ws, ex = opgraph.aclnn.aclnnBatchNormElemtGetWorkspaceSize(
             opgraph.tensor(x), *chans, 1e-5, opgraph.tensor(out))
         assert st == 0 and ws == 0, opgraph.aclnn.aclGetRecentErrMsg()
         assert opgraph.aclnn.aclnnBatchNormElemt(None, 0, ex) == 0
-    return executable_of(ex), chans
+    return (executable_of(ex) if backend == "native" else None), chans
 
 
 @pytest.mark.parametrize("shape", [(16, 8, 300), (4096, 3), (16, 8, 300, 1)],
@@ -200,10 +202,7 @@ def test_elemt_on_a_2d_or_3d_input_launches_directly_through_its_reshapes(shape)
         exe, chans = _elemt(x, out)
         assert exe.launches is not None and len(exe.launches) == 1
         want = np.empty(shape, np.float32)
-        with opgraph.use_backend("numpy"), opgraph.opt_level(2):
-            st, ws, ex = opgraph.aclnn.aclnnBatchNormElemtGetWorkspaceSize(
-                opgraph.tensor(x), *chans, 1e-5, opgraph.tensor(want))
-            assert opgraph.aclnn.aclnnBatchNormElemt(None, 0, ex) == 0
+        _elemt(x, want, "numpy", chans)
         R.assert_bits_equal(out, want)
 
 
@@ -217,10 +216,7 @@ def test_a_strided_3d_input_goes_node_by_node():
     exe, chans = _elemt(x, out)
     assert exe.launches is None
     want = np.empty(x.shape, np.float32)
-    with opgraph.use_backend("numpy"), opgraph.opt_level(2):
-        st, ws, ex = opgraph.aclnn.aclnnBatchNormElemtGetWorkspaceSize(
-            opgraph.tensor(x), *chans, 1e-5, opgraph.tensor(want))
-        assert opgraph.aclnn.aclnnBatchNormElemt(None, 0, ex) == 0
+    _elemt(x, want, "numpy", chans)
     R.assert_bits_equal(out, want)
 
 
