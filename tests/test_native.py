@@ -16,7 +16,7 @@ import backends
 import opgraph
 import reference as R
 from backends import native
-from backends.native import build, launch
+from backends.native import build, launch, team
 from l0ops.interpreter import run_fused
 from l0ops.primitives import FusedAttrs, Instr
 from opgraph.core.dtypes import DataType as D
@@ -310,3 +310,21 @@ def test_vector_isa_names_what_the_compiler_targets():
     else:
         expected = "scalar C"
     assert launch.vector_isa() == expected
+
+
+@pytest.mark.parametrize("shape", [(3, 2, 20000), (2, 3, 4, 9000), (4096, 3, 2)],
+                         ids=["rows-of-3-blocks", "carry-through-3-dims", "short-rows"])
+@pytest.mark.parametrize("layout", ["contig", "perm"])
+def test_claims_that_start_mid_row_and_rows_that_carry(shape, layout, no_fallback):
+    """Work items are (row, block of the row); a thread's claim of items may start in the middle
+    of a row, and each next row is found by carrying through the outer dims (no division per
+    item): long rows of several blocks, rows carrying through three outer dims, and many short
+    rows, on two threads, give numpy's bits."""
+    before = team.threads()
+    team.set_threads(2)
+    try:
+        case = R.make_case(shape, R.F32, seed=4)
+        expected, got = both(case, "Ascend910B", {"gradOut": layout, "input": layout})
+    finally:
+        team.set_threads(before)
+    R.assert_bits_equal(got, expected)

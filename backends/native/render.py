@@ -439,16 +439,22 @@ def render(p: Plan) -> str:
     vec = [f"s{k}[ndim - 1] == 1" for k in range(nb, nb + nh)]
     out.append(f"    const int scalar_h = {' && '.join(dense + bcast)};")
     out.append(f"    const int vector_h = {' && '.join(dense + vec)};")
-    out += ["    for (int64_t w = w_begin; w < w_end; ++w) {",
-            "        const int64_t j0 = (w % nblk) * block;",
-            "        const int64_t n = inner - j0 < block ? inner - j0 : block;",
-            "        int64_t rem = w / nblk;",
-            f"        int64_t {', '.join(f'f{k} = j0 * s{k}[ndim - 1]' for k in range(nops))};",
+    # the row of item w_begin by division once; later rows by an odometer (a 64-bit division
+    # costs ~40 cycles, and a row of a 2-d layout can be a few vectors of work)
+    out += ["    int64_t idx[ndim], blk = w_begin % nblk;  /* ndim >= 1 */",
+            f"    int64_t {', '.join(f'g{k} = 0' for k in range(nops))};",
+            "    {",
+            "        int64_t rem = w_begin / nblk;",
             "        for (int64_t d = ndim - 2; d >= 0; --d) {",
-            "            const int64_t i = rem % shape[d];",
+            "            idx[d] = rem % shape[d];",
             "            rem /= shape[d];",
-            "            " + " ".join(f"f{k} += i * s{k}[d];" for k in range(nops)),
-            "        }"]
+            "            " + " ".join(f"g{k} += idx[d] * s{k}[d];" for k in range(nops)),
+            "        }",
+            "    }",
+            "    for (int64_t w = w_begin; w < w_end; ++w) {",
+            "        const int64_t j0 = blk * block;",
+            "        const int64_t n = inner - j0 < block ? inner - j0 : block;",
+            f"        const int64_t {', '.join(f'f{k} = g{k} + j0 * s{k}[ndim - 1]' for k in range(nops))};"]
     out.append("        " + " ".join(f"{'' if k == nops - 1 else 'const '}{t} *const q{k} = b{k} + f{k};"
                                      for k, t in enumerate(ctypes_)))
     scalar_pre = [f"const float h{k} = q{k}[0];" for k in range(nb, nb + nh)]
@@ -470,7 +476,17 @@ def render(p: Plan) -> str:
     out.append("        } else {")
     strided = [f"const int64_t i{k} = s{k}[ndim - 1];" for k in range(nops)]
     out += _loop(p, lambda k, r: f"q{k}[j * i{k}]", strided, simd=False)
-    out += ["        }", "    }",
+    out += ["        }",
+            "        if (++blk == nblk) {  /* the next row: carry through the outer dims */",
+            "            blk = 0;",
+            "            for (int64_t d = ndim - 2; d >= 0; --d) {",
+            "                " + " ".join(f"g{k} += s{k}[d];" for k in range(nops)),
+            "                if (++idx[d] < shape[d]) break;",
+            "                idx[d] = 0;",
+            "                " + " ".join(f"g{k} -= shape[d] * s{k}[d];" for k in range(nops)),
+            "            }",
+            "        }",
+            "    }",
             "#if defined(OPG_VEC)",
             "    if (c->stream) _mm_sfence();  /* order the non-temporal stores before returning */",
             "#endif", "}", "",
