@@ -204,6 +204,10 @@ def test_elemt_on_a_2d_or_3d_input_launches_directly_through_its_reshapes(shape)
         want = np.empty(shape, np.float32)
         _elemt(x, want, "numpy", chans)
         R.assert_bits_equal(out, want)
+    names = [v.name for v in exe.graph.inputs]  # run() names each graph output's value
+    got = exe.run(dict(zip(names, [opgraph.tensor(x), *chans, opgraph.tensor(out)])))
+    assert {k: v.shape for k, v in got.items()} == {v.name: v.type.shape for v in exe.graph.outputs}
+    assert all(np.shares_memory(v, out) for v in got.values())
 
 
 def test_a_strided_3d_input_goes_node_by_node():

@@ -153,7 +153,7 @@ class NativeExecutable(NumpyExecutable):
         plan = self._direct_plan() if self.all_direct else None
         # per kernel: (node, the bound tensor of each operand, inputs then output; their shapes)
         self.direct: Optional[list[tuple]] = plan[0] if plan is not None else None
-        self.direct_outputs: dict[str, str] = plan[1] if plan is not None else {}
+        self.direct_outputs: dict[str, tuple] = plan[1] if plan is not None else {}
         self.launches: Optional[list[tuple[Launch, tuple[str, ...]]]] = None
         self.pointers: list[tuple[list[int], Any]] = []  # per node: the last addresses, pointers
         self.reduce = self._direct_reduce() if self.copies is not None else None
@@ -196,12 +196,12 @@ class NativeExecutable(NumpyExecutable):
         """Whether the graph is only kernels the direct launches run (:meth:`_direct_plan`)."""
         return self._direct_plan() is not None
 
-    def _direct_plan(self) -> Optional[tuple[list[tuple], dict[str, str]]]:
+    def _direct_plan(self) -> Optional[tuple[list[tuple], dict[str, tuple]]]:
         """When every node is a FusedElementwise that reads bound tensors (or reshapes of them)
         and stores into one, or writes a result placed in a bound tensor, or a reshape, or a
         redirected copy of such a result into its tensor: per kernel ``(node, the bound tensor
         of each operand — inputs, then the output —, their shapes)``, and the bound tensor each
-        graph output is in. Else None."""
+        graph output is in, with its shape. Else None."""
         bound = set(self.input_names)
         home: dict[str, str] = {n: n for n in bound}  # value -> the bound tensor it lives in
         kernels, made = [], set()
@@ -231,13 +231,14 @@ class NativeExecutable(NumpyExecutable):
                 return None
         if not kernels or any(v.name not in made for v in self.graph.outputs):
             return None
-        return kernels, {v.name: home[v.name] for v in self.graph.outputs}
+        return kernels, {v.name: (home[v.name], v.type.shape) for v in self.graph.outputs}
 
     def run(self, bindings: Mapping[str, Tensor], workspace: Any = None) -> dict[str, np.ndarray]:
         if not self._direct(bindings):
             return super().run(bindings, workspace)
         if self.launches is not None:
-            return {name: bindings[where].view() for name, where in self.direct_outputs.items()}
+            return {name: bindings[where].view().reshape(shape)
+                    for name, (where, shape) in self.direct_outputs.items()}
         assert self.direct_reduce is not None
         return self.direct_reduce.graph_outputs(bindings)
 
