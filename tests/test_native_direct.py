@@ -231,3 +231,29 @@ def test_a_reshape_that_would_copy_is_refused():
     assert np.shares_memory(native._reshaped_view(x, (2, 3, 1)), x)
     assert native._reshaped_view(x.T, (6,)) is None  # a transpose flattens only by copying
     assert native._reshaped_view(x[:, 1:], (2, 2, 1)) is not None  # strided, yet a view
+
+
+@pytest.mark.parametrize("missing", [("bias",), ("weight", "bias")], ids=["no-bias", "neither"])
+def test_a_missing_weight_or_bias_is_read_like_the_other_per_channel_terms(missing):
+    """A missing weight or bias is a per-channel constant (a fill) in the prologue. It is written
+    out per channel, so on a 2-d input (the channel innermost) every per-channel operand has the
+    innermost stride 1 and the kernel takes its vector path; bits are numpy's."""
+    shape, C = (640, 8), 8
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal(shape).astype(np.float32)
+    chans = {n: rng.uniform(0.5, 2.0, C).astype(np.float32) for n in ("weight", "bias", "mean", "invstd")}
+    args = [None if n in missing else opgraph.tensor(chans[n]) for n in ("weight", "bias", "mean", "invstd")]
+    got = {}
+    for backend in ("native", "numpy"):
+        out = np.full(shape, np.nan, np.float32)
+        with opgraph.use_backend(backend), opgraph.opt_level(2):
+            st, ws, ex = opgraph.aclnn.aclnnBatchNormElemtGetWorkspaceSize(
+                opgraph.tensor(x), *args, 1e-5, opgraph.tensor(out))
+            assert st == 0 and opgraph.aclnn.aclnnBatchNormElemt(None, 0, ex) == 0
+        got[backend] = out
+        if backend == "native":
+            ln, _ = executable_of(ex).launches[0]
+            nd, nb = ln.ndim, len(ln.big)
+            inner = [ln.strides[k * nd + nd - 1] for k in range(nb, nb + len(ln.hoisted))]
+            assert inner and set(inner) == {1}, inner
+    R.assert_bits_equal(got["native"], got["numpy"])

@@ -4,7 +4,9 @@ kernel: phase 2 on the native backend then makes one C call and no numpy calls.
 :class:`Prologue` takes the registers the kernel reads and every hoisted instruction they depend
 on, and renders ``static void opg_prologue(const int64_t *tab, void *const *small, float *scr)``.
 Register values live in a float32 scratch block: small float inputs are copied in (exact
-widening), ``fill`` is one element read with stride 0, ``view`` aliases its (contiguous) source;
+widening), ``fill`` is one element read with stride 0 (a per-channel one is written out, so the
+kernel reads it by the strides of the other per-channel registers), ``view`` aliases its
+(contiguous) source;
 ``add``/``sub``/``mul``/``div``/``sqrt`` (correctly rounded, as numpy's) and float casts round
 to their dtype after every instruction like the numpy reference, ``cast`` of an int32/int64
 input to f32 is C's (round to nearest even, as numpy), ``max``/``fma``/``eq``/``where`` are
@@ -202,22 +204,30 @@ class Prologue:
         if dtype not in FLOATS and not (ins.op == "eq" and dtype == DataType.BOOL):
             raise Unsupported(f"{ins.render(name)}: {dtype.short} register")
         if ins.op == "fill":
+            value = np.asarray(ins.value, dtype.np).astype(np.float32)
+            self._const[name] = float(value)
+            bits = int(value.view(np.uint32))
+            if math.prod(shape) > 1:  # every element written: the kernel reads a per-channel
+                at = self._alloc(name, shape)  # constant by the strides of the other per-channel
+                sh = self._put(shape)          # registers (a stride-0 one among them would put
+                return [f"{{ /* {ins.render(name)} */",  # it off the vector paths)
+                        f"    float *const o = scr + tab[{at}];",
+                        "    int64_t n = 1;",
+                        f"    for (int d = 0; d < {len(shape)}; ++d) n *= tab[{sh} + d];",
+                        f"    for (int64_t e = 0; e < n; ++e) o[e] = opg_f(0x{bits:08X}u);", "}"]
             off = self._scratch
             self._scratch += 1
             self.regs[name] = (off, shape, [0] * len(shape))
             at = self._put([off])
-            value = np.asarray(ins.value, dtype.np).astype(np.float32)
-            self._const[name] = float(value)
-            bits = int(value.view(np.uint32))
             return [f"scr[tab[{at}]] = opg_f(0x{bits:08X}u);  /* {ins.render(name)} */"]
         if ins.op == "view":
             if ins.args[0] not in self.regs:
                 raise Unsupported(f"{ins.render(name)}: view of a register not in the prologue")
             off, src_shape, src_st = self.regs[ins.args[0]]
-            if not any(src_st):  # a constant (fill) stays one element read with stride 0
+            if ins.args[0] in self._const:
+                self._const[name] = self._const[ins.args[0]]
+            if not any(src_st):  # a one-element constant (fill) stays read with stride 0
                 self.regs[name] = (off, shape, [0] * len(shape))
-                if ins.args[0] in self._const:
-                    self._const[name] = self._const[ins.args[0]]
             elif src_st == _contig(src_shape):
                 self.regs[name] = (off, shape, _contig(shape))
             else:
