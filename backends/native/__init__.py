@@ -133,9 +133,10 @@ class NativeExecutable(NumpyExecutable):
 
     def __init__(self, *args: Any):
         super().__init__(*args)
-        self.all_direct = self._all_direct()
+        plan = self._direct_plan()
+        self.all_direct = plan is not None
         self.copies = None if self.all_direct else self._reduce_copies()
-        self._start()
+        self._start(plan)
 
     def resized(self, graph: Graph, memory_plan: MemoryPlan) -> "NativeExecutable | None":
         """See :meth:`opgraph.core.backend.Executable.resized`: which path the graph takes is
@@ -144,13 +145,12 @@ class NativeExecutable(NumpyExecutable):
             return None
         made = self._resized(graph, memory_plan)
         made.all_direct, made.copies = self.all_direct, self.copies
-        made._start()
+        made._start(made._direct_plan() if made.all_direct else None)
         made.seed = self
         return made
 
-    def _start(self) -> None:
-        """The state of the direct paths before the first run."""
-        plan = self._direct_plan() if self.all_direct else None
+    def _start(self, plan: Optional[tuple[list[tuple], dict[str, tuple]]]) -> None:
+        """The state of the direct paths before the first run (``plan``: :meth:`_direct_plan`'s)."""
         # per kernel: (node, the bound tensor of each operand, inputs then output; their shapes)
         self.direct: Optional[list[tuple]] = plan[0] if plan is not None else None
         self.direct_outputs: dict[str, tuple] = plan[1] if plan is not None else {}
@@ -191,10 +191,6 @@ class NativeExecutable(NumpyExecutable):
         if self.copies is None or any(slot is None or slot.user is None for slot in slots):
             return None
         return node, [(slot.user, slot.shape) for slot in slots], self.copies
-
-    def _all_direct(self) -> bool:
-        """Whether the graph is only kernels the direct launches run (:meth:`_direct_plan`)."""
-        return self._direct_plan() is not None
 
     def _direct_plan(self) -> Optional[tuple[list[tuple], dict[str, tuple]]]:
         """When every node is a FusedElementwise that reads bound tensors (or reshapes of them)

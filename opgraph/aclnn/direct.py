@@ -38,7 +38,7 @@ from opgraph.core.backend import Executable, made
 from opgraph.core.config import current_backend_ref, get_opt_level
 from opgraph.core.dtypes import DataType
 from opgraph.core.platform import get_platform
-from opgraph.core.tensor import Tensor as OpTensor, array_address, spans_overlap
+from opgraph.core.tensor import Tensor as OpTensor, array_address, is_contiguous, spans_overlap
 from .cache import CachedOp, ExecutorCache, call_key as op_call_key
 
 try:  # numpy 2
@@ -84,10 +84,6 @@ class Arrays:
         """What phase 1 depends on of array ``a``: dtype, shape, strides (None: never direct)."""
         return (a.dtype, a.shape, a.strides) if type(a) is np.ndarray else None
 
-    def address(self, a: Any) -> int:
-        """The address of ``a``'s first element."""
-        return array_address(a)
-
     def span(self, a: Any) -> tuple[int, int]:
         """The bytes ``[lo, hi)`` ``a`` spans."""
         return byte_bounds(a)
@@ -100,22 +96,14 @@ class Arrays:
         """What makes a new uninitialised output like phase 1's (element ``strides``, never
         negative in a new output); None for a dtype this kind cannot hold."""
         d = dtype.np
-        if all(s == r for s, r, n in zip(strides, _row_major(shape), shape) if n > 1):
+        if is_contiguous(shape, strides):  # (so never empty below)
             return functools.partial(np.empty, shape, d)
-        extent = 1 + sum((n - 1) * s for n, s in zip(shape, strides)) if 0 not in shape else 0
+        extent = 1 + sum((n - 1) * s for n, s in zip(shape, strides))
         return functools.partial(_strided, shape, d, tuple(s * d.itemsize for s in strides), extent)
 
 
 def _strided(shape: tuple[int, ...], d: np.dtype, strides: tuple[int, ...], extent: int) -> np.ndarray:
     return np.lib.stride_tricks.as_strided(np.empty(extent, d), shape, strides)
-
-
-def _row_major(shape: tuple[int, ...]) -> list[int]:
-    strides, step = [], 1
-    for n in reversed(shape):
-        strides.append(step)
-        step *= max(n, 1)
-    return strides[::-1]
 
 
 NUMPY = Arrays()
@@ -205,7 +193,7 @@ def _learn(watch: _Watch, args: tuple, arrays: Arrays) -> _Entry:
         return NOT_DIRECT
     for a, p in zip(args, pargs):
         if (a is None) != (p is None) or (isinstance(p, OpTensor) and (
-                p.copied or p.data_address != arrays.address(a))):
+                p.copied or p.data_address != arrays.bound(a).data_address)):
             return NOT_DIRECT
     outputs = []
     for p in pargs[n:]:

@@ -60,9 +60,6 @@ class TorchArrays(Arrays):
             return None
         return a.dtype, a.shape, a.stride()
 
-    def address(self, a: Any) -> int:
-        return a.data_ptr() if isinstance(a, Tensor) else super().address(a)
-
     def span(self, a: Any) -> tuple[int, int]:
         """A numpy array's ``byte_bounds``, or a torch tensor's bytes from its first element
         and its strides (never negative in torch)."""
