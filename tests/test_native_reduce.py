@@ -211,6 +211,26 @@ def test_channels_last_kernel_bits_equal_numpy(shape, dt):
         assert passes and all(p.cols for p in passes)
 
 
+@pytest.mark.parametrize("n", [1, 2, 7])
+@pytest.mark.parametrize("shape", [(6272, 64), (600, 60), (20000, 2), (40000, 64), (3000, 70)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_channels_last_pass_of_one_item_splits_its_lanes(shape, n, threads):
+    """A 2-d input is channels_last: its channels are the kept indices. With one block and one
+    chunk of them (the first three shapes) a parallel pass splits each block's 64 lanes into
+    groups, one item each, and folds them after the run (reduce_c: OPG_LANE_GROUPS); one thread
+    keeps one item. Every channel's order, and so its bits, stays numpy's; large values among
+    small ones make a change of order show."""
+    threads(n)
+    rng = np.random.default_rng(31)
+    x, dy = (rng.standard_normal(shape).astype(np.float32) for _ in range(2))
+    x.reshape(-1)[5::293] = 3e4
+    mean = rng.standard_normal(shape[1]).astype(np.float32).reshape(1, -1)
+    for a, ins in ((stats_body(shape), [x]), (backward_body(shape, "f32"), [dy, x, mean])):
+        check_same(a, ins)
+        passes = [st[1] for st in plan_for(a, ins).steps if st[0] == "pass"]
+        assert passes and all(p.cols for p in passes)
+
+
 def test_special_values_keep_their_bits():
     shape = (2, 4, 100)
     x = np.full(shape, -0.0, np.float32)                   # channel 0: all -0.0 -> -0.0

@@ -44,6 +44,9 @@ FOLD = f"""#include <stdlib.h>
 #define OPG_LANES {LANES}
 #define OPG_BLOCK {BLOCK}
 #define OPG_KC 64  /* kept indices per work item of a channels_last pass */
+/* lane groups per (block, kept chunk) of a channels_last pass run in parallel: 2 when there is
+   one such item (a [6272, 64] input is one block, one chunk), else 1 */
+#define OPG_LANE_GROUPS(items) ((items) >= 2 ? 1 : 2)
 #define OPG_KG 8   /* kept indices a work item of a channel-major pass takes in lockstep */
 /* the group a kernel of at most ``cap`` uses for K kept indices: 1 below 4 groups' worth */
 #define OPG_GROUP(K, cap) ((K) >= 4 * (cap) ? (cap) : 1)
@@ -92,9 +95,10 @@ def _cols_items(big, kept, live, sums) -> list[str]:
     pad = " " * 16
     kept_s = [f"const float r_{r} = g{j}[j];" for j, r in enumerate(kept)]
     kept_v = [f"const opg_v v_{r} = opg_v_ld_f32(&g{j}[j]);" for j, r in enumerate(kept)]
-    L = ["    const int64_t nkc = (K + OPG_KC - 1) / OPG_KC;",
+    L = ["    const int64_t nkc = (K + OPG_KC - 1) / OPG_KC, ng = c->ng > 1 ? c->ng : 1;",
+         "    const int64_t lg = OPG_LANES / ng;",
          "    for (int64_t w = w_begin; w < w_end; ++w) {",
-         "        const int64_t blk = w / nkc, k0 = (w % nkc) * OPG_KC;",
+         "        const int64_t blk = w / (nkc * ng), k0 = (w / ng % nkc) * OPG_KC, l0 = w % ng * lg;",
          "        const int64_t kn = K - k0 < OPG_KC ? K - k0 : OPG_KC;",
          f"        float acc[{S}][OPG_LANES][OPG_KC] __attribute__((aligned(64)));",
          f"        for (int s = 0; s < {S}; ++s) for (int l = 0; l < OPG_LANES; ++l)",
@@ -113,7 +117,14 @@ def _cols_items(big, kept, live, sums) -> list[str]:
           "            }",
           "            const int64_t run = inner - t0 < r1 - r ? inner - t0 : r1 - r;"]
     L += [f"            const int64_t s{i} = rstr[{i} * nr + nr - 1];" for i in range(nb)]
-    L += ["            for (int64_t t = 0; t < run; ++t) {",
+    L += ["            for (int64_t t = 0; t < run;) {  /* the rows of this item's lanes */",
+          "                const int64_t off = (r + t - l0) & (OPG_LANES - 1);",
+          "                if (off >= lg) {  /* another group's lane: on to this group's next */",
+          "                    t += OPG_LANES - off;",
+          "                    continue;",
+          "                }",
+          "                const int64_t end = run - t < lg - off ? run : t + lg - off;",
+          "                for (; t < end; ++t) {",
           "                const int64_t l = (r + t) & (OPG_LANES - 1);"]
     L += [f"                const {C_TYPE[d]} *const q{i} = b{i} + p{i} + (t0 + t) * s{i};"
           for i, (_, d) in enumerate(big)]
@@ -122,11 +133,16 @@ def _cols_items(big, kept, live, sums) -> list[str]:
     L += [pad + "    " + x for x in _vector(big, live, sums, "acc[{}][l][j]", kept_v)]
     L += ["                }", "#endif", "                for (; j < kn; ++j) {"]
     L += [pad + "    " + x for x in _scalar(big, live, sums, lambda i: f"q{i}[j]", "acc[{}][l][j]", kept_s)]
-    L += ["                }", "            }", "            r += run;", "        }",
+    L += ["                }", "                }", "            }", "            r += run;", "        }",
           "        const int64_t len = r1 - blk * OPG_BLOCK, m = len < OPG_LANES ? len : OPG_LANES;",
           f"        for (int s = 0; s < {S}; ++s) for (int64_t e = 0; e < kn; ++e) {{",
+          "            float *const to = c->blocks + ((s * K + k0 + e) * nblocks + blk) * (ng > 1 ? OPG_LANES : 1);",
+          "            if (ng > 1) {  /* the group's lanes: the kernel folds them */",
+          "                for (int64_t l = l0; l < l0 + lg; ++l) to[l] = acc[s][l][e];",
+          "                continue;",
+          "            }",
           "            opg_fold(&acc[s][0][e], m, OPG_KC);",
-          "            c->blocks[(s * K + k0 + e) * nblocks + blk] = acc[s][0][e];",
+          "            *to = acc[s][0][e];",
           "        }",
           "    }", "}", ""]
     return L
@@ -165,14 +181,15 @@ def render_pass(big: Sequence[tuple[str, DataType]], kept: Sequence[str],
     contiguous (``koff[i*K + k] = koff[i*K] + k``); the items run across them (channels_last)."""
     if cols:
         return _finish(_HEADER + _item_head("opg_items", big, kept) + _cols_items(big, kept, live, sums),
-                       len(sums), "((K + OPG_KC - 1) / OPG_KC) * nblocks")
+                       len(sums), "((K + OPG_KC - 1) / OPG_KC) * nblocks", lane_groups=True)
     return _finish(_HEADER + _items("opg_items", big, kept, live, sums), len(sums),
                    "((K + OPG_GROUP(K, OPG_KG) - 1) / OPG_GROUP(K, OPG_KG)) * nblocks")
 
 
 _HEADER = [HELPERS, V_HELPERS, C_DECL, FOLD,
            "struct opg_rctx { int64_t K, R, nr, nblocks; const int64_t *rshape, *koff, *rstr;",
-           "                  void *const *ptrs; float *blocks; };", ""]
+           "                  void *const *ptrs; float *blocks;",
+           "                  int64_t ng; };  /* lane groups (channels_last passes; 0: 1) */", ""]
 
 
 def _item_head(name: str, big: Sequence[tuple[str, DataType]], kept: Sequence[str]) -> list[str]:
@@ -259,17 +276,28 @@ def _items(name: str, big: Sequence[tuple[str, DataType]], kept: Sequence[str],
     return L
 
 
-def _finish(L: list[str], S: int, work: str) -> str:
-    """The entry point after the work items: share them out, fold the blocks."""
+def _finish(L: list[str], S: int, work: str, lane_groups: bool = False) -> str:
+    """The entry point after the work items: share them out, fold the blocks. ``lane_groups``:
+    run in parallel, the ``work`` items are each split into ``OPG_LANE_GROUPS(work)`` groups of
+    lanes, which leave every block's lanes unfolded (64 per block): folded here first, by the
+    same tree."""
+    parallel = f"run != 0 && K * R >= {PARALLEL_MIN}"
+    ng = f"{parallel} ? OPG_LANE_GROUPS(items) : 1" if lane_groups else "1"
     L = L + ["int opg_kernel(int64_t K, int64_t R, int64_t nr, const int64_t *rshape,",
           "               void *const *ptrs, const int64_t *koff, const int64_t *rstr,",
           "               int64_t nblocks, float *out, opg_run run)", "{",
-          f"    float *const blocks = (float *)malloc(sizeof(float) * {S} * K * nblocks);",
+          f"    const int64_t items = {work}, ng = {ng}, work = items * ng;",
+          "    const int64_t per_block = ng > 1 ? OPG_LANES : 1;",
+          f"    float *const blocks = (float *)malloc(sizeof(float) * {S} * K * nblocks * per_block);",
           "    if (blocks == 0) return 1;",
-          "    const struct opg_rctx c = {K, R, nr, nblocks, rshape, koff, rstr, ptrs, blocks};",
-          f"    const int64_t work = {work};",
-          f"    if (run == 0 || work < 2 || K * R < {PARALLEL_MIN}) opg_items((void *)&c, 0, work);",
+          "    const struct opg_rctx c = {K, R, nr, nblocks, rshape, koff, rstr, ptrs, blocks, ng};",
+          f"    if (!({parallel}) || work < 2) opg_items((void *)&c, 0, work);",
           "    else run(opg_items, (void *)&c, work, 1);",
+          f"    for (int64_t j = 0; per_block > 1 && j < {S} * K * nblocks; ++j) {{  /* in place: j <= 64 j */",
+          "        const int64_t len = R - j % nblocks * OPG_BLOCK;",
+          "        opg_fold(blocks + j * OPG_LANES, len < OPG_BLOCK ? (len < OPG_LANES ? len : OPG_LANES) : OPG_LANES, 1);",
+          "        blocks[j] = blocks[j * OPG_LANES];",
+          "    }",
           f"    for (int64_t sk = 0; sk < {S} * K; ++sk) {{",
           "        opg_fold(blocks + sk * nblocks, nblocks, 1);",
           "        out[sk] = blocks[sk * nblocks];",

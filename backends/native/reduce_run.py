@@ -77,7 +77,7 @@ class _PassCall:
         p = self.p
         _fill_kept(p, self.plan, values, self.buf)
         _bind(self.ptrs, p, inputs)
-        if p.fn(*self.head, team.runner()):
+        if p.fn(*self.head, team.runner_or_null()):
             raise MemoryError("FusedReduce: no memory for the per-block sums")
         if self.store:
             _store(p, self.sums, values)

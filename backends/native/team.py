@@ -254,6 +254,7 @@ def _library() -> Any:
         lib.opg_team_threads.argtypes, lib.opg_team_threads.restype = [], ctypes.c_int64
         spin = float(os.environ.get("OPGRAPH_SPIN_US", "").strip() or SPIN_US)
         lib.opg_team_set(default_threads(), int(max(spin, 0.0) * 1000))
+        _STATE["serial"] = lib.opg_team_threads() < 2
         _STATE["team"] = _STATE["run"] = ctypes.cast(kernel.fn, ctypes.c_void_p).value
         _STATE["lib"] = lib
         if openmp_libraries():  # another library started an OpenMP runtime: share its threads
@@ -267,6 +268,22 @@ def runner() -> int:
     if "run" not in _STATE:
         _library()
     return _STATE["run"]
+
+
+def runner_or_null() -> int:
+    """:func:`runner`, or 0 (NULL: run serially) while one thread is set, for a kernel that
+    lays its work out differently for one (its results are the same either way).
+
+        >>> ok = __import__("backends.native.build", fromlist=["_"]).availability()[0]
+        >>> before = threads() if ok else 1
+        >>> set_threads(1) if ok else None
+        >>> runner_or_null() if ok else 0
+        0
+        >>> set_threads(before) if ok else None
+    """
+    if "run" not in _STATE:
+        _library()
+    return 0 if _STATE["serial"] else _STATE["run"]
 
 
 # file names of OpenMP runtimes: GNU's, LLVM's, Intel's
@@ -365,7 +382,9 @@ def set_threads(n: int, spin_us: Optional[float] = None) -> None:
     """Use ``n`` >= 1 threads (the caller included) from now on; optionally change the spin."""
     if not isinstance(n, int) or n < 1:
         raise ValueError(f"threads must be an integer >= 1, got {n!r}")
-    _library().opg_team_set(n, -1 if spin_us is None else int(max(spin_us, 0.0) * 1000))
+    lib = _library()
+    lib.opg_team_set(n, -1 if spin_us is None else int(max(spin_us, 0.0) * 1000))
+    _STATE["serial"] = lib.opg_team_threads() < 2
 
 
 def threads() -> int:
@@ -373,5 +392,6 @@ def threads() -> int:
     return int(_library().opg_team_threads())
 
 
-__all__ = ["C_DECL", "OPENMP_RUNTIMES", "SPIN_US", "openmp_libraries", "runner", "runtime",
-           "set_threads", "share_openmp", "share_openmp_if_spinning", "started", "threads"]
+__all__ = ["C_DECL", "OPENMP_RUNTIMES", "SPIN_US", "openmp_libraries", "runner", "runner_or_null",
+           "runtime", "set_threads", "share_openmp", "share_openmp_if_spinning", "started",
+           "threads"]
