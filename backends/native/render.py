@@ -439,6 +439,17 @@ def render(p: Plan) -> str:
     vec = [f"s{k}[ndim - 1] == 1" for k in range(nb, nb + nh)]
     out.append(f"    const int scalar_h = {' && '.join(dense + bcast)};")
     out.append(f"    const int vector_h = {' && '.join(dense + vec)};")
+    # rows of a 2-d layout with per-channel vectors (BatchNorm1d's [N, C]): a row is a few
+    # vectors of work, so nothing but the row's pointers per item
+    rows = [f"{'' if k == nops - 1 else 'const '}{t} *const q{k} = b{k} + w * s{k}[0];"
+            for k, t in enumerate(ctypes_)]
+    out += ["    if (ndim == 2 && nblk == 1 && vector_h) {",
+            "        const int64_t n = inner;",
+            "        for (int64_t w = w_begin; w < w_end; ++w) {",
+            "            " + " ".join(rows)]
+    out += _loop(p, lambda k, r: f"q{k}[j]", [], simd=True,
+                 vector=_vector_loop(p, False) if needs_vector(p) else None)
+    out += ["        }", "        return;", "    }"]
     # the row of item w_begin by division once; later rows by an odometer (a 64-bit division
     # costs ~40 cycles, and a row of a 2-d layout can be a few vectors of work)
     out += ["    int64_t idx[ndim], blk = w_begin % nblk;  /* ndim >= 1 */",
