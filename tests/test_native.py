@@ -328,3 +328,33 @@ def test_claims_that_start_mid_row_and_rows_that_carry(shape, layout, no_fallbac
     finally:
         team.set_threads(before)
     R.assert_bits_equal(got, expected)
+
+
+@pytest.mark.parametrize("dtype", [R.F32, R.F16, R.BF16], ids=["f32", "f16", "bf16"])
+@pytest.mark.parametrize("shape", [(2, 8), (3, 70), (9, 3), (4099, 64), (4101, 70)],
+                         ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("n", [1, 2])
+def test_rows_of_a_2d_input_run_several_at_a_time(shape, dtype, n, no_fallback):
+    """A 2-d [N, C] input's per-channel operands are vectors along its rows: the kernel takes
+    its rows 4 at a time, each per-channel vector loaded once for the 4 (render.ROWS), then the
+    rows left over one at a time; each row's elements past its last whole vector run scalar.
+    Fewer rows than 4, a claim's rows not a multiple of 4, channels not a multiple of the
+    vector width, one and two threads: numpy's bits, for BatchNormElemtBackward and
+    BatchNormElemt."""
+    from opgraph import ops
+    before = team.threads()
+    team.set_threads(n)
+    try:
+        case = R.make_case(shape, dtype, seed=6)
+        expected, got = both(case, "Ascend950")
+        R.assert_bits_equal(got, expected)
+        rng = np.random.default_rng(6)
+        x = rng.standard_normal(shape).astype(dtype)
+        w, b, mean, invstd = (rng.uniform(0.5, 2, shape[1]).astype(dtype) for _ in range(4))
+        outs = {}
+        for be in ("numpy", "native"):
+            with opgraph.platform("Ascend950"), opgraph.opt_level(2), opgraph.use_backend(be):
+                outs[be] = ops.batch_norm_elemt(x, w, b, mean, invstd, 1e-5)
+        R.assert_bits_equal(outs["native"], outs["numpy"])
+    finally:
+        team.set_threads(before)

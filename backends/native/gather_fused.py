@@ -27,7 +27,7 @@ from l0ops.syncbn import FusedStatsAttrs
 from opgraph.core.dtypes import DataType, dtype_of
 from . import build
 from .build import address
-from .render import C_TYPE, HELPERS, LOAD, STORE
+from .c_text import C_TYPE, HELPERS, LOAD, STORE
 from .unsupported import Unsupported
 
 SUM_ROWS = r"""

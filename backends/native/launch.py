@@ -18,7 +18,7 @@ import numpy as np
 from l0ops.interpreter import Hoisted, program, renaming
 from l0ops.primitives import FusedAttrs, IdentityMemo
 from opgraph.core.tensor import row_major_strides
-from . import build, render, team
+from . import build, c_text, render, team
 from .build import PointerArray, address, int64_array
 from .prologue import Prologue, render_fused
 from .unsupported import Refused, Unsupported, remembered
@@ -305,7 +305,7 @@ def _fused_pointers(ln: Launch, arrays: Sequence[np.ndarray]) -> Any:
     return ptrs
 
 
-_LANES_SOURCE = render.HELPERS + render.V_HELPERS + """
+_LANES_SOURCE = c_text.HELPERS + c_text.V_HELPERS + """
 int opg_lanes(void)
 {
 #if defined(OPG_VEC)

@@ -39,7 +39,8 @@ from l0ops.ordered import BLOCK, LANES
 from l0ops.primitives import Instr
 from opgraph.core.dtypes import DataType
 from opgraph.core.tensor import row_major_strides
-from .render import C_OP, FLOATS, LOAD, ROUND, Plan, render
+from .c_text import C_OP, FLOATS, LOAD, ROUND
+from .render import Plan, render
 from .unsupported import Unsupported
 
 INT_C = {DataType.INT32: "int32_t", DataType.INT64: "int64_t"}

@@ -44,7 +44,7 @@ from opgraph.core.types import TensorType
 from . import build
 from .build import PointerArray
 from .reduce_c import render_blocked, render_pass
-from .render import C_OP, FLOATS
+from .c_text import C_OP, FLOATS
 from .small import SmallPlan, compile_body
 from .unsupported import Unsupported, planned
 

@@ -35,7 +35,7 @@ from typing import Sequence
 from l0ops.ordered import BLOCK, LANES
 from l0ops.primitives import Instr
 from opgraph.core.dtypes import DataType
-from .render import C_OP, C_TYPE, HELPERS, LOAD, ROUND, V_HELPERS, V_LOAD, V_OP, V_ROUND
+from .c_text import C_OP, C_TYPE, HELPERS, LOAD, ROUND, V_HELPERS, V_LOAD, V_OP, V_ROUND
 from .team import C_DECL
 
 PARALLEL_MIN = 32768  # K * R below this: one thread

@@ -37,20 +37,16 @@ from typing import Callable
 from l0ops.interpreter import Hoisted
 from l0ops.primitives import FusedAttrs, Instr
 from opgraph.core.dtypes import DataType
+from .c_text import (BF16, C_OP, C_TYPE, F16, F32, FLOATS, HELPERS, LOAD, ROUND, STORE, V_HELPERS,
+                     V_LOAD, V_NT, V_OP, V_ROUND, V_STORE)
 from .team import C_DECL
 from .unsupported import Unsupported
 
-F32, F16, BF16 = DataType.FLOAT, DataType.FLOAT16, DataType.BF16
-FLOATS = (F32, F16, BF16)
-C_TYPE = {F32: "float", F16: "uint16_t", BF16: "uint16_t"}
-LOAD = {F32: "{}", F16: "opg_ld_f16({})", BF16: "opg_ld_bf16({})"}
-STORE = {F32: "{}", F16: "opg_st_f16({})", BF16: "opg_st_bf16({})"}
-ROUND = {F32: "{}", F16: "opg_rnd_f16({})", BF16: "opg_rnd_bf16({})"}
-C_OP = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
 BLOCK = 8192          # elements of the innermost dim per work item
 PARALLEL_MIN = 32768  # below this many elements the kernel runs on one thread
 GRAIN = 16384         # elements per claim of a parallel kernel (see :mod:`.team`)
 STREAM_BYTES = 8 << 20  # outputs this large are written with non-temporal (streaming) stores
+ROWS = 4              # rows of a 2-d layout with per-channel vectors computed together
 
 
 @dataclass(frozen=True)
@@ -98,55 +94,6 @@ def _reg_order(name: str) -> tuple[str, int]:
     return name[:2], int(name.lstrip("int"))
 
 
-HELPERS = r"""#include <stdint.h>
-#include <string.h>
-
-static inline float opg_f(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
-static inline uint32_t opg_u(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
-
-/* Branch-free so that loops vectorise. NaNs come out quiet with their top payload bits. */
-
-/* bfloat16: the top half of a float; float -> bf16 rounds to nearest even */
-static inline float opg_ld_bf16(uint16_t h) { return opg_f((uint32_t)h << 16); }
-static inline uint16_t opg_st_bf16(float f) {
-    uint32_t u = opg_u(f), r = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
-    return (uint16_t)((u & 0x7FFFFFFFu) > 0x7F800000u ? (u >> 16) | 0x0040u : r);
-}
-static inline float opg_rnd_bf16(float f) { return opg_ld_bf16(opg_st_bf16(f)); }
-/* 1 for a NaN with payload bits in its low half (the bf16 rounding bias could carry out of it) */
-static inline int opg_low_nan(float f) {
-    const uint32_t u = opg_u(f);
-    return (u & 0x7FFFFFFFu) > 0x7F800000u && (u & 0xFFFFu) != 0;
-}
-
-/* IEEE binary16 held in float. opg_rnd_f16 rounds to the nearest half (ties to even): 11
-   significant bits for |f| >= 2^-14, a multiple of 2^-24 below (the +0.5f sum rounds there),
-   infinity from 65520 up. */
-static inline float opg_rnd_f16(float f) {
-    uint32_t u = opg_u(f), sign = u & 0x80000000u, a = u & 0x7FFFFFFFu;
-    uint32_t nrm = (a + 0xFFFu + ((a >> 13) & 1u)) & 0xFFFFE000u;
-    nrm = nrm >= 0x47800000u ? 0x7F800000u : nrm;
-    uint32_t sub = opg_u((opg_f(a) + 0.5f) - 0.5f);
-    uint32_t r = a < 0x38800000u ? sub : nrm;
-    r = a > 0x7F800000u ? (a & 0xFFFFE000u) | 0x00400000u : r;
-    return opg_f(sign | r);
-}
-static inline float opg_ld_f16(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, em = h & 0x7FFFu;
-    uint32_t nrm = (em << 13) + 0x38000000u;                /* exponent bias 15 -> 127 */
-    nrm = em >= 0x7C00u ? nrm + 0x38000000u : nrm;          /* inf / NaN: exponent 255 */
-    /* subnormal: (1 + m/1024) * 2^-14 - 2^-14 = m * 2^-24, exact */
-    uint32_t sub = opg_u(opg_f((em << 13) + 0x38800000u) - 6.103515625e-05f);
-    return opg_f(sign | (em < 0x0400u ? sub : nrm));
-}
-static inline uint16_t opg_st_f16(float f) {
-    uint32_t u = opg_u(opg_rnd_f16(f)), sign = (u >> 16) & 0x8000u, a = u & 0x7FFFFFFFu;
-    uint32_t nrm = (a - 0x38000000u) >> 13;                 /* exact: low 13 bits are zero */
-    nrm = a >= 0x7F800000u ? 0x7C00u | ((a >> 13) & 0x3FFu) : nrm;
-    uint32_t sub = opg_u(opg_f(a) + 0.5f) - 0x3F000000u;    /* exact: a multiple of 2^-24 */
-    return (uint16_t)(sign | (a < 0x38800000u ? sub : nrm));
-}
-"""
 
 
 def store_rounds(p: Plan) -> bool:
@@ -196,112 +143,6 @@ def _loop(p: Plan, load: Callable[[int, str], str], pre: list[str], simd: bool,
     return lines
 
 
-# --- explicit SIMD loop for f16 / bf16 bodies (gcc does not vectorise half conversions) --------
-# One API over AVX-512 (16 lanes) or AVX2 + F16C (8 lanes): opg_v, OPG_W, opg_v_<op>.
-V_OP = {"add": "opg_v_add", "sub": "opg_v_sub", "mul": "opg_v_mul", "div": "opg_v_div"}
-V_LOAD = {F32: "opg_v_ld_f32(&{}[j])", F16: "opg_v_ld_f16(&{}[j])", BF16: "opg_v_ld_bf16(&{}[j])"}
-V_ROUND = {F32: "{}", F16: "opg_v_rnd_f16({})", BF16: "opg_v_rnd_bf16({})"}
-V_STORE = {F32: "opg_v_st_f32(&{}[j], {});", F16: "opg_v_st_f16(&{}[j], {});",
-           BF16: "opg_v_st_bf16(&{}[j], {});"}
-V_NT = {F32: "opg_v_nt_f32(&{}[j], {});", F16: "opg_v_nt_f16(&{}[j], {});",
-        BF16: "opg_v_nt_bf16(&{}[j], {});"}
-
-V_HELPERS = r"""/* vcvtps2ph rounds to nearest even (imm 0) and keeps a NaN's top payload bits, quieted, like
-   opg_rnd_f16; the bf16 rounding below is opg_st_bf16 on every lane. Stores take registers that
-   already hold values of the output dtype (a body's result has the output dtype), so the bf16
-   store only drops the low half. */
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#define OPG_VEC 1
-#define OPG_W 16
-typedef __m512 opg_v;
-#define opg_v_add _mm512_add_ps
-#define opg_v_sub _mm512_sub_ps
-#define opg_v_mul _mm512_mul_ps
-#define opg_v_div _mm512_div_ps
-#define opg_v_set1 _mm512_set1_ps
-#define opg_v_ld_f32 _mm512_loadu_ps
-#define opg_v_st_f32 _mm512_storeu_ps
-static inline opg_v opg_v_rnd_f16(opg_v x) { return _mm512_cvtph_ps(_mm512_cvtps_ph(x, 0)); }
-static inline opg_v opg_v_ld_f16(const uint16_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
-static inline void opg_v_st_f16(uint16_t *p, opg_v x) { _mm256_storeu_si256((__m256i *)p, _mm512_cvtps_ph(x, 0)); }
-static inline __m512i opg_v_bf16_bits(opg_v x) {  /* the bf16 bits in the high half, RNE */
-    const __m512i u = _mm512_castps_si512(x);
-    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-    const __m512i r = _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7FFF)), lsb);
-    const __mmask16 nan = _mm512_cmpgt_epi32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7FFFFFFF)),
-                                                  _mm512_set1_epi32(0x7F800000));
-    const __m512i q = _mm512_or_si512(u, _mm512_set1_epi32(0x00400000));
-    return _mm512_and_si512(_mm512_mask_blend_epi32(nan, r, q), _mm512_set1_epi32((int)0xFFFF0000u));
-}
-static inline opg_v opg_v_rnd_bf16(opg_v x) { return _mm512_castsi512_ps(opg_v_bf16_bits(x)); }
-static inline opg_v opg_v_rnd_bf16_q(opg_v x) {  /* opg_v_rnd_bf16 where no NaN carries low bits */
-    const __m512i u = _mm512_castps_si512(x);
-    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-    const __m512i r = _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7FFF)), lsb);
-    return _mm512_castsi512_ps(_mm512_and_si512(r, _mm512_set1_epi32((int)0xFFFF0000u)));
-}
-static inline opg_v opg_v_ld_bf16(const uint16_t *p) {
-    const __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
-}
-static inline void opg_v_st_bf16(uint16_t *p, opg_v x) {  /* x already holds bf16 values */
-    _mm256_storeu_si256((__m256i *)p, _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(x), 16)));
-}
-static inline void opg_v_nt_f32(float *p, opg_v x) { _mm512_stream_ps(p, x); }
-static inline void opg_v_nt_f16(uint16_t *p, opg_v x) { _mm256_stream_si256((__m256i *)p, _mm512_cvtps_ph(x, 0)); }
-static inline void opg_v_nt_bf16(uint16_t *p, opg_v x) {
-    _mm256_stream_si256((__m256i *)p, _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(x), 16)));
-}
-#elif defined(__AVX2__) && defined(__F16C__)
-#include <immintrin.h>
-#define OPG_VEC 1
-#define OPG_W 8
-typedef __m256 opg_v;
-#define opg_v_add _mm256_add_ps
-#define opg_v_sub _mm256_sub_ps
-#define opg_v_mul _mm256_mul_ps
-#define opg_v_div _mm256_div_ps
-#define opg_v_set1 _mm256_set1_ps
-#define opg_v_ld_f32 _mm256_loadu_ps
-#define opg_v_st_f32 _mm256_storeu_ps
-static inline opg_v opg_v_rnd_f16(opg_v x) { return _mm256_cvtph_ps(_mm256_cvtps_ph(x, 0)); }
-static inline opg_v opg_v_ld_f16(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
-static inline void opg_v_st_f16(uint16_t *p, opg_v x) { _mm_storeu_si128((__m128i *)p, _mm256_cvtps_ph(x, 0)); }
-static inline __m256i opg_v_bf16_bits(opg_v x) {  /* the bf16 bits in the high half, RNE */
-    const __m256i u = _mm256_castps_si256(x);
-    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-    const __m256 r = _mm256_castsi256_ps(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7FFF)), lsb));
-    const __m256 nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);   /* NaN lanes: quieted, truncated */
-    const __m256 q = _mm256_or_ps(x, _mm256_castsi256_ps(_mm256_set1_epi32(0x00400000)));
-    return _mm256_and_si256(_mm256_castps_si256(_mm256_blendv_ps(r, q, nan)),
-                            _mm256_set1_epi32((int)0xFFFF0000u));
-}
-static inline opg_v opg_v_rnd_bf16(opg_v x) { return _mm256_castsi256_ps(opg_v_bf16_bits(x)); }
-static inline opg_v opg_v_rnd_bf16_q(opg_v x) {  /* opg_v_rnd_bf16 where no NaN carries low bits */
-    const __m256i u = _mm256_castps_si256(x);
-    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-    const __m256i r = _mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7FFF)), lsb);
-    return _mm256_castsi256_ps(_mm256_and_si256(r, _mm256_set1_epi32((int)0xFFFF0000u)));
-}
-static inline opg_v opg_v_ld_bf16(const uint16_t *p) {
-    const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
-    return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
-}
-static inline void opg_v_st_bf16(uint16_t *p, opg_v x) {
-    const __m256i h = _mm256_srli_epi32(_mm256_castps_si256(x), 16);  /* x holds bf16 values */
-    const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(h, h), 0xD8);
-    _mm_storeu_si128((__m128i *)p, _mm256_castsi256_si128(packed));
-}
-/* non-temporal stores (the address is aligned to a whole vector of the output) */
-static inline void opg_v_nt_f32(float *p, opg_v x) { _mm256_stream_ps(p, x); }
-static inline void opg_v_nt_f16(uint16_t *p, opg_v x) { _mm_stream_si128((__m128i *)p, _mm256_cvtps_ph(x, 0)); }
-static inline void opg_v_nt_bf16(uint16_t *p, opg_v x) {
-    const __m256i h = _mm256_srli_epi32(_mm256_castps_si256(x), 16);
-    _mm_stream_si128((__m128i *)p, _mm256_castsi256_si128(_mm256_permute4x64_epi64(_mm256_packus_epi32(h, h), 0xD8)));
-}
-#endif
-"""
 
 
 def needs_vector(p: Plan) -> bool:
@@ -354,6 +195,26 @@ def _simd_block(p: Plan, scalar_h: bool, width: str, vtype: str, load, set1: str
         rk = (lambda d, e: f"opg_v_rnd_bf16_q({e})") if k in quiet else rnd
         lines.append(f"    const {vtype} v_{dst} = {_rounded(p, k, expr, rk)};")
     return lines + ["}", "jv = j;", "}"]
+
+
+def _rows_block(p: Plan, rows: int) -> list[str]:
+    """Explicit SIMD over ``rows`` rows at once (operand pointers ``q<k>_<row>``; the hoisted
+    registers ``q<k>`` are the same in every row, so each of their vectors is loaded once for
+    all of them): per row the statements of :func:`_simd_block`, in the same order."""
+    nb, nh = len(p.big), len(p.hoisted)
+    hoisted = set(p.hoisted)
+    lines = ["int64_t j = 0;", "for (; j + OPG_W <= n; j += OPG_W) {"]
+    lines += [f"    const opg_v v_{r} = opg_v_ld_f32(&q{k}[j]);" for k, r in enumerate(p.hoisted, start=nb)]
+    for i in range(rows):
+        def v(r: str) -> str:
+            return f"v_{r}" if r in hoisted else f"v_{r}_{i}"
+        lines += [f"    const opg_v {v(r)} = {V_LOAD[d].format(f'q{k}_{i}')};" for k, (r, d) in enumerate(p.big)]
+        for k, (dst, ins) in enumerate(p.live):
+            args = [v(r) for r in ins.args]
+            expr = args[0] if ins.op == "cast" else f"{V_OP[ins.op]}({', '.join(args)})"
+            lines.append(f"    const opg_v {v(dst)} = {_rounded(p, k, expr, lambda d, e: V_ROUND[d].format(e))};")
+        lines.append("    " + V_STORE[p.out_dtype].format(f"q{nb + nh}_{i}", v(p.result)))
+    return lines + ["}", "jv = j;"]
 
 
 def _quiet_or_not(block: Callable[[frozenset[int]], list[str]], p: Plan, scalar_h: bool) -> list[str]:
@@ -440,13 +301,32 @@ def render(p: Plan) -> str:
     out.append(f"    const int scalar_h = {' && '.join(dense + bcast)};")
     out.append(f"    const int vector_h = {' && '.join(dense + vec)};")
     # rows of a 2-d layout with per-channel vectors (BatchNorm1d's [N, C]): a row is a few
-    # vectors of work, so nothing but the row's pointers per item
-    rows = [f"{'' if k == nops - 1 else 'const '}{t} *const q{k} = b{k} + w * s{k}[0];"
-            for k, t in enumerate(ctypes_)]
-    out += ["    if (ndim == 2 && nblk == 1 && vector_h) {",
+    # vectors of work, so nothing but the rows' pointers per item, and ROWS rows at a time
+    # sharing each load of a per-channel vector (the loads, not the arithmetic, bound this loop)
+    def row(k: int, t: str, at: str) -> str:
+        return f"{'' if k == nops - 1 else 'const '}{t} *const q{k}{at[0]} = b{k} + {at[1]} * s{k}[0];"
+    hoisted_rows = " && ".join(f"s{k}[0] == 0" for k in range(nb, nb + nh)) or "1"
+    big_ops = [(k, t) for k, t in enumerate(ctypes_) if not nb <= k < nb + nh]
+    out += [f"    if (ndim == 2 && nblk == 1 && vector_h && {hoisted_rows}) {{",
             "        const int64_t n = inner;",
-            "        for (int64_t w = w_begin; w < w_end; ++w) {",
-            "            " + " ".join(rows)]
+            "        int64_t w = w_begin;",
+            "#if defined(OPG_VEC)",
+            f"        for (; w + {ROWS} <= w_end; w += {ROWS}) {{",
+            "            " + " ".join(row(k, t, (f"_{i}", f"(w + {i})")) for i in range(ROWS) for k, t in big_ops),
+            "            " + " ".join(f"const float *const q{k} = b{k};" for k in range(nb, nb + nh)),
+            "            int64_t jv = 0;",
+            "            {"]
+    out += ["                " + s for s in _rows_block(p, ROWS)]
+    out += ["            }"]
+    for i in range(ROWS):  # each row's tail past the last whole vector
+        out += ["            {", "                " + " ".join(
+            f"{'' if k == nops - 1 else 'const '}{t} *const q{k} = q{k}_{i};" for k, t in big_ops)]
+        out += ["                for (int64_t j = jv; j < n; ++j) {"]
+        out += ["                    " + s for s in _body(p, lambda k, r: f"q{k}[j]")]
+        out += ["                }", "            }"]
+    out += ["        }", "#endif",
+            "        for (; w < w_end; ++w) {",
+            "            " + " ".join(row(k, t, ("", "w")) for k, t in enumerate(ctypes_))]
     out += _loop(p, lambda k, r: f"q{k}[j]", [], simd=True,
                  vector=_vector_loop(p, False) if needs_vector(p) else None)
     out += ["        }", "        return;", "    }"]

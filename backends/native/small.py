@@ -34,7 +34,7 @@ from opgraph.core.dtypes import DataType
 from . import build
 from .build import PointerArray, address, int64_array
 from .prologue import HELPERS as SUM_HELPERS, Prologue
-from .render import F32, HELPERS
+from .c_text import F32, HELPERS
 from .unsupported import Unsupported, planned
 
 _ARGTYPES = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
