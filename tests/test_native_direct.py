@@ -257,3 +257,34 @@ def test_a_missing_weight_or_bias_is_read_like_the_other_per_channel_terms(missi
             inner = [ln.strides[k * nd + nd - 1] for k in range(nb, nb + len(ln.hoisted))]
             assert inner and set(inner) == {1}, inner
     R.assert_bits_equal(got["native"], got["numpy"])
+
+
+@pytest.mark.parametrize("dtype", [R.F32, R.F16, R.BF16], ids=["f32", "f16", "bf16"])
+@pytest.mark.parametrize("shape", [(2, 5, 3, 7), (3, 64, 9, 11)], ids=lambda s: "x".join(map(str, s)))
+def test_a_channels_last_output_is_walked_in_memory_order(shape, dtype):
+    """A channels_last input and output (NHWC memory): the kernel's loop walks the output's
+    memory in order — [N·H·W, C], channels innermost at stride 1 — not the logical order, in
+    which W steps C elements at a time and every element takes the scalar strided path; bits
+    are numpy's."""
+    N, C, H, W = shape
+    rng = np.random.default_rng(9)
+
+    def nhwc(fill=None):
+        a = rng.standard_normal((N, H, W, C)) if fill is None else np.full((N, H, W, C), fill)
+        return a.astype(dtype).transpose(0, 3, 1, 2)
+    x = nhwc()
+    chans = [rng.uniform(0.5, 2.0, C).astype(dtype) for _ in range(4)]
+    got = {}
+    for backend in ("native", "numpy"):
+        out = nhwc(np.nan)
+        with opgraph.use_backend(backend), opgraph.opt_level(2), opgraph.platform("Ascend950"):
+            st, ws, ex = opgraph.aclnn.aclnnBatchNormElemtGetWorkspaceSize(
+                opgraph.tensor(x), *map(opgraph.tensor, chans), 1e-5, opgraph.tensor(out))
+            assert st == 0 and opgraph.aclnn.aclnnBatchNormElemt(None, 0, ex) == 0
+        got[backend] = out
+        if backend == "native":
+            ln, _ = executable_of(ex).launches[0]
+            nd = ln.ndim
+            assert (nd, list(ln.shape)) == (2, [N * H * W, C])
+            assert ln.strides[len(ln.strides) - 1] == 1  # the output's innermost stride
+    R.assert_bits_equal(got["native"], got["numpy"])

@@ -135,8 +135,12 @@ class Launch:
         the byte extents read and written, which operands have the output's layout."""
         self.empty = math.prod(full) == 0
         strides = strides + [_element_strides(out)]
-        groups = collapse_groups(full, strides)
-        shape, loop_strides = collapsed(full, strides, groups)
+        # the loop walks the output's memory in order (a channels_last output: channels
+        # innermost, not a stride-C walk along W); each element's value is the same in any order
+        order = sorted(range(len(full)), key=lambda d: -strides[-1][d])  # row-major: unchanged
+        walk, strides = tuple(full[d] for d in order), [[s[d] for d in order] for s in strides]
+        groups = collapse_groups(walk, strides)
+        shape, loop_strides = collapsed(walk, strides, groups)
         self._set_flat_loop(shape, sum(loop_strides, []))
         self.extents = [_extent(x) for x in read]
         self.out_extent = _extent(out)
