@@ -256,3 +256,23 @@ def test_the_whole_family_on_empty_inputs_gives_what_the_usual_call_gives(calls,
     again = run(calls, True, args, backend, platform)
     assert same(learnt, want) and same(again, want)
     assert len(calls) == 7  # learnt (most not direct: an empty array is not bound at its own address)
+
+
+@pytest.mark.skipif(not native.available(), reason="no C compiler for the native backend")
+@pytest.mark.parametrize("shape", [LARGE, (8, 64, 4, 4)], ids=["passes", "blocked"])
+def test_reductions_run_from_the_addresses_on_every_new_array(calls, shape):
+    """A direct BatchNormStats / BatchNormReduceBackward whose passes read nothing but the big
+    inputs runs its C calls from the arrays' addresses alone (reduce_run.run_by_address, no
+    views): each call on new data gives the numpy backend's bits for that data."""
+    got, want = [], []
+    for seed in range(3):
+        x, dy, w, *_ = inputs(shape, F32, seed)
+        for backend, into in (("native", got), ("numpy", want)):
+            calls.enabled = backend == "native"
+            with opgraph.use_backend(backend):
+                mean, invstd = ops.batch_norm_stats(x, EPS)
+                into.append([mean, invstd, *ops.batch_norm_backward_reduce(
+                    dy, x, mean, invstd, w, True, True, True)])
+    assert all(calls.runs_direct()) and len(calls) == 2
+    assert all(same(g, w_) for g, w_ in zip(got, want))
+    assert not same(got[0], got[1])

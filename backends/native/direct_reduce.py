@@ -10,7 +10,9 @@ into its tensor as the interpreter's placement does, so the bits are the same:
 * from there on, the reduction passes of :mod:`.reduce` on the bound tensors' views, then
   their epilogue as one C call into the call's scratch (:attr:`.reduce.Plan.tail`; where the
   renderer does not cover it, numpy instructions under ``np.errstate(all="ignore")``, as the
-  interpreter runs).
+  interpreter runs); where the passes read nothing but the big inputs (the family's stats and
+  backward sums), from the bound tensors' addresses alone, no views
+  (:func:`.reduce_run.run_by_address`).
 
 :meth:`DirectReduce.prepare` gives None when the body is one its path does not cover (the
 program then runs node by node, where the node falls back to numpy); a run whose size no longer
@@ -38,7 +40,7 @@ from l0ops.fused_reduce import FusedReduceAttrs
 from opgraph.core.ir import Node
 from opgraph.core.backend import Addressed
 from .reduce import plan_for
-from .reduce_run import PassRun, run_planned, tail_addresses
+from .reduce_run import PassRun, run_by_address, run_planned, tail_addresses
 from .unsupported import Unsupported
 from .small import SmallCall, call_small, plan_small
 
@@ -89,6 +91,14 @@ class DirectReduce:
             return False
         if self.small:
             self._compute(bindings, [bindings[n].data_address for n in self.reads])
+            return True
+        passes = self.passes
+        if (passes is not None and passes.by_address and self.moves is not None
+                and self.lock.acquire(blocking=False)):
+            try:  # C calls only: the inputs' addresses, no views
+                self._finish(bindings, run_by_address(passes, [bindings[n].data_address for n in self.names]))
+            finally:
+                self.lock.release()
             return True
         with np.errstate(all="ignore"):  # the plan is for these layouts: no lookup
             views = [bindings[n].view() for n in self.names]

@@ -83,6 +83,15 @@ class _PassCall:
             _store(p, self.sums, values)
         return self.sums
 
+    def from_addresses(self, addresses: Sequence[int]) -> None:
+        """The sweep on the big inputs at ``addresses`` (by input index), for a pass with no
+        kept registers and nothing to store (:attr:`PassRun.by_address`)."""
+        ptrs = self.ptrs
+        for j, i in enumerate(self.p.big):
+            ptrs[j] = addresses[i]
+        if self.p.fn(*self.head, team.runner_or_null()):
+            raise MemoryError("FusedReduce: no memory for the per-block sums")
+
 
 class _BlockedCall:
     """Both passes of ``bp`` in one C call, as :class:`_PassCall` makes one: one float32 buffer
@@ -119,6 +128,16 @@ class _BlockedCall:
             _store(b, self.sums[len(a.batch):], values)
         return self.sums
 
+    def from_addresses(self, addresses: Sequence[int]) -> None:
+        """Both passes on the big inputs at ``addresses`` (see :meth:`_PassCall.from_addresses`;
+        pass b's kept registers are all derived by the call)."""
+        a, b = self.bp.a, self.bp.b
+        for ptrs, p in ((self.ptrs_a, a), (self.ptrs_b, b)):
+            for j, i in enumerate(p.big):
+                ptrs[j] = addresses[i]
+        if self.bp.fn(*self.head, team.runner()):
+            raise MemoryError("FusedReduce: no memory for the per-block sums")
+
 
 class PassRun:
     """The steps of ``plan`` up to its tail (all of them without one) with every pass's buffer
@@ -141,6 +160,14 @@ class PassRun:
                 self.steps.append(("call", _BlockedCall(st[1], plan, store)))
             else:
                 self.steps.append(st)
+        # calls that read nothing but the big inputs and store nothing (a pass with no kept
+        # registers, or a blocked pair whose pass b's are its own), as the family's stats and
+        # backward sums at level 2 are: then a run needs only the inputs' addresses
+        self.by_address = plan.tail is not None and all(
+            kind == "call" and not call.store and not call_reads_registers(call)
+            for kind, call, *_ in self.steps)
+        self.rows = [address(c.sums) + 4 * plan.K * i
+                     for _, c, *_ in self.steps if self.by_address for i in range(len(c.sums))]
 
     def run(self, inputs: Sequence[np.ndarray], values: "dict | None" = None) -> list[np.ndarray]:
         """The passes' sums (float32 rows of K, in pass order); the registers into ``values``."""
@@ -157,6 +184,13 @@ class PassRun:
                 _, name, fn, args = step
                 values[name] = fn(*[values[r] for r in args])
         return sums
+
+
+def call_reads_registers(call: "_PassCall | _BlockedCall") -> bool:
+    """Whether a pass call fills kept registers from the run's values before its sweep."""
+    if isinstance(call, _PassCall):
+        return bool(call.p.kept)
+    return bool(call.bp.a.kept) or len(call.skip) != len(call.bp.b.kept)
 
 
 def run_fused_reduce_native(a: FusedReduceAttrs, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
@@ -186,6 +220,16 @@ def run_planned(plan: Plan, a: FusedReduceAttrs, inputs: Sequence[np.ndarray]) -
     return out
 
 
+def run_by_address(passes: PassRun, addresses: Sequence[int]) -> list[int]:
+    """The pointers of the plan's tail call after running ``passes`` (:attr:`PassRun.by_address`)
+    on the inputs at ``addresses``: what :func:`tail_addresses` gives after
+    :meth:`PassRun.run`, without the inputs' views."""
+    for _, call, *_ in passes.steps:
+        call.from_addresses(addresses)
+    n, rows = len(addresses), passes.rows
+    return [addresses[k] if k < n else rows[k - n] for k in passes.plan.tail.call.small]
+
+
 def tail_addresses(plan: Plan, inputs: Sequence[np.ndarray], sums: Sequence[np.ndarray]) -> list[int]:
     """The pointers of ``plan``'s tail call: the per-channel inputs it reads, then the sum rows
     (``sums`` from :meth:`PassRun.run`)."""
@@ -194,4 +238,4 @@ def tail_addresses(plan: Plan, inputs: Sequence[np.ndarray], sums: Sequence[np.n
     return [address(inputs[k]) if k < n else rows[k - n] for k in plan.tail.call.small]
 
 
-__all__ = ["PassRun", "run_fused_reduce_native", "run_planned", "tail_addresses"]
+__all__ = ["PassRun", "run_by_address", "run_fused_reduce_native", "run_planned", "tail_addresses"]
