@@ -166,8 +166,8 @@ class PassRun:
         self.by_address = plan.tail is not None and all(
             kind == "call" and not call.store and not call_reads_registers(call)
             for kind, call, *_ in self.steps)
-        self.rows = [address(c.sums) + 4 * plan.K * i
-                     for _, c, *_ in self.steps if self.by_address for i in range(len(c.sums))]
+        self.rows = [address(c.sums) + 4 * plan.K * i for _, c, *_ in self.steps
+                     for i in range(len(c.sums))] if self.by_address else []  # the tail's sum rows
 
     def run(self, inputs: Sequence[np.ndarray], values: "dict | None" = None) -> list[np.ndarray]:
         """The passes' sums (float32 rows of K, in pass order); the registers into ``values``."""

@@ -9,10 +9,12 @@ turns the plan into C source. The kernel makes one pass over the data:
 * operands are the ``big`` full-size inputs (f32 / f16 / bf16 at any element strides), the
   hoisted registers the live instructions read (float32, stride 0 on broadcast dims) and the
   output (any element strides);
-* the iteration space is collapsed by the caller; work items are (outer index, block of the
-  innermost dim), shared out by the persistent thread team of :mod:`.team` (serial below
-  :data:`PARALLEL_MIN` elements), with SIMD inner loops when the innermost strides are 1 (data)
-  and 0 or 1 (hoisted registers), and a generic strided loop otherwise.
+* the iteration space is collapsed by the caller (in the output's memory order); work items
+  are (outer index, block of the innermost dim), shared out by the persistent thread team of
+  :mod:`.team` (serial below :data:`PARALLEL_MIN` elements), with SIMD inner loops when the
+  innermost strides are 1 (data) and 0 or 1 (hoisted registers), and a generic strided loop
+  otherwise; a 2-d loop whose hoisted registers are vectors along its rows (the channels
+  innermost: a [N, C] input, channels_last) takes :data:`ROWS` rows at a time.
 
     >>> import numpy as np
     >>> from l0ops.interpreter import Hoisted
