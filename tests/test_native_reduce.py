@@ -114,6 +114,13 @@ def steps_of(a, inputs):
     return [st[0] for st in plan_for(a, inputs).steps if st[0] != "instr"]
 
 
+def passes_of(a, inputs):
+    """The plan's passes, a blocked pair's two included."""
+    steps = plan_for(a, inputs).steps
+    return [p for st in steps if st[0] in ("pass", "blocked")
+            for p in ((st[1],) if st[0] == "pass" else (st[1].a, st[1].b))]
+
+
 @pytest.mark.parametrize("half", [None, F16, BF16], ids=["f32", "f16-diff", "bf16-diff"])
 @pytest.mark.parametrize("dt", list(DTYPES))
 @pytest.mark.parametrize("shape", [(3, 9, 33, 31), (2, 64, 28, 28), (2, 8, 40001), (1, 12, 32768 + 5)],
@@ -204,11 +211,12 @@ def test_channels_last_kernel_bits_equal_numpy(shape, dt):
             np.argsort(order))
     x, dy = cl(), cl()
     mean = rng.standard_normal(shape[1]).astype(np.float32).reshape(keep(shape))
-    for a, ins in ((stats_body(shape, F16 if dt == "f16" else None), [x]),
-                   (backward_body(shape, dt), [dy, x, mean])):
+    stats = stats_body(shape, F16 if dt == "f16" else None)
+    for a, ins in ((stats, [x]), (backward_body(shape, dt), [dy, x, mean])):
         check_same(a, ins)
-        passes = [st[1] for st in plan_for(a, ins).steps if st[0] == "pass"]
+        passes = passes_of(a, ins)
         assert passes and all(p.cols for p in passes)
+        assert steps_of(a, ins) == (["blocked"] if a is stats else ["pass"])  # stats: one C call
 
 
 @pytest.mark.parametrize("n", [1, 2, 7])
@@ -225,10 +233,12 @@ def test_channels_last_pass_of_one_item_splits_its_lanes(shape, n, threads):
     x, dy = (rng.standard_normal(shape).astype(np.float32) for _ in range(2))
     x.reshape(-1)[5::293] = 3e4
     mean = rng.standard_normal(shape[1]).astype(np.float32).reshape(1, -1)
-    for a, ins in ((stats_body(shape), [x]), (backward_body(shape, "f32"), [dy, x, mean])):
+    stats = stats_body(shape)
+    for a, ins in ((stats, [x]), (backward_body(shape, "f32"), [dy, x, mean])):
         check_same(a, ins)
-        passes = [st[1] for st in plan_for(a, ins).steps if st[0] == "pass"]
+        passes = passes_of(a, ins)
         assert passes and all(p.cols for p in passes)
+        assert steps_of(a, ins) == (["blocked"] if a is stats else ["pass"])  # stats: one C call
 
 
 def test_special_values_keep_their_bits():

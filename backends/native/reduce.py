@@ -43,7 +43,7 @@ from opgraph.core.dtypes import DataType, dtype_of
 from opgraph.core.types import TensorType
 from . import build
 from .build import PointerArray
-from .reduce_c import render_blocked, render_pass
+from .reduce_c import render_blocked, render_cols_pair, render_pass
 from .c_text import C_OP, FLOATS
 from .small import SmallPlan, compile_body
 from .unsupported import Unsupported, planned
@@ -266,15 +266,19 @@ def _tail(a: FusedReduceAttrs, steps: list, in_types: list, inputs: Sequence[np.
 
 def _blocked(steps: list, body: Sequence[Instr], types: dict, consts: dict, K: int) -> list:
     """``steps`` with its first two passes and the instructions between them as one
-    ("blocked", :class:`BlockedPair`) step where that applies — at least :data:`BLOCKED_MIN_K`
-    kept indices, both passes kept-index major (not channels_last), every instruction between
+    ("blocked", :class:`BlockedPair`) step where that applies — both passes kept-index major
+    with at least :data:`BLOCKED_MIN_K` kept indices (run index by index), or both channels_last
+    (run whole, one after the other: :func:`.reduce_c.render_cols_pair`), every instruction between
     them a float add/sub/mul/div/sqrt/cast/view of pass a's sums, one-element constants or each
     other, with one value per kept index or one for all — else ``steps`` unchanged. The
     instructions stay as numpy steps after it too: they give the registers later steps read."""
     at = [i for i, st in enumerate(steps) if st[0] == "pass"][:2]
-    if K < BLOCKED_MIN_K or len(at) < 2 or steps[at[0]][1].cols or steps[at[1]][1].cols:
+    if len(at) < 2:
         return steps
     a, b = steps[at[0]][1], steps[at[1]][1]
+    cols = a.cols and b.cols  # channels_last: both passes whole, one C call (render_cols_pair)
+    if (K < BLOCKED_MIN_K and not cols) or a.cols != b.cols:
+        return steps
     a_regs = [(name, types[name][0]) for name, _, _ in a.stores]
     between = [(name, f"opg_f(0x{int(v.reshape(()).view(np.uint32)):08X}u)", DataType.FLOAT)
                for name, v in consts.items() if v.size == 1 and v.dtype == np.float32]
@@ -290,7 +294,7 @@ def _blocked(steps: list, body: Sequence[Instr], types: dict, consts: dict, K: i
                         else f" {C_OP[ins.op]} ".join(x), dtype))
         known.add(name)
     derived = tuple((j, r) for j, r in enumerate(b.kept) if r in known)
-    src = render_blocked(a.spec, b.spec, a_regs, between, derived)
+    src = (render_cols_pair if cols else render_blocked)(a.spec, b.spec, a_regs, between, derived)
     fn = build.load(src).fn
     if fn.argtypes is None:
         fn.argtypes, fn.restype = _BLOCKED_ARGTYPES, ctypes.c_int

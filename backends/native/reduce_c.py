@@ -58,6 +58,20 @@ static void opg_fold(float *a, int64_t m, int64_t stride) {{
         m = n;
     }}
 }}
+/* S*K sums into out from their blocks; with per_block = OPG_LANES each block's lanes were left
+   unfolded by lane-group items (channels_last passes): folded first, in place (j <= 64 j) */
+static inline void opg_fold_blocks(float *blocks, int64_t S, int64_t K, int64_t R, int64_t nblocks,
+                                   int64_t per_block, float *out) {{
+    for (int64_t j = 0; per_block > 1 && j < S * K * nblocks; ++j) {{
+        const int64_t len = R - j % nblocks * OPG_BLOCK;
+        opg_fold(blocks + j * OPG_LANES, len < OPG_BLOCK ? (len < OPG_LANES ? len : OPG_LANES) : OPG_LANES, 1);
+        blocks[j] = blocks[j * OPG_LANES];
+    }}
+    for (int64_t sk = 0; sk < S * K; ++sk) {{
+        opg_fold(blocks + sk * nblocks, nblocks, 1);
+        out[sk] = blocks[sk * nblocks];
+    }}
+}}
 """
 
 
@@ -293,15 +307,7 @@ def _finish(L: list[str], S: int, work: str, lane_groups: bool = False) -> str:
           "    const struct opg_rctx c = {K, R, nr, nblocks, rshape, koff, rstr, ptrs, blocks, ng};",
           f"    if (!({parallel}) || work < 2) opg_items((void *)&c, 0, work);",
           "    else run(opg_items, (void *)&c, work, 1);",
-          f"    for (int64_t j = 0; per_block > 1 && j < {S} * K * nblocks; ++j) {{  /* in place: j <= 64 j */",
-          "        const int64_t len = R - j % nblocks * OPG_BLOCK;",
-          "        opg_fold(blocks + j * OPG_LANES, len < OPG_BLOCK ? (len < OPG_LANES ? len : OPG_LANES) : OPG_LANES, 1);",
-          "        blocks[j] = blocks[j * OPG_LANES];",
-          "    }",
-          f"    for (int64_t sk = 0; sk < {S} * K; ++sk) {{",
-          "        opg_fold(blocks + sk * nblocks, nblocks, 1);",
-          "        out[sk] = blocks[sk * nblocks];",
-          "    }",
+          f"    opg_fold_blocks(blocks, {S}, K, R, nblocks, per_block, out);",
           "    free(blocks);",
           "    return 0;",
           "}", ""]
@@ -361,4 +367,47 @@ def render_blocked(a: tuple, b: tuple, a_regs: Sequence[tuple[str, DataType]],
     return "\n".join(L)
 
 
-__all__ = ["render_blocked", "render_pass"]
+def render_cols_pair(a: tuple, b: tuple, a_regs: Sequence[tuple[str, DataType]],
+                     between: Sequence[tuple[str, str, DataType]], derived: Sequence[tuple[int, str]]) -> str:
+    """:func:`render_blocked` for two channels_last passes (``cols``): pass ``a``'s items over
+    all the data, its sums folded, the instructions ``between`` for every kept index, then pass
+    ``b``'s items — one C call with the entry of :func:`render_blocked`, so no Python runs
+    between the passes. Each pass's items, lane groups and folds are those of
+    :func:`render_pass`'s ``cols`` kernel, so the bits are too."""
+    SA, SB, nbb = len(a[3]), len(b[3]), len(b[0])
+    L = _HEADER + _item_head("opg_items_a", *a[:2]) + _cols_items(*a)
+    L += _item_head("opg_items_b", *b[:2]) + _cols_items(*b)
+    parallel = f"run != 0 && K * R >= {PARALLEL_MIN}"
+    L += ["int opg_kernel(int64_t K, int64_t R, int64_t nblocks,",
+          "               int64_t nr_a, const int64_t *rshape_a, void *const *ptrs_a,",
+          "               const int64_t *koff_a, const int64_t *rstr_a, float *out_a,",
+          "               int64_t nr_b, const int64_t *rshape_b, void *const *ptrs_b,",
+          "               const int64_t *koff_b, const int64_t *rstr_b, float *out_b, opg_run run)", "{",
+          f"    const int par = {parallel};",
+          "    const int64_t items = ((K + OPG_KC - 1) / OPG_KC) * nblocks;",
+          "    const int64_t ng = par ? OPG_LANE_GROUPS(items) : 1, work = items * ng;",
+          "    const int64_t per_block = ng > 1 ? OPG_LANES : 1, size = K * nblocks * per_block;",
+          f"    float *const blocks = (float *)malloc(sizeof(float) * {SA + SB} * size);",
+          "    if (blocks == 0) return 1;",
+          "    const struct opg_rctx ca = {K, R, nr_a, nblocks, rshape_a, koff_a, rstr_a, ptrs_a, blocks, ng};",
+          f"    const struct opg_rctx cb = {{K, R, nr_b, nblocks, rshape_b, koff_b, rstr_b, ptrs_b, blocks + {SA} * size, ng}};",
+          "    if (!par || work < 2) opg_items_a((void *)&ca, 0, work);",
+          "    else run(opg_items_a, (void *)&ca, work, 1);",
+          f"    opg_fold_blocks(ca.blocks, {SA}, K, R, nblocks, per_block, out_a);"]
+    L += [f"    float *const d{j} = (float *)ptrs_b[{nbb + j}];" for j, _ in derived]
+    L += ["    for (int64_t k = 0; k < K; ++k) {"]
+    L += [f"        const float r_{r} = {ROUND[d].format(f'out_a[{s} * K + k]')};"
+          for s, (r, d) in enumerate(a_regs)]
+    L += [f"        const float r_{r} = {ROUND[d].format(expr)};" for r, expr, d in between]
+    L += [f"        d{j}[k] = r_{r};" for j, r in derived]
+    L += ["    }",
+          "    if (!par || work < 2) opg_items_b((void *)&cb, 0, work);",
+          "    else run(opg_items_b, (void *)&cb, work, 1);",
+          f"    opg_fold_blocks(cb.blocks, {SB}, K, R, nblocks, per_block, out_b);",
+          "    free(blocks);",
+          "    return 0;",
+          "}", ""]
+    return "\n".join(L)
+
+
+__all__ = ["render_blocked", "render_cols_pair", "render_pass"]

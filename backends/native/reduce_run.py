@@ -121,7 +121,7 @@ class _BlockedCall:
         _fill_kept(b, plan, values, self.buf[na:na + self.nb], self.skip)
         _bind(self.ptrs_a, a, inputs)
         _bind(self.ptrs_b, b, inputs)
-        if bp.fn(*self.head, team.runner()):
+        if bp.fn(*self.head, team.runner_or_null()):
             raise MemoryError("FusedReduce: no memory for the per-block sums")
         if self.store:
             _store(a, self.sums[:len(a.batch)], values)
@@ -135,7 +135,7 @@ class _BlockedCall:
         for ptrs, p in ((self.ptrs_a, a), (self.ptrs_b, b)):
             for j, i in enumerate(p.big):
                 ptrs[j] = addresses[i]
-        if self.bp.fn(*self.head, team.runner()):
+        if self.bp.fn(*self.head, team.runner_or_null()):
             raise MemoryError("FusedReduce: no memory for the per-block sums")
 
 
