@@ -39,6 +39,14 @@ from .c_text import C_OP, C_TYPE, HELPERS, LOAD, ROUND, V_HELPERS, V_LOAD, V_OP,
 from .team import C_DECL
 
 PARALLEL_MIN = 32768  # K * R below this: one thread
+_PARALLEL = f"run != 0 && K * R >= {PARALLEL_MIN}"  # (C) whether a kernel shares its items out
+
+
+def _share(body: str, ctx: str, work: str, parallel: str = _PARALLEL) -> list[str]:
+    """C running work items ``[0, work)`` of ``body`` on ``ctx``: on the team when
+    ``parallel`` holds and there are two or more, else on the calling thread."""
+    return [f"    if (!({parallel}) || {work} < 2) {body}((void *){ctx}, 0, {work});",
+            f"    else run({body}, (void *){ctx}, {work}, 1);"]
 
 FOLD = f"""#include <stdlib.h>
 #define OPG_LANES {LANES}
@@ -295,8 +303,7 @@ def _finish(L: list[str], S: int, work: str, lane_groups: bool = False) -> str:
     run in parallel, the ``work`` items are each split into ``OPG_LANE_GROUPS(work)`` groups of
     lanes, which leave every block's lanes unfolded (64 per block): folded here first, by the
     same tree."""
-    parallel = f"run != 0 && K * R >= {PARALLEL_MIN}"
-    ng = f"{parallel} ? OPG_LANE_GROUPS(items) : 1" if lane_groups else "1"
+    ng = f"{_PARALLEL} ? OPG_LANE_GROUPS(items) : 1" if lane_groups else "1"
     L = L + ["int opg_kernel(int64_t K, int64_t R, int64_t nr, const int64_t *rshape,",
           "               void *const *ptrs, const int64_t *koff, const int64_t *rstr,",
           "               int64_t nblocks, float *out, opg_run run)", "{",
@@ -305,8 +312,7 @@ def _finish(L: list[str], S: int, work: str, lane_groups: bool = False) -> str:
           f"    float *const blocks = (float *)malloc(sizeof(float) * {S} * K * nblocks * per_block);",
           "    if (blocks == 0) return 1;",
           "    const struct opg_rctx c = {K, R, nr, nblocks, rshape, koff, rstr, ptrs, blocks, ng};",
-          f"    if (!({parallel}) || work < 2) opg_items((void *)&c, 0, work);",
-          "    else run(opg_items, (void *)&c, work, 1);",
+          *_share("opg_items", "&c", "work"),
           f"    opg_fold_blocks(blocks, {S}, K, R, nblocks, per_block, out);",
           "    free(blocks);",
           "    return 0;",
@@ -359,8 +365,7 @@ def render_blocked(a: tuple, b: tuple, a_regs: Sequence[tuple[str, DataType]],
           "        {K, R, nr_a, nblocks, rshape_a, koff_a, rstr_a, ptrs_a, blocks},",
           f"        {{K, R, nr_b, nblocks, rshape_b, koff_b, rstr_b, ptrs_b, blocks + {SA} * K * nblocks}},",
           "        out_a, out_b};",
-          f"    if (run == 0 || K < 2 || K * R < {PARALLEL_MIN}) opg_channels((void *)&c, 0, K);",
-          "    else run(opg_channels, (void *)&c, K, 1);",
+          *_share("opg_channels", "&c", "K"),
           "    free(blocks);",
           "    return 0;",
           "}", ""]
@@ -377,13 +382,12 @@ def render_cols_pair(a: tuple, b: tuple, a_regs: Sequence[tuple[str, DataType]],
     SA, SB, nbb = len(a[3]), len(b[3]), len(b[0])
     L = _HEADER + _item_head("opg_items_a", *a[:2]) + _cols_items(*a)
     L += _item_head("opg_items_b", *b[:2]) + _cols_items(*b)
-    parallel = f"run != 0 && K * R >= {PARALLEL_MIN}"
     L += ["int opg_kernel(int64_t K, int64_t R, int64_t nblocks,",
           "               int64_t nr_a, const int64_t *rshape_a, void *const *ptrs_a,",
           "               const int64_t *koff_a, const int64_t *rstr_a, float *out_a,",
           "               int64_t nr_b, const int64_t *rshape_b, void *const *ptrs_b,",
           "               const int64_t *koff_b, const int64_t *rstr_b, float *out_b, opg_run run)", "{",
-          f"    const int par = {parallel};",
+          f"    const int par = {_PARALLEL};",
           "    const int64_t items = ((K + OPG_KC - 1) / OPG_KC) * nblocks;",
           "    const int64_t ng = par ? OPG_LANE_GROUPS(items) : 1, work = items * ng;",
           "    const int64_t per_block = ng > 1 ? OPG_LANES : 1, size = K * nblocks * per_block;",
@@ -391,8 +395,7 @@ def render_cols_pair(a: tuple, b: tuple, a_regs: Sequence[tuple[str, DataType]],
           "    if (blocks == 0) return 1;",
           "    const struct opg_rctx ca = {K, R, nr_a, nblocks, rshape_a, koff_a, rstr_a, ptrs_a, blocks, ng};",
           f"    const struct opg_rctx cb = {{K, R, nr_b, nblocks, rshape_b, koff_b, rstr_b, ptrs_b, blocks + {SA} * size, ng}};",
-          "    if (!par || work < 2) opg_items_a((void *)&ca, 0, work);",
-          "    else run(opg_items_a, (void *)&ca, work, 1);",
+          *_share("opg_items_a", "&ca", "work", "par"),
           f"    opg_fold_blocks(ca.blocks, {SA}, K, R, nblocks, per_block, out_a);"]
     L += [f"    float *const d{j} = (float *)ptrs_b[{nbb + j}];" for j, _ in derived]
     L += ["    for (int64_t k = 0; k < K; ++k) {"]
@@ -401,8 +404,7 @@ def render_cols_pair(a: tuple, b: tuple, a_regs: Sequence[tuple[str, DataType]],
     L += [f"        const float r_{r} = {ROUND[d].format(expr)};" for r, expr, d in between]
     L += [f"        d{j}[k] = r_{r};" for j, r in derived]
     L += ["    }",
-          "    if (!par || work < 2) opg_items_b((void *)&cb, 0, work);",
-          "    else run(opg_items_b, (void *)&cb, work, 1);",
+          *_share("opg_items_b", "&cb", "work", "par"),
           f"    opg_fold_blocks(cb.blocks, {SB}, K, R, nblocks, per_block, out_b);",
           "    free(blocks);",
           "    return 0;",

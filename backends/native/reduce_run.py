@@ -19,7 +19,7 @@ one and runs it under a lock. Bit-identical to numpy and the same for any thread
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence, Union
 
 import numpy as np
 
@@ -30,6 +30,9 @@ from . import team
 from .build import address
 from .reduce import BlockedPair, Pass, Plan, plan_for
 from .small import call_small
+
+
+Addresses = Union[Sequence[int], Mapping[int, int]]  # by input index
 
 
 def _fill_kept(p: Pass, plan: Plan, values: dict, rows: np.ndarray, skip: Sequence[int] = ()) -> None:
@@ -51,10 +54,16 @@ def _store(p: Pass, sums: np.ndarray, values: dict) -> None:
         values[name] = (total.astype(narrow).astype(np.float32) if narrow is not None else total).reshape(shape)
 
 
-def _bind(ptrs: Any, p: Pass, inputs: Sequence[np.ndarray]) -> None:
-    """Write the addresses of pass ``p``'s big inputs into the first slots of ``ptrs``."""
+def _bind(ptrs: Any, p: Pass, addresses: Addresses) -> None:
+    """Write the addresses of pass ``p``'s big inputs (``addresses[input index]``) into the
+    first slots of ``ptrs``."""
     for j, i in enumerate(p.big):
-        ptrs[j] = address(inputs[i])
+        ptrs[j] = addresses[i]
+
+
+def _big_addresses(inputs: Sequence[np.ndarray], *passes: Pass) -> dict[int, int]:
+    """The addresses of the big inputs of ``passes``, by input index."""
+    return {i: address(inputs[i]) for p in passes for i in p.big}
 
 
 class _PassCall:
@@ -76,19 +85,15 @@ class _PassCall:
     def __call__(self, inputs: Sequence[np.ndarray], values: dict) -> np.ndarray:
         p = self.p
         _fill_kept(p, self.plan, values, self.buf)
-        _bind(self.ptrs, p, inputs)
-        if p.fn(*self.head, team.runner_or_null()):
-            raise MemoryError("FusedReduce: no memory for the per-block sums")
+        self.from_addresses(_big_addresses(inputs, p))
         if self.store:
             _store(p, self.sums, values)
         return self.sums
 
-    def from_addresses(self, addresses: Sequence[int]) -> None:
-        """The sweep on the big inputs at ``addresses`` (by input index), for a pass with no
-        kept registers and nothing to store (:attr:`PassRun.by_address`)."""
-        ptrs = self.ptrs
-        for j, i in enumerate(self.p.big):
-            ptrs[j] = addresses[i]
+    def from_addresses(self, addresses: Addresses) -> None:
+        """The sweep on the big inputs at ``addresses`` (by input index), its kept registers'
+        rows already filled (a pass with none needs nothing else: :attr:`PassRun.by_address`)."""
+        _bind(self.ptrs, self.p, addresses)
         if self.p.fn(*self.head, team.runner_or_null()):
             raise MemoryError("FusedReduce: no memory for the per-block sums")
 
@@ -119,22 +124,16 @@ class _BlockedCall:
         a, b = bp.a, bp.b
         _fill_kept(a, plan, values, self.buf[:na])
         _fill_kept(b, plan, values, self.buf[na:na + self.nb], self.skip)
-        _bind(self.ptrs_a, a, inputs)
-        _bind(self.ptrs_b, b, inputs)
-        if bp.fn(*self.head, team.runner_or_null()):
-            raise MemoryError("FusedReduce: no memory for the per-block sums")
+        self.from_addresses(_big_addresses(inputs, a, b))
         if self.store:
             _store(a, self.sums[:len(a.batch)], values)
             _store(b, self.sums[len(a.batch):], values)
         return self.sums
 
-    def from_addresses(self, addresses: Sequence[int]) -> None:
-        """Both passes on the big inputs at ``addresses`` (see :meth:`_PassCall.from_addresses`;
-        pass b's kept registers are all derived by the call)."""
-        a, b = self.bp.a, self.bp.b
-        for ptrs, p in ((self.ptrs_a, a), (self.ptrs_b, b)):
-            for j, i in enumerate(p.big):
-                ptrs[j] = addresses[i]
+    def from_addresses(self, addresses: Addresses) -> None:
+        """Both passes on the big inputs at ``addresses`` (see :meth:`_PassCall.from_addresses`)."""
+        _bind(self.ptrs_a, self.bp.a, addresses)
+        _bind(self.ptrs_b, self.bp.b, addresses)
         if self.bp.fn(*self.head, team.runner_or_null()):
             raise MemoryError("FusedReduce: no memory for the per-block sums")
 

@@ -191,12 +191,21 @@ def _simd_block(p: Plan, scalar_h: bool, width: str, vtype: str, load, set1: str
         lines.append(f"    const {vtype} v_{r} = {load(d, f'q{k}')};")
     for k, r in enumerate(p.hoisted, start=nb):
         lines.append(f"    const {vtype} v_{r} = {f'vh{k}' if scalar_h else load(F32, f'q{k}')};")
+    lines += _vector_live(p, vtype, lambda r: f"v_{r}", op, rnd, quiet)
+    return lines + ["}", "jv = j;", "}"]
+
+
+def _vector_live(p: Plan, vtype: str, v: Callable[[str], str], op, rnd,
+                 quiet: frozenset[int] = frozenset()) -> list[str]:
+    """The live instructions as vector statements (inside a SIMD loop), register ``r`` spelt
+    ``v(r)``; ``op``, ``rnd`` and ``quiet`` as for :func:`_simd_block`."""
+    lines = []
     for k, (dst, ins) in enumerate(p.live):
-        args = [f"v_{r}" for r in ins.args]
+        args = [v(r) for r in ins.args]
         expr = args[0] if ins.op == "cast" else op(ins.op, args)
         rk = (lambda d, e: f"opg_v_rnd_bf16_q({e})") if k in quiet else rnd
-        lines.append(f"    const {vtype} v_{dst} = {_rounded(p, k, expr, rk)};")
-    return lines + ["}", "jv = j;", "}"]
+        lines.append(f"    const {vtype} {v(dst)} = {_rounded(p, k, expr, rk)};")
+    return lines
 
 
 def _rows_block(p: Plan, rows: int) -> list[str]:
@@ -208,13 +217,11 @@ def _rows_block(p: Plan, rows: int) -> list[str]:
     lines = ["int64_t j = 0;", "for (; j + OPG_W <= n; j += OPG_W) {"]
     lines += [f"    const opg_v v_{r} = opg_v_ld_f32(&q{k}[j]);" for k, r in enumerate(p.hoisted, start=nb)]
     for i in range(rows):
-        def v(r: str) -> str:
+        def v(r: str, i: int = i) -> str:
             return f"v_{r}" if r in hoisted else f"v_{r}_{i}"
         lines += [f"    const opg_v {v(r)} = {V_LOAD[d].format(f'q{k}_{i}')};" for k, (r, d) in enumerate(p.big)]
-        for k, (dst, ins) in enumerate(p.live):
-            args = [v(r) for r in ins.args]
-            expr = args[0] if ins.op == "cast" else f"{V_OP[ins.op]}({', '.join(args)})"
-            lines.append(f"    const opg_v {v(dst)} = {_rounded(p, k, expr, lambda d, e: V_ROUND[d].format(e))};")
+        lines += _vector_live(p, "opg_v", v, lambda o, a: f"{V_OP[o]}({', '.join(a)})",
+                              lambda d, e: V_ROUND[d].format(e))
         lines.append("    " + V_STORE[p.out_dtype].format(f"q{nb + nh}_{i}", v(p.result)))
     return lines + ["}", "jv = j;"]
 
@@ -297,7 +304,8 @@ def render(p: Plan) -> str:
         const = "" if k == nops - 1 else "const "
         out.append(f"    {const}{t} *const b{k} = ({const}{t} *)ptrs[{k}];")
         out.append(f"    const int64_t *const s{k} = st + {k} * ndim;")
-    dense = [f"s{k}[ndim - 1] == 1" for k in range(nops) if not nb <= k < nb + nh]
+    big_ops = [k for k in range(nops) if not nb <= k < nb + nh]  # the data inputs and the output
+    dense = [f"s{k}[ndim - 1] == 1" for k in big_ops]
     bcast = [f"s{k}[ndim - 1] == 0" for k in range(nb, nb + nh)]
     vec = [f"s{k}[ndim - 1] == 1" for k in range(nb, nb + nh)]
     out.append(f"    const int scalar_h = {' && '.join(dense + bcast)};")
@@ -305,16 +313,18 @@ def render(p: Plan) -> str:
     # rows of a 2-d layout with per-channel vectors (BatchNorm1d's [N, C]): a row is a few
     # vectors of work, so nothing but the rows' pointers per item, and ROWS rows at a time
     # sharing each load of a per-channel vector (the loads, not the arithmetic, bound this loop)
-    def row(k: int, t: str, at: str) -> str:
-        return f"{'' if k == nops - 1 else 'const '}{t} *const q{k}{at[0]} = b{k} + {at[1]} * s{k}[0];"
+    def decl(k: int, name: str, value: str) -> str:  # operand k's pointer (the output's writable)
+        return f"{'' if k == nops - 1 else 'const '}{ctypes_[k]} *const {name} = {value};"
+
+    def row(k: int, suffix: str, index: str) -> str:  # operand k's pointer in row ``index``
+        return decl(k, f"q{k}{suffix}", f"b{k} + {index} * s{k}[0]")
     hoisted_rows = " && ".join(f"s{k}[0] == 0" for k in range(nb, nb + nh)) or "1"
-    big_ops = [(k, t) for k, t in enumerate(ctypes_) if not nb <= k < nb + nh]
     out += [f"    if (ndim == 2 && nblk == 1 && vector_h && {hoisted_rows}) {{",
             "        const int64_t n = inner;",
             "        int64_t w = w_begin;",
             "#if defined(OPG_VEC)",
             f"        for (; w + {ROWS} <= w_end; w += {ROWS}) {{",
-            "            " + " ".join(row(k, t, (f"_{i}", f"(w + {i})")) for i in range(ROWS) for k, t in big_ops),
+            "            " + " ".join(row(k, f"_{i}", f"(w + {i})") for i in range(ROWS) for k in big_ops),
             "            " + " ".join(f"const float *const q{k} = b{k};" for k in range(nb, nb + nh)),
             "            int64_t jv = 0;",
             "            {"]
@@ -322,13 +332,13 @@ def render(p: Plan) -> str:
     out += ["            }"]
     for i in range(ROWS):  # each row's tail past the last whole vector
         out += ["            {", "                " + " ".join(
-            f"{'' if k == nops - 1 else 'const '}{t} *const q{k} = q{k}_{i};" for k, t in big_ops)]
+            decl(k, f"q{k}", f"q{k}_{i}") for k in big_ops)]
         out += ["                for (int64_t j = jv; j < n; ++j) {"]
         out += ["                    " + s for s in _body(p, lambda k, r: f"q{k}[j]")]
         out += ["                }", "            }"]
     out += ["        }", "#endif",
             "        for (; w < w_end; ++w) {",
-            "            " + " ".join(row(k, t, ("", "w")) for k, t in enumerate(ctypes_))]
+            "            " + " ".join(row(k, "", "w") for k in range(nops))]
     out += _loop(p, lambda k, r: f"q{k}[j]", [], simd=True,
                  vector=_vector_loop(p, False) if needs_vector(p) else None)
     out += ["        }", "        return;", "    }"]
@@ -348,8 +358,7 @@ def render(p: Plan) -> str:
             "        const int64_t j0 = blk * block;",
             "        const int64_t n = inner - j0 < block ? inner - j0 : block;",
             f"        const int64_t {', '.join(f'f{k} = g{k} + j0 * s{k}[ndim - 1]' for k in range(nops))};"]
-    out.append("        " + " ".join(f"{'' if k == nops - 1 else 'const '}{t} *const q{k} = b{k} + f{k};"
-                                     for k, t in enumerate(ctypes_)))
+    out.append("        " + " ".join(decl(k, f"q{k}", f"b{k} + f{k}") for k in range(nops)))
     scalar_pre = [f"const float h{k} = q{k}[0];" for k in range(nb, nb + nh)]
     if quiet_bf16(p):
         dirty = " | ".join(f"opg_low_nan(h{k})" for k in range(nb, nb + nh)) or "0"
