@@ -81,7 +81,8 @@ V_NT = {F32: "opg_v_nt_f32(&{}[j], {});", F16: "opg_v_nt_f16(&{}[j], {});",
 V_HELPERS = r"""/* vcvtps2ph rounds to nearest even (imm 0) and keeps a NaN's top payload bits, quieted, like
    opg_rnd_f16; the bf16 rounding below is opg_st_bf16 on every lane. Stores take registers that
    already hold values of the output dtype (a body's result has the output dtype), so the bf16
-   store only drops the low half. */
+   store only drops the low half, and a rounding only the store reads need not clear it
+   (opg_v_rnd_bf16_top). */
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #define OPG_VEC 1
@@ -97,21 +98,20 @@ typedef __m512 opg_v;
 static inline opg_v opg_v_rnd_f16(opg_v x) { return _mm512_cvtph_ps(_mm512_cvtps_ph(x, 0)); }
 static inline opg_v opg_v_ld_f16(const uint16_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
 static inline void opg_v_st_f16(uint16_t *p, opg_v x) { _mm256_storeu_si256((__m256i *)p, _mm512_cvtps_ph(x, 0)); }
-static inline __m512i opg_v_bf16_bits(opg_v x) {  /* the bf16 bits in the high half, RNE */
+static inline opg_v opg_v_rnd_bf16_qtop(opg_v x) {  /* RNE bf16 bits in the high half, low half not cleared */
     const __m512i u = _mm512_castps_si512(x);
     const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-    const __m512i r = _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7FFF)), lsb);
+    return _mm512_castsi512_ps(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7FFF)), lsb));
+}
+static inline opg_v opg_v_rnd_bf16_top(opg_v x) {  /* opg_v_rnd_bf16_qtop; a NaN quieted, truncated */
+    const __m512i u = _mm512_castps_si512(x);
     const __mmask16 nan = _mm512_cmpgt_epi32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7FFFFFFF)),
                                                   _mm512_set1_epi32(0x7F800000));
     const __m512i q = _mm512_or_si512(u, _mm512_set1_epi32(0x00400000));
-    return _mm512_and_si512(_mm512_mask_blend_epi32(nan, r, q), _mm512_set1_epi32((int)0xFFFF0000u));
+    return _mm512_castsi512_ps(_mm512_mask_blend_epi32(nan, _mm512_castps_si512(opg_v_rnd_bf16_qtop(x)), q));
 }
-static inline opg_v opg_v_rnd_bf16(opg_v x) { return _mm512_castsi512_ps(opg_v_bf16_bits(x)); }
-static inline opg_v opg_v_rnd_bf16_q(opg_v x) {  /* opg_v_rnd_bf16 where no NaN carries low bits */
-    const __m512i u = _mm512_castps_si512(x);
-    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-    const __m512i r = _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7FFF)), lsb);
-    return _mm512_castsi512_ps(_mm512_and_si512(r, _mm512_set1_epi32((int)0xFFFF0000u)));
+static inline opg_v opg_v_bf16_clear(opg_v x) {  /* the low half cleared: a bf16 value */
+    return _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(x), _mm512_set1_epi32((int)0xFFFF0000u)));
 }
 static inline opg_v opg_v_ld_bf16(const uint16_t *p) {
     const __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p));
@@ -140,22 +140,34 @@ typedef __m256 opg_v;
 static inline opg_v opg_v_rnd_f16(opg_v x) { return _mm256_cvtph_ps(_mm256_cvtps_ph(x, 0)); }
 static inline opg_v opg_v_ld_f16(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
 static inline void opg_v_st_f16(uint16_t *p, opg_v x) { _mm_storeu_si128((__m128i *)p, _mm256_cvtps_ph(x, 0)); }
-static inline __m256i opg_v_bf16_bits(opg_v x) {  /* the bf16 bits in the high half, RNE */
+static inline opg_v opg_v_rnd_bf16_qtop(opg_v x) {  /* RNE bf16 bits in the high half, low half not cleared */
     const __m256i u = _mm256_castps_si256(x);
     const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-    const __m256 r = _mm256_castsi256_ps(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7FFF)), lsb));
-    const __m256 nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);   /* NaN lanes: quieted, truncated */
+    return _mm256_castsi256_ps(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7FFF)), lsb));
+}
+static inline opg_v opg_v_rnd_bf16_top(opg_v x) {  /* opg_v_rnd_bf16_qtop; a NaN quieted, truncated */
+    const __m256 nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
     const __m256 q = _mm256_or_ps(x, _mm256_castsi256_ps(_mm256_set1_epi32(0x00400000)));
-    return _mm256_and_si256(_mm256_castps_si256(_mm256_blendv_ps(r, q, nan)),
-                            _mm256_set1_epi32((int)0xFFFF0000u));
+    return _mm256_blendv_ps(opg_v_rnd_bf16_qtop(x), q, nan);
 }
-static inline opg_v opg_v_rnd_bf16(opg_v x) { return _mm256_castsi256_ps(opg_v_bf16_bits(x)); }
-static inline opg_v opg_v_rnd_bf16_q(opg_v x) {  /* opg_v_rnd_bf16 where no NaN carries low bits */
-    const __m256i u = _mm256_castps_si256(x);
-    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-    const __m256i r = _mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7FFF)), lsb);
-    return _mm256_castsi256_ps(_mm256_and_si256(r, _mm256_set1_epi32((int)0xFFFF0000u)));
+static inline opg_v opg_v_bf16_clear(opg_v x) {  /* the low half cleared: a bf16 value */
+    return _mm256_castsi256_ps(_mm256_and_si256(_mm256_castps_si256(x), _mm256_set1_epi32((int)0xFFFF0000u)));
 }
+/* pairs of bf16 vectors (OPG_PAIR): one load of 2 * OPG_W elements widened into two vectors whose
+   lanes interleave by 128-bit lane (elements 0-3 and 8-11, then 4-7 and 12-15), and packed back
+   in order by packus, which also works per 128-bit lane: for element-wise bodies whose other
+   operands are the same in every lane, where lane order changes nothing. AVX2 only: the same
+   per-lane unpack and pack exist for AVX-512 (AVX512BW), but no machine here could run them. */
+#define OPG_PAIR 1
+typedef __m256i opg_vi;
+static inline opg_vi opg_vi_ld(const uint16_t *p) { return _mm256_loadu_si256((const __m256i *)p); }
+static inline opg_v opg_v_lo_bf16(opg_vi w) { return _mm256_castsi256_ps(_mm256_unpacklo_epi16(_mm256_setzero_si256(), w)); }
+static inline opg_v opg_v_hi_bf16(opg_vi w) { return _mm256_castsi256_ps(_mm256_unpackhi_epi16(_mm256_setzero_si256(), w)); }
+static inline opg_vi opg_vi_bf16(opg_v lo, opg_v hi) {  /* the high halves of lo's and hi's lanes, in order */
+    return _mm256_packus_epi32(_mm256_srli_epi32(_mm256_castps_si256(lo), 16), _mm256_srli_epi32(_mm256_castps_si256(hi), 16));
+}
+static inline void opg_v_st2_bf16(uint16_t *p, opg_v lo, opg_v hi) { _mm256_storeu_si256((__m256i *)p, opg_vi_bf16(lo, hi)); }
+static inline void opg_v_nt2_bf16(uint16_t *p, opg_v lo, opg_v hi) { _mm256_stream_si256((__m256i *)p, opg_vi_bf16(lo, hi)); }
 static inline opg_v opg_v_ld_bf16(const uint16_t *p) {
     const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
     return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
@@ -172,6 +184,17 @@ static inline void opg_v_nt_bf16(uint16_t *p, opg_v x) {
     const __m256i h = _mm256_srli_epi32(_mm256_castps_si256(x), 16);
     _mm_stream_si128((__m128i *)p, _mm256_castsi256_si128(_mm256_permute4x64_epi64(_mm256_packus_epi32(h, h), 0xD8)));
 }
+#endif
+#if defined(OPG_VEC)  /* both branches: the cleared and the NaN-free rounding, the pair width */
+static inline opg_v opg_v_rnd_bf16(opg_v x) { return opg_v_bf16_clear(opg_v_rnd_bf16_top(x)); }
+static inline opg_v opg_v_rnd_bf16_q(opg_v x) {  /* opg_v_rnd_bf16 where no NaN carries low bits */
+    return opg_v_bf16_clear(opg_v_rnd_bf16_qtop(x));
+}
+#if defined(OPG_PAIR)
+#define OPG_PW (2 * OPG_W)
+#else
+#define OPG_PW OPG_W
+#endif
 #endif
 """
 

@@ -49,6 +49,8 @@ PARALLEL_MIN = 32768  # below this many elements the kernel runs on one thread
 GRAIN = 16384         # elements per claim of a parallel kernel (see :mod:`.team`)
 STREAM_BYTES = 8 << 20  # outputs this large are written with non-temporal (streaming) stores
 ROWS = 4              # rows of a 2-d layout with per-channel vectors computed together
+PAIR_STORE = "opg_v_st2_bf16(&{q}[j], {lo}, {hi});"  # a pair of bf16 vectors (:func:`paired`)
+PAIR_NT = "opg_v_nt2_bf16(&{q}[j], {lo}, {hi});"
 
 
 @dataclass(frozen=True)
@@ -104,6 +106,22 @@ def store_rounds(p: Plan) -> bool:
     own rounding round trip is left out (rounding twice to fp16 gives the same bits)."""
     return (bool(p.live) and p.live[-1][0] == p.result and p.live[-1][1].dtype == F16
             and p.out_dtype == F16)
+
+
+def store_reads_top(p: Plan) -> bool:
+    """True when the last instruction makes the bf16 result and only the store reads it: a
+    vector bf16 store keeps just the high half of each lane, so that rounding need not clear the
+    low half (``opg_v_rnd_bf16_top``)."""
+    return (bool(p.live) and p.live[-1][0] == p.result and p.live[-1][1].dtype == BF16
+            and p.out_dtype == BF16)
+
+
+def paired(p: Plan) -> bool:
+    """True when the full-size inputs and the output are all bf16: with per-channel scalars a
+    SIMD loop can widen ``2 * OPG_W`` elements from one load into two vectors of interleaved
+    lanes and pack them back in order (``opg_v_lo_bf16``, ``opg_vi_bf16``: no shifts to place
+    each half, no cross-lane permute), which no element-wise instruction notices."""
+    return p.out_dtype == BF16 and bool(p.big) and all(d == BF16 for _, d in p.big)
 
 
 def _rounded(p: Plan, k: int, expr: str, rnd: Callable[[DataType, str], str]) -> str:
@@ -178,15 +196,19 @@ def quiet_bf16(p: Plan) -> frozenset[int]:
 
 
 def _simd_block(p: Plan, scalar_h: bool, width: str, vtype: str, load, set1: str,
-                op, rnd, quiet: frozenset[int] = frozenset()) -> list[str]:
+                op, rnd, quiet: frozenset[int] = frozenset(), pair: str = "") -> list[str]:
     """One explicit SIMD loop of ``width`` lanes; ``load(dtype, ptr)``, ``op(name, args)`` and
     ``rnd(dtype, expr)`` spell the vector operations; live instructions in ``quiet`` round to
-    bf16 without the NaN test (see :func:`quiet_bf16`)."""
+    bf16 without the NaN test (see :func:`quiet_bf16`). ``pair`` (a store of two vectors,
+    ``{q}``, ``{lo}``, ``{hi}``): first a loop over pairs of vectors (:func:`paired`)."""
     nb, nh = len(p.big), len(p.hoisted)
     lines = ["{"]
     if scalar_h:
         lines += [f"const {vtype} vh{k} = {set1.format(f'h{k}')};" for k in range(nb, nb + nh)]
-    lines += ["int64_t j = 0;", f"for (; j + {width} <= n; j += {width}) {{"]
+    lines.append("int64_t j = 0;")
+    if pair:
+        lines += _pair_loop(p, vtype, op, rnd, quiet, pair)
+    lines.append(f"for (; j + {width} <= n; j += {width}) {{")
     for k, (r, d) in enumerate(p.big):
         lines.append(f"    const {vtype} v_{r} = {load(d, f'q{k}')};")
     for k, r in enumerate(p.hoisted, start=nb):
@@ -195,15 +217,36 @@ def _simd_block(p: Plan, scalar_h: bool, width: str, vtype: str, load, set1: str
     return lines + ["}", "jv = j;", "}"]
 
 
+def _pair_loop(p: Plan, vtype: str, op, rnd, quiet: frozenset[int], store: str) -> list[str]:
+    """The loop over pairs of bf16 vectors (:func:`paired`; per-channel scalars ``vh<k>``): each
+    full-size input loaded once as two vectors (suffixes ``_a``, ``_b``), the live instructions
+    for each, one store of both."""
+    nb, nh = len(p.big), len(p.hoisted)
+    hoisted = dict(zip(p.hoisted, range(nb, nb + nh)))
+    lines = ["#if defined(OPG_PAIR)", "for (; j + OPG_PW <= n; j += OPG_PW) {"]
+    for k, (r, _) in enumerate(p.big):
+        lines.append(f"    const opg_vi w_{r} = opg_vi_ld(&q{k}[j]);")
+        lines.append(f"    const {vtype} v_{r}_a = opg_v_lo_bf16(w_{r}), v_{r}_b = opg_v_hi_bf16(w_{r});")
+    for half in "ab":
+        lines += _vector_live(p, vtype, lambda r, h=half: f"vh{hoisted[r]}" if r in hoisted else f"v_{r}_{h}",
+                              op, rnd, quiet)
+    lines.append("    " + store.format(q=f"q{nb + nh}", lo=f"v_{p.result}_a", hi=f"v_{p.result}_b"))
+    return lines + ["}", "#endif"]
+
+
 def _vector_live(p: Plan, vtype: str, v: Callable[[str], str], op, rnd,
                  quiet: frozenset[int] = frozenset()) -> list[str]:
     """The live instructions as vector statements (inside a SIMD loop), register ``r`` spelt
-    ``v(r)``; ``op``, ``rnd`` and ``quiet`` as for :func:`_simd_block`."""
-    lines = []
+    ``v(r)``; ``op``, ``rnd`` and ``quiet`` as for :func:`_simd_block`. A bf16 result only the
+    store reads keeps its low half (:func:`store_reads_top`)."""
+    lines, top = [], store_reads_top(p)
     for k, (dst, ins) in enumerate(p.live):
         args = [v(r) for r in ins.args]
         expr = args[0] if ins.op == "cast" else op(ins.op, args)
         rk = (lambda d, e: f"opg_v_rnd_bf16_q({e})") if k in quiet else rnd
+        if top and k == len(p.live) - 1:
+            rk = (lambda d, e: f"opg_v_rnd_bf16_qtop({e})") if k in quiet else \
+                (lambda d, e: f"opg_v_rnd_bf16_top({e})")
         lines.append(f"    const {vtype} {v(dst)} = {_rounded(p, k, expr, rk)};")
     return lines
 
@@ -244,7 +287,8 @@ def _vector_loop(p: Plan, scalar_h: bool) -> list[str]:
     def float_lanes(quiet: frozenset[int]) -> list[str]:
         flt = _simd_block(p, scalar_h, "OPG_W", "opg_v", lambda d, q: V_LOAD[d].format(q),
                           "opg_v_set1({})", lambda o, a: f"{V_OP[o]}({', '.join(a)})",
-                          lambda d, e: V_ROUND[d].format(e), quiet)
+                          lambda d, e: V_ROUND[d].format(e), quiet,
+                          PAIR_STORE if scalar_h and paired(p) else "")
         flt.insert(-3, "    " + store_f)
         return flt
     flt = _quiet_or_not(float_lanes, p, scalar_h)
@@ -265,13 +309,15 @@ def _stream_loop(p: Plan, load: Callable[[int, str], str]) -> list[str]:
     scalar peel up to the output's vector alignment, the vector loop, ``jv`` left for the tail."""
     nb, nh = len(p.big), len(p.hoisted)
     q = f"q{nb + nh}"
-    peel = [f"for (; j < n && ((uintptr_t)&{q}[j] & (OPG_W * sizeof(*{q}) - 1)); ++j) {{"]
+    width = "OPG_PW" if paired(p) else "OPG_W"  # a pair's store is as aligned as the pair
+    peel = [f"for (; j < n && ((uintptr_t)&{q}[j] & ({width} * sizeof(*{q}) - 1)); ++j) {{"]
     peel += ["    " + t for t in _body(p, load)] + ["}"]
 
     def streamed(quiet: frozenset[int]) -> list[str]:
         blk = _simd_block(p, True, "OPG_W", "opg_v", lambda d, x: V_LOAD[d].format(x),
                           "opg_v_set1({})", lambda o, a: f"{V_OP[o]}({', '.join(a)})",
-                          lambda d, e: V_ROUND[d].format(e), quiet)
+                          lambda d, e: V_ROUND[d].format(e), quiet,
+                          PAIR_NT if paired(p) else "")
         blk.insert(-3, "    " + V_NT[p.out_dtype].format(q, f"v_{p.result}"))
         at = blk.index("int64_t j = 0;") + 1
         return blk[:at] + peel + blk[at:]
