@@ -13,7 +13,7 @@ import pytest
 import backends
 import opgraph
 from backends import native
-from backends.native import render
+from backends.native import render, team
 from l0ops.interpreter import Hoisted
 from l0ops.primitives import FusedAttrs, Instr
 from opgraph.core.dtypes import DataType as D
@@ -143,3 +143,32 @@ def test_batch_norm_elemt_bf16_pairs(inner):
             outs.append(opgraph.ops.batch_norm_elemt(x, w, b, mean, invstd, 1e-5))
     assert not backends.get("native").fallbacks
     _assert_numpys_bits(outs)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("shape,layout", [((4099, 16), "2d"), ((4099, 24), "2d"), ((1030, 31), "2d"),
+                                          ((3, 40, 5, 7), "channels_last")],
+                         ids=["4099x16", "4099x24", "1030x31", "channels_last"])
+def test_pairs_with_per_channel_vectors(shape, layout, threads):
+    """Channels innermost (a 2-d [N, C] input, channels_last): the per-channel operands are
+    vectors along the row, loaded in the pairs' lane order (``opg_v_lo_f32``), once for 4 rows
+    in the rows block and per row in the rows left over. Channels a whole number of pairs, a
+    pair and a vector, a pair and a scalar tail; one and two threads."""
+    C = shape[1]
+    grad, inp = _patterns(shape, 7), _patterns(shape, 8)
+    out_of = lambda: None  # noqa: E731
+    if layout == "channels_last":  # inputs and output: the kernel walks the output's memory
+        grad, inp = (_channels_last(a) for a in (grad, inp))
+        out_of = lambda: _channels_last(np.zeros(shape, BF16))  # noqa: E731
+    channel = _channel(C, np.random.default_rng(C), dirty=True)
+    before = team.threads()
+    team.set_threads(threads)
+    try:
+        _assert_numpys_bits(_backward_elemt(grad, inp, channel, out_of))
+    finally:
+        team.set_threads(before)
+
+
+def _channels_last(a: np.ndarray) -> np.ndarray:
+    """``a`` [N, C, H, W] laid out channels_last (C innermost in memory)."""
+    return np.ascontiguousarray(a.transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2)

@@ -167,6 +167,12 @@ static inline opg_vi opg_vi_bf16(opg_v lo, opg_v hi) {  /* the high halves of lo
     return _mm256_packus_epi32(_mm256_srli_epi32(_mm256_castps_si256(lo), 16), _mm256_srli_epi32(_mm256_castps_si256(hi), 16));
 }
 static inline void opg_v_st2_bf16(uint16_t *p, opg_v lo, opg_v hi) { _mm256_storeu_si256((__m256i *)p, opg_vi_bf16(lo, hi)); }
+static inline opg_v opg_v_lo_f32(const float *p) {  /* p[0..3], p[8..11]: the lane order of opg_v_lo_bf16 */
+    return _mm256_permute2f128_ps(_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8), 0x20);
+}
+static inline opg_v opg_v_hi_f32(const float *p) {  /* p[4..7], p[12..15]: that of opg_v_hi_bf16 */
+    return _mm256_permute2f128_ps(_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8), 0x31);
+}
 static inline void opg_v_nt2_bf16(uint16_t *p, opg_v lo, opg_v hi) { _mm256_stream_si256((__m256i *)p, opg_vi_bf16(lo, hi)); }
 static inline opg_v opg_v_ld_bf16(const uint16_t *p) {
     const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));

@@ -117,10 +117,11 @@ def store_reads_top(p: Plan) -> bool:
 
 
 def paired(p: Plan) -> bool:
-    """True when the full-size inputs and the output are all bf16: with per-channel scalars a
-    SIMD loop can widen ``2 * OPG_W`` elements from one load into two vectors of interleaved
-    lanes and pack them back in order (``opg_v_lo_bf16``, ``opg_vi_bf16``: no shifts to place
-    each half, no cross-lane permute), which no element-wise instruction notices."""
+    """True when the full-size inputs and the output are all bf16: a SIMD loop can then widen
+    ``2 * OPG_W`` elements from one load into two vectors of interleaved lanes and pack them
+    back in order (``opg_v_lo_bf16``, ``opg_vi_bf16``: no shifts to place each half, no
+    cross-lane permute), which no element-wise instruction notices as long as the per-channel
+    operands are in the same lane order: scalars, or vectors loaded so (``opg_v_lo_f32``)."""
     return p.out_dtype == BF16 and bool(p.big) and all(d == BF16 for _, d in p.big)
 
 
@@ -207,7 +208,7 @@ def _simd_block(p: Plan, scalar_h: bool, width: str, vtype: str, load, set1: str
         lines += [f"const {vtype} vh{k} = {set1.format(f'h{k}')};" for k in range(nb, nb + nh)]
     lines.append("int64_t j = 0;")
     if pair:
-        lines += _pair_loop(p, vtype, op, rnd, quiet, pair)
+        lines += _pair_loop(p, vtype, op, rnd, quiet, pair, scalar_h)
     lines.append(f"for (; j + {width} <= n; j += {width}) {{")
     for k, (r, d) in enumerate(p.big):
         lines.append(f"    const {vtype} v_{r} = {load(d, f'q{k}')};")
@@ -217,21 +218,51 @@ def _simd_block(p: Plan, scalar_h: bool, width: str, vtype: str, load, set1: str
     return lines + ["}", "jv = j;", "}"]
 
 
-def _pair_loop(p: Plan, vtype: str, op, rnd, quiet: frozenset[int], store: str) -> list[str]:
-    """The loop over pairs of bf16 vectors (:func:`paired`; per-channel scalars ``vh<k>``): each
-    full-size input loaded once as two vectors (suffixes ``_a``, ``_b``), the live instructions
-    for each, one store of both."""
-    nb, nh = len(p.big), len(p.hoisted)
-    hoisted = dict(zip(p.hoisted, range(nb, nb + nh)))
+def _pair_loop(p: Plan, vtype: str, op, rnd, quiet: frozenset[int], store: str,
+               scalar_h: bool) -> list[str]:
+    """The loop over pairs of bf16 vectors (:func:`paired`): the per-channel operands as scalars
+    ``vh<k>`` (``scalar_h``) or as vectors in the pairs' lane order, then
+    :func:`_pair_statements`."""
+    nb = len(p.big)
     lines = ["#if defined(OPG_PAIR)", "for (; j + OPG_PW <= n; j += OPG_PW) {"]
-    for k, (r, _) in enumerate(p.big):
-        lines.append(f"    const opg_vi w_{r} = opg_vi_ld(&q{k}[j]);")
-        lines.append(f"    const {vtype} v_{r}_a = opg_v_lo_bf16(w_{r}), v_{r}_b = opg_v_hi_bf16(w_{r});")
-    for half in "ab":
-        lines += _vector_live(p, vtype, lambda r, h=half: f"vh{hoisted[r]}" if r in hoisted else f"v_{r}_{h}",
-                              op, rnd, quiet)
-    lines.append("    " + store.format(q=f"q{nb + nh}", lo=f"v_{p.result}_a", hi=f"v_{p.result}_b"))
+    if not scalar_h:
+        lines += _pair_hoisted(p)
+    scalars = {r: f"vh{k}" for k, r in enumerate(p.hoisted, start=nb)}
+    lines += _pair_statements(p, vtype, op, rnd, quiet, store, "",
+                              (lambda r, h: scalars[r]) if scalar_h else _pair_half)
     return lines + ["}", "#endif"]
+
+
+def _pair_hoisted(p: Plan) -> list[str]:
+    """Each per-channel vector as two vectors in a pair's lane order (``v_<r>_a``, ``v_<r>_b``)."""
+    nb = len(p.big)
+    return [f"    const opg_v v_{r}_a = opg_v_lo_f32(&q{k}[j]), v_{r}_b = opg_v_hi_f32(&q{k}[j]);"
+            for k, r in enumerate(p.hoisted, start=nb)]
+
+
+def _pair_half(r: str, half: str) -> str:
+    """Per-channel register ``r``'s vector for pair half ``half`` (see :func:`_pair_hoisted`)."""
+    return f"v_{r}_{half}"
+
+
+def _pair_statements(p: Plan, vtype: str, op, rnd, quiet: frozenset[int], store: str, row: str,
+                     per_channel: Callable[[str, str], str]) -> list[str]:
+    """One pair of vectors of one row (operand pointers ``q<k><row>``): each full-size input
+    loaded once as two vectors (suffixes ``_a``, ``_b``), the live instructions for each, one
+    store of both; per-channel register ``r`` in half ``h`` is ``per_channel(r, h)``."""
+    nb, nh = len(p.big), len(p.hoisted)
+    hoisted = set(p.hoisted)
+    lines = []
+    for k, (r, _) in enumerate(p.big):
+        lines.append(f"    const opg_vi w_{r}{row} = opg_vi_ld(&q{k}{row}[j]);")
+        lines.append(f"    const {vtype} v_{r}{row}_a = opg_v_lo_bf16(w_{r}{row}), "
+                     f"v_{r}{row}_b = opg_v_hi_bf16(w_{r}{row});")
+    for half in "ab":
+        def v(r: str, h: str = half) -> str:
+            return per_channel(r, h) if r in hoisted else f"v_{r}{row}_{h}"
+        lines += _vector_live(p, vtype, v, op, rnd, quiet)
+    return lines + ["    " + store.format(q=f"q{nb + nh}{row}", lo=f"v_{p.result}{row}_a",
+                                         hi=f"v_{p.result}{row}_b")]
 
 
 def _vector_live(p: Plan, vtype: str, v: Callable[[str], str], op, rnd,
@@ -257,7 +288,15 @@ def _rows_block(p: Plan, rows: int) -> list[str]:
     all of them): per row the statements of :func:`_simd_block`, in the same order."""
     nb, nh = len(p.big), len(p.hoisted)
     hoisted = set(p.hoisted)
-    lines = ["int64_t j = 0;", "for (; j + OPG_W <= n; j += OPG_W) {"]
+    lines = ["int64_t j = 0;"]
+    if paired(p):  # pairs of vectors first, each per-channel pair loaded once for all the rows
+        vector = lambda o, a: f"{V_OP[o]}({', '.join(a)})"
+        lines += ["#if defined(OPG_PAIR)", "for (; j + OPG_PW <= n; j += OPG_PW) {"] + _pair_hoisted(p)
+        for i in range(rows):
+            lines += _pair_statements(p, "opg_v", vector, lambda d, e: V_ROUND[d].format(e),
+                                      frozenset(), PAIR_STORE, f"_{i}", _pair_half)
+        lines += ["}", "#endif"]
+    lines.append("for (; j + OPG_W <= n; j += OPG_W) {")
     lines += [f"    const opg_v v_{r} = opg_v_ld_f32(&q{k}[j]);" for k, r in enumerate(p.hoisted, start=nb)]
     for i in range(rows):
         def v(r: str, i: int = i) -> str:
@@ -288,7 +327,7 @@ def _vector_loop(p: Plan, scalar_h: bool) -> list[str]:
         flt = _simd_block(p, scalar_h, "OPG_W", "opg_v", lambda d, q: V_LOAD[d].format(q),
                           "opg_v_set1({})", lambda o, a: f"{V_OP[o]}({', '.join(a)})",
                           lambda d, e: V_ROUND[d].format(e), quiet,
-                          PAIR_STORE if scalar_h and paired(p) else "")
+                          PAIR_STORE if paired(p) else "")
         flt.insert(-3, "    " + store_f)
         return flt
     flt = _quiet_or_not(float_lanes, p, scalar_h)
