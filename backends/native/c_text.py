@@ -77,6 +77,9 @@ V_STORE = {F32: "opg_v_st_f32(&{}[j], {});", F16: "opg_v_st_f16(&{}[j], {});",
            BF16: "opg_v_st_bf16(&{}[j], {});"}
 V_NT = {F32: "opg_v_nt_f32(&{}[j], {});", F16: "opg_v_nt_f16(&{}[j], {});",
         BF16: "opg_v_nt_bf16(&{}[j], {});"}
+# a pair of bf16 vectors stored at once (render.paired): plain, non-temporal
+V_ST2 = "opg_v_st2_bf16(&{q}[j], {lo}, {hi});"
+V_NT2 = "opg_v_nt2_bf16(&{q}[j], {lo}, {hi});"
 
 V_HELPERS = r"""/* vcvtps2ph rounds to nearest even (imm 0) and keeps a NaN's top payload bits, quieted, like
    opg_rnd_f16; the bf16 rounding below is opg_st_bf16 on every lane. Stores take registers that
@@ -156,8 +159,9 @@ static inline opg_v opg_v_bf16_clear(opg_v x) {  /* the low half cleared: a bf16
 /* pairs of bf16 vectors (OPG_PAIR): one load of 2 * OPG_W elements widened into two vectors whose
    lanes interleave by 128-bit lane (elements 0-3 and 8-11, then 4-7 and 12-15), and packed back
    in order by packus, which also works per 128-bit lane: for element-wise bodies whose other
-   operands are the same in every lane, where lane order changes nothing. AVX2 only: the same
-   per-lane unpack and pack exist for AVX-512 (AVX512BW), but no machine here could run them. */
+   operands are the same in every lane or loaded in that order (opg_v_lo_f32), where lane order
+   changes nothing. AVX2 only: the same per-lane unpack and pack exist for AVX-512 (AVX512BW),
+   but no machine here could run them. */
 #define OPG_PAIR 1
 typedef __m256i opg_vi;
 static inline opg_vi opg_vi_ld(const uint16_t *p) { return _mm256_loadu_si256((const __m256i *)p); }
@@ -167,13 +171,13 @@ static inline opg_vi opg_vi_bf16(opg_v lo, opg_v hi) {  /* the high halves of lo
     return _mm256_packus_epi32(_mm256_srli_epi32(_mm256_castps_si256(lo), 16), _mm256_srli_epi32(_mm256_castps_si256(hi), 16));
 }
 static inline void opg_v_st2_bf16(uint16_t *p, opg_v lo, opg_v hi) { _mm256_storeu_si256((__m256i *)p, opg_vi_bf16(lo, hi)); }
+static inline void opg_v_nt2_bf16(uint16_t *p, opg_v lo, opg_v hi) { _mm256_stream_si256((__m256i *)p, opg_vi_bf16(lo, hi)); }
 static inline opg_v opg_v_lo_f32(const float *p) {  /* p[0..3], p[8..11]: the lane order of opg_v_lo_bf16 */
     return _mm256_permute2f128_ps(_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8), 0x20);
 }
 static inline opg_v opg_v_hi_f32(const float *p) {  /* p[4..7], p[12..15]: that of opg_v_hi_bf16 */
     return _mm256_permute2f128_ps(_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8), 0x31);
 }
-static inline void opg_v_nt2_bf16(uint16_t *p, opg_v lo, opg_v hi) { _mm256_stream_si256((__m256i *)p, opg_vi_bf16(lo, hi)); }
 static inline opg_v opg_v_ld_bf16(const uint16_t *p) {
     const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
     return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
@@ -206,4 +210,4 @@ static inline opg_v opg_v_rnd_bf16_q(opg_v x) {  /* opg_v_rnd_bf16 where no NaN 
 
 
 __all__ = ["BF16", "C_OP", "C_TYPE", "F16", "F32", "FLOATS", "HELPERS", "LOAD", "ROUND", "STORE",
-           "V_HELPERS", "V_LOAD", "V_NT", "V_OP", "V_ROUND", "V_STORE"]
+           "V_HELPERS", "V_LOAD", "V_NT", "V_NT2", "V_OP", "V_ROUND", "V_ST2", "V_STORE"]

@@ -14,7 +14,8 @@ turns the plan into C source. The kernel makes one pass over the data:
   :mod:`.team` (serial below :data:`PARALLEL_MIN` elements), with SIMD inner loops when the
   innermost strides are 1 (data) and 0 or 1 (hoisted registers), and a generic strided loop
   otherwise; a 2-d loop whose hoisted registers are vectors along its rows (the channels
-  innermost: a [N, C] input, channels_last) takes :data:`ROWS` rows at a time.
+  innermost: a [N, C] input, channels_last) takes :data:`ROWS` rows at a time; bf16 data run
+  over pairs of vectors on AVX2 (:func:`paired`).
 
     >>> import numpy as np
     >>> from l0ops.interpreter import Hoisted
@@ -40,7 +41,7 @@ from l0ops.interpreter import Hoisted
 from l0ops.primitives import FusedAttrs, Instr
 from opgraph.core.dtypes import DataType
 from .c_text import (BF16, C_OP, C_TYPE, F16, F32, FLOATS, HELPERS, LOAD, ROUND, STORE, V_HELPERS,
-                     V_LOAD, V_NT, V_OP, V_ROUND, V_STORE)
+                     V_LOAD, V_NT, V_NT2, V_OP, V_ROUND, V_ST2, V_STORE)
 from .team import C_DECL
 from .unsupported import Unsupported
 
@@ -49,8 +50,6 @@ PARALLEL_MIN = 32768  # below this many elements the kernel runs on one thread
 GRAIN = 16384         # elements per claim of a parallel kernel (see :mod:`.team`)
 STREAM_BYTES = 8 << 20  # outputs this large are written with non-temporal (streaming) stores
 ROWS = 4              # rows of a 2-d layout with per-channel vectors computed together
-PAIR_STORE = "opg_v_st2_bf16(&{q}[j], {lo}, {hi});"  # a pair of bf16 vectors (:func:`paired`)
-PAIR_NT = "opg_v_nt2_bf16(&{q}[j], {lo}, {hi});"
 
 
 @dataclass(frozen=True)
@@ -96,8 +95,6 @@ def plan(a: FusedAttrs, h: Hoisted) -> Plan:
 
 def _reg_order(name: str) -> tuple[str, int]:
     return name[:2], int(name.lstrip("int"))
-
-
 
 
 def store_rounds(p: Plan) -> bool:
@@ -164,8 +161,6 @@ def _loop(p: Plan, load: Callable[[int, str], str], pre: list[str], simd: bool,
     return lines
 
 
-
-
 def needs_vector(p: Plan) -> bool:
     """True when the body loads, rounds or stores f16/bf16 (then the explicit loop pays off)."""
     narrow = (F16, BF16)
@@ -216,6 +211,16 @@ def _simd_block(p: Plan, scalar_h: bool, width: str, vtype: str, load, set1: str
         lines.append(f"    const {vtype} v_{r} = {f'vh{k}' if scalar_h else load(F32, f'q{k}')};")
     lines += _vector_live(p, vtype, lambda r: f"v_{r}", op, rnd, quiet)
     return lines + ["}", "jv = j;", "}"]
+
+
+def _v_op(name: str, args: list[str]) -> str:
+    """Operation ``name`` on float-lane vectors ``args``, spelt in C."""
+    return f"{V_OP[name]}({', '.join(args)})"
+
+
+def _v_round(dtype: DataType, expr: str) -> str:
+    """Float-lane vector ``expr`` rounded to ``dtype``, spelt in C."""
+    return V_ROUND[dtype].format(expr)
 
 
 def _pair_loop(p: Plan, vtype: str, op, rnd, quiet: frozenset[int], store: str,
@@ -290,11 +295,10 @@ def _rows_block(p: Plan, rows: int) -> list[str]:
     hoisted = set(p.hoisted)
     lines = ["int64_t j = 0;"]
     if paired(p):  # pairs of vectors first, each per-channel pair loaded once for all the rows
-        vector = lambda o, a: f"{V_OP[o]}({', '.join(a)})"
         lines += ["#if defined(OPG_PAIR)", "for (; j + OPG_PW <= n; j += OPG_PW) {"] + _pair_hoisted(p)
         for i in range(rows):
-            lines += _pair_statements(p, "opg_v", vector, lambda d, e: V_ROUND[d].format(e),
-                                      frozenset(), PAIR_STORE, f"_{i}", _pair_half)
+            lines += _pair_statements(p, "opg_v", _v_op, _v_round, frozenset(), V_ST2,
+                                      f"_{i}", _pair_half)
         lines += ["}", "#endif"]
     lines.append("for (; j + OPG_W <= n; j += OPG_W) {")
     lines += [f"    const opg_v v_{r} = opg_v_ld_f32(&q{k}[j]);" for k, r in enumerate(p.hoisted, start=nb)]
@@ -302,8 +306,7 @@ def _rows_block(p: Plan, rows: int) -> list[str]:
         def v(r: str, i: int = i) -> str:
             return f"v_{r}" if r in hoisted else f"v_{r}_{i}"
         lines += [f"    const opg_v {v(r)} = {V_LOAD[d].format(f'q{k}_{i}')};" for k, (r, d) in enumerate(p.big)]
-        lines += _vector_live(p, "opg_v", v, lambda o, a: f"{V_OP[o]}({', '.join(a)})",
-                              lambda d, e: V_ROUND[d].format(e))
+        lines += _vector_live(p, "opg_v", v, _v_op, _v_round)
         lines.append("    " + V_STORE[p.out_dtype].format(f"q{nb + nh}_{i}", v(p.result)))
     return lines + ["}", "jv = j;"]
 
@@ -325,9 +328,8 @@ def _vector_loop(p: Plan, scalar_h: bool) -> list[str]:
 
     def float_lanes(quiet: frozenset[int]) -> list[str]:
         flt = _simd_block(p, scalar_h, "OPG_W", "opg_v", lambda d, q: V_LOAD[d].format(q),
-                          "opg_v_set1({})", lambda o, a: f"{V_OP[o]}({', '.join(a)})",
-                          lambda d, e: V_ROUND[d].format(e), quiet,
-                          PAIR_STORE if paired(p) else "")
+                          "opg_v_set1({})", _v_op, _v_round, quiet,
+                          V_ST2 if paired(p) else "")
         flt.insert(-3, "    " + store_f)
         return flt
     flt = _quiet_or_not(float_lanes, p, scalar_h)
@@ -354,9 +356,8 @@ def _stream_loop(p: Plan, load: Callable[[int, str], str]) -> list[str]:
 
     def streamed(quiet: frozenset[int]) -> list[str]:
         blk = _simd_block(p, True, "OPG_W", "opg_v", lambda d, x: V_LOAD[d].format(x),
-                          "opg_v_set1({})", lambda o, a: f"{V_OP[o]}({', '.join(a)})",
-                          lambda d, e: V_ROUND[d].format(e), quiet,
-                          PAIR_NT if paired(p) else "")
+                          "opg_v_set1({})", _v_op, _v_round, quiet,
+                          V_NT2 if paired(p) else "")
         blk.insert(-3, "    " + V_NT[p.out_dtype].format(q, f"v_{p.result}"))
         at = blk.index("int64_t j = 0;") + 1
         return blk[:at] + peel + blk[at:]
