@@ -6,6 +6,8 @@ for every row length around the pair and vector widths, in the plain loop and in
 bits sends to the NaN-tested rounding."""
 from __future__ import annotations
 
+from typing import Callable
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -77,17 +79,24 @@ def _assert_numpys_bits(outs: list[np.ndarray]) -> None:
     assert np.array_equal(outs[0].view(np.uint16)[~nan], outs[1].view(np.uint16)[~nan])
 
 
-def _backward_elemt(grad, inp, channel, out_of) -> list[np.ndarray]:
-    """aclnnBatchNormElemtBackward on Ascend950 on numpy, then on native (into ``out_of()``)."""
-    counter = np.array([grad.size // grad.shape[1]], np.int32)
+def _numpy_then_native(call: Callable[[], np.ndarray]) -> list[np.ndarray]:
+    """``call()`` on Ascend950 at level 2 on the numpy backend, then on native (which must run
+    its kernel in C)."""
     outs = []
     backends.get("native").fallbacks.clear()
     for name in ("numpy", "native"):
         with opgraph.platform("Ascend950"), opgraph.opt_level(2), opgraph.use_backend(name), \
                 np.errstate(all="ignore"):
-            outs.append(opgraph.ops.batch_norm_elemt_backward(grad, inp, *channel, counter, out=out_of()))
+            outs.append(call())
     assert not backends.get("native").fallbacks  # the kernel ran in C
     return outs
+
+
+def _backward_elemt(grad, inp, channel, out_of) -> list[np.ndarray]:
+    """aclnnBatchNormElemtBackward on numpy, then on native (into ``out_of()``)."""
+    counter = np.array([grad.size // grad.shape[1]], np.int32)
+    return _numpy_then_native(lambda: opgraph.ops.batch_norm_elemt_backward(
+        grad, inp, *channel, counter, out=out_of()))
 
 
 def _channel(C: int, rng: np.random.Generator, dirty: bool) -> list[np.ndarray]:
@@ -135,14 +144,7 @@ def test_batch_norm_elemt_bf16_pairs(inner):
     rng = np.random.default_rng(6)
     w, b, mean, invstd = (rng.uniform(0.5, 2, C).astype(np.float32) for _ in range(4))
     mean[0] = np.nan
-    outs = []
-    backends.get("native").fallbacks.clear()
-    for name in ("numpy", "native"):
-        with opgraph.platform("Ascend950"), opgraph.opt_level(2), opgraph.use_backend(name), \
-                np.errstate(all="ignore"):
-            outs.append(opgraph.ops.batch_norm_elemt(x, w, b, mean, invstd, 1e-5))
-    assert not backends.get("native").fallbacks
-    _assert_numpys_bits(outs)
+    _assert_numpys_bits(_numpy_then_native(lambda: opgraph.ops.batch_norm_elemt(x, w, b, mean, invstd, 1e-5)))
 
 
 @pytest.mark.parametrize("threads", [1, 2])

@@ -97,20 +97,24 @@ def _reg_order(name: str) -> tuple[str, int]:
     return name[:2], int(name.lstrip("int"))
 
 
+def _stored_result(p: Plan, dtype: DataType) -> bool:
+    """Whether the last instruction makes the ``dtype`` result that only a ``dtype`` store reads."""
+    return (bool(p.live) and p.live[-1][0] == p.result and p.live[-1][1].dtype == dtype
+            and p.out_dtype == dtype)
+
+
 def store_rounds(p: Plan) -> bool:
     """True when the last instruction makes the f16 result and only the store reads it: the f16
     store rounds to nearest even itself (``opg_st_f16``, ``vcvtps2ph``), so that instruction's
     own rounding round trip is left out (rounding twice to fp16 gives the same bits)."""
-    return (bool(p.live) and p.live[-1][0] == p.result and p.live[-1][1].dtype == F16
-            and p.out_dtype == F16)
+    return _stored_result(p, F16)
 
 
 def store_reads_top(p: Plan) -> bool:
     """True when the last instruction makes the bf16 result and only the store reads it: a
     vector bf16 store keeps just the high half of each lane, so that rounding need not clear the
     low half (``opg_v_rnd_bf16_top``)."""
-    return (bool(p.live) and p.live[-1][0] == p.result and p.live[-1][1].dtype == BF16
-            and p.out_dtype == BF16)
+    return _stored_result(p, BF16)
 
 
 def paired(p: Plan) -> bool:
