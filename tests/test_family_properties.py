@@ -23,7 +23,7 @@ pytestmark = pytest.mark.skipif(not native.available(), reason=native.availabili
 
 OPS = ("stats", "reduce", "gather", "sync_gather", "elemt", "elemt_out", "backward_reduce",
        "backward_elemt", "backward_elemt_out")
-LAYOUTS = ("contiguous", "channels_last", "step", "offset")
+LAYOUTS = ["contiguous", "channels_last", "step", "offset"]
 SPECIAL = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-8, 7e4, -3e38])
 
 
@@ -56,7 +56,9 @@ def _laid_out(a: np.ndarray, layout: str) -> np.ndarray:
 def drawn_call(seed: int) -> dict:
     """Case ``seed``: its op_api by ``seed`` (each of :data:`OPS` in turn), the rest drawn from it."""
     rng = np.random.default_rng(seed)
-    pick = lambda options: options[int(rng.integers(len(options)))]  # noqa: E731
+
+    def pick(options: list) -> Any:
+        return options[int(rng.integers(len(options)))]
     op, soc = OPS[seed % len(OPS)], pick(["Ascend910B", "Ascend950"])
     rank = 4 if op == "reduce" else int(rng.integers(2, 6))  # BatchNormReduce takes 4-d only
     shape = (int(rng.integers(1, 7)), pick([1, 3, 8, 16, 31, 64]),
