@@ -79,31 +79,40 @@ static inline void opg_step(int r, const int64_t *sh, int64_t *idx, int nk, int6
     }}
 }}
 
-/* ordered sum of x over the dims where rsh > 1 (kept dims: ksh), for every kept index */
+/* ordered sum of x over the dims where rsh > 1 (kept dims: ksh), for every kept index: the
+   reduced elements in row-major order, the last reduced dim of more than one element as an
+   inner run (stride t), an odometer over the others */
 static void opg_osum(int r, const float *x, const int64_t *ksh, const int64_t *rsh,
                      const int64_t *xs, float *out, int rnd) {{
-    int64_t K = 1, R = 1;
-    for (int d = 0; d < r; ++d) {{ K *= ksh[d]; R *= rsh[d]; }}
+    int64_t K = 1, R = 1, rs[r > 0 ? r : 1], rt[r > 0 ? r : 1];
+    int nr = 0;
+    for (int d = 0; d < r; ++d) {{
+        K *= ksh[d]; R *= rsh[d];
+        if (rsh[d] > 1) {{ rs[nr] = rsh[d]; rt[nr] = xs[d]; ++nr; }}
+    }}
+    const int64_t m = nr ? rs[nr - 1] : 1, t = nr ? rt[nr - 1] : 0;
     const int64_t nb = (R + {BLOCK} - 1) / {BLOCK};
     float part[nb > 0 ? nb : 1], acc[{LANES}];
     int64_t kidx[r > 0 ? r : 1], ko = 0;
     for (int d = 0; d < r; ++d) kidx[d] = 0;
-    const int64_t *st[1] = {{xs}};
+    const int64_t *kst[1] = {{xs}}, *rst[1] = {{rt}};
     for (int64_t k = 0; k < K; ++k) {{
-        int64_t ridx[r > 0 ? r : 1], ro = ko;
-        for (int d = 0; d < r; ++d) ridx[d] = 0;
-        for (int64_t b = 0; b < nb; ++b) {{
-            const int64_t len = R - b * {BLOCK} < {BLOCK} ? R - b * {BLOCK} : {BLOCK};
-            for (int64_t i = 0; i < len; ++i) {{
-                const float v = x[ro];
+        int64_t ridx[r > 0 ? r : 1], ro = ko, i = 0, b = 0;
+        for (int d = 0; d < nr; ++d) ridx[d] = 0;
+        for (int64_t g = 0; g < R; ) {{
+            for (int64_t j = 0; j < m; ++j, ++g) {{
+                const float v = x[ro + j * t];
                 if (i < {LANES}) acc[i] = v; else acc[i % {LANES}] += v;
-                opg_step(r, rsh, ridx, 1, &ro, st);
+                if (++i == {BLOCK} || g + 1 == R) {{
+                    part[b++] = opg_tree(acc, i < {LANES} ? i : {LANES});
+                    i = 0;
+                }}
             }}
-            part[b] = opg_tree(acc, len < {LANES} ? len : {LANES});
+            opg_step(nr > 1 ? nr - 1 : 0, rs, ridx, 1, &ro, rst);
         }}
         const float s = R == 0 ? 0.0f : opg_tree(part, nb);
         out[k] = rnd == 1 ? opg_rnd_f16(s) : rnd == 2 ? opg_rnd_bf16(s) : s;
-        opg_step(r, ksh, kidx, 1, &ko, st);
+        opg_step(r, ksh, kidx, 1, &ko, kst);
     }}
 }}
 """
@@ -184,19 +193,26 @@ class Prologue:
         return [f"{{ /* {name}: {dtype.short}{list(shape)} */",
                 f"    const {IN_C[dtype]} *x = (const {IN_C[dtype]} *)small[{k}];",
                 f"    float *o = scr + tab[{at}];",
-                *self._loop(len(shape), sh, [st], f"o[e] = {LOAD[dtype].format('x[p[0]]')};"),
+                *self._loop(len(shape), sh, [st], f"o[e] = {LOAD[dtype].format(f'x[{_at(0)}]')};"),
                 "}"]
 
     def _loop(self, r: int, sh: int, strides: list[int], stmt: str) -> list[str]:
-        """An odometer loop over the ``r`` sizes at ``tab[sh]``; operand k at ``tab[strides[k]]``."""
+        """A loop over the ``r`` sizes at ``tab[sh]`` writing ``o[e]`` row-major; operand k (at
+        ``tab[strides[k]]``) is read at :func:`_at` ``(k)``. The last dim is a plain inner loop
+        (``j``, operand k moving by ``qk``); an odometer steps the outer dims once per row."""
         nk = max(len(strides), 1)
         st = ", ".join(f"tab + {s}" for s in strides) or "tab"
+        inner = f"tab[{sh} + {r - 1}]" if r else "1"
+        steps = " ".join(f"const int64_t q{k} = {f'st[{k}][{r - 1}]' if r else '0'};" for k in range(nk))
         return [f"    int64_t n = 1, idx[{max(r, 1)}] = {{0}}, p[{nk}] = {{0}};",
                 f"    const int64_t *const st[{nk}] = {{{st}}};",
                 f"    for (int d = 0; d < {r}; ++d) n *= tab[{sh} + d];",
-                "    for (int64_t e = 0; e < n; ++e) {",
-                f"        {stmt}",
-                f"        opg_step({r}, tab + {sh}, idx, {nk}, p, st);",
+                f"    const int64_t m = {inner}; {steps}",
+                "    for (int64_t e = 0; e < n; ) {",
+                "        for (int64_t j = 0; j < m; ++j, ++e) {",
+                f"            {stmt}",
+                "        }",
+                f"        opg_step({max(r - 1, 0)}, tab + {sh}, idx, {nk}, p, st);",
                 "    }"]
 
     def _instr(self, name: str, ins: Instr, types: dict) -> list[str]:
@@ -243,7 +259,7 @@ class Prologue:
             return [f"{{ /* {ins.render(name)} */",
                     f"    const {INT_C[src]} *x = (const {INT_C[src]} *)small[{k}];",
                     f"    float *o = scr + tab[{at}];",
-                    *self._loop(len(shape), sh, [st], "o[e] = (float)x[p[0]];"), "}"]
+                    *self._loop(len(shape), sh, [st], f"o[e] = (float)x[{_at(0)}];"), "}"]
         if any(r not in self.regs for r in ins.args):
             raise Unsupported(f"{ins.render(name)}: operand not in the prologue")
         if ins.op == "sum":
@@ -256,7 +272,7 @@ class Prologue:
         at = self._alloc(name, shape)
         sh = self._put(shape)
         sts = [self._put(self._view(r, shape)) for r in ins.args]
-        loads = [f"scr[tab[{self._put([self.regs[r][0]])}] + p[{k}]]" for k, r in enumerate(ins.args)]
+        loads = [f"scr[tab[{self._put([self.regs[r][0]])}] + {_at(k)}]" for k, r in enumerate(ins.args)]
         expr = (_POW[self._const[ins.args[1]]].format(loads[0]) if ins.op == "pow"
                 else _SCALAR[ins.op].format(*loads) if ins.op in _SCALAR else f" {C_OP[ins.op]} ".join(loads))
         if ins.op not in ("eq", "where"):  # where picks values that already have the dtype
@@ -280,6 +296,11 @@ class Prologue:
         rnd = {DataType.FLOAT: 0, DataType.FLOAT16: 1, DataType.BF16: 2}[dtype]
         return [f"opg_osum({r}, scr + tab[{xo}], tab + {ks}, tab + {rs}, tab + {xs}, scr + tab[{at}], "
                 f"{rnd});  /* {ins.render(name)} */"]
+
+
+def _at(k: int) -> str:
+    """The element index of operand ``k`` in :meth:`Prologue._loop`'s inner loop."""
+    return f"(p[{k}] + j * q{k})"
 
 
 def _closure(body: Sequence[Instr], needed: Sequence[str]) -> set[str]:
