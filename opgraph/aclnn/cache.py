@@ -19,7 +19,6 @@ from __future__ import annotations
 import math
 import operator
 import threading
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable, Generic, Hashable, Optional, Sequence, TypeVar
 
@@ -108,34 +107,63 @@ Entry = TypeVar("Entry")
 
 class ExecutorCache(Generic[Entry]):
     """A bounded LRU map from cache keys to CachedOp (or another kind of entry: the torch
-    layer's direct calls), safe under threads."""
+    layer's direct calls), safe under threads. The recency order is a circular doubly linked
+    list of ``[prev, next, key, entry]`` links (as ``functools.lru_cache`` keeps it), so a hit
+    hashes and compares its key once: a key is a tuple of every argument's metadata, whose hash
+    and comparison are most of a lookup's cost.
+
+        >>> c = ExecutorCache(capacity=2)
+        >>> c.put(("a",), 1); c.put(("b",), 2); c.get(("a",)); c.put(("c",), 3)
+        1
+        >>> c.values(), ("b",) in c   # "b" was the least recently used: evicted
+        ([1, 3], False)
+    """
 
     def __init__(self, capacity: int = 256):
         self.capacity = capacity
-        self._items: "OrderedDict[tuple, Entry]" = OrderedDict()
+        self._items: dict[tuple, list] = {}
+        self._root: list = []  # the sentinel: its next link is the least recently used
+        self._root[:] = [self._root, self._root, None, None]
         self._lock = threading.Lock()
         self.hits = self.misses = 0
 
+    def _to_end(self, link: list) -> None:
+        """Link ``link`` (unlinked) in as the most recently used."""
+        root = self._root
+        last = root[0]
+        last[1] = root[0] = link
+        link[0], link[1] = last, root
+
     def get(self, key: tuple) -> Optional[Entry]:
         with self._lock:
-            item = self._items.get(key)
-            if item is None:
+            link = self._items.get(key)
+            if link is None:
                 self.misses += 1
                 return None
-            self._items.move_to_end(key)
+            prev, nxt = link[0], link[1]
+            prev[1], nxt[0] = nxt, prev
+            self._to_end(link)
             self.hits += 1
-            return item
+            return link[3]
 
     def put(self, key: tuple, item: Entry) -> None:
         with self._lock:
-            self._items[key] = item
-            self._items.move_to_end(key)
+            link = self._items.get(key)
+            if link is not None:  # a new entry for a known key: unlinked, then as a new one
+                prev, nxt = link[0], link[1]
+                prev[1], nxt[0] = nxt, prev
+            link = self._items[key] = [None, None, key, item]
+            self._to_end(link)
+            root = self._root
             while len(self._items) > self.capacity:
-                self._items.popitem(last=False)
+                oldest = root[1]
+                root[1], oldest[1][0] = oldest[1], root
+                del self._items[oldest[2]]
 
     def clear(self) -> None:
         with self._lock:
             self._items.clear()
+            self._root[:] = [self._root, self._root, None, None]
             self.hits = self.misses = 0
 
     def __len__(self) -> int:
@@ -147,7 +175,11 @@ class ExecutorCache(Generic[Entry]):
     def values(self) -> list[Entry]:
         """The entries, least recently used first."""
         with self._lock:
-            return list(self._items.values())
+            out, link = [], self._root[1]
+            while link is not self._root:
+                out.append(link[3])
+                link = link[1]
+            return out
 
 
 EXECUTOR_CACHE: ExecutorCache[CachedOp] = ExecutorCache()
