@@ -1,16 +1,18 @@
 """Phase 1's executor cache key: one interned signature id per tensor, which tensors are the
 same, numbers by type and value (signed zeros apart), and the outputs' writability checked on a
-hit rather than keyed."""
+hit rather than keyed; the cache itself an LRU map, whole under threads."""
 from __future__ import annotations
 
 import sys
+from collections import OrderedDict
 
 import numpy as np
 
 import opgraph
 import reference as R
 from opgraph import aclnn
-from opgraph.aclnn.cache import cache_key
+from opgraph.aclnn.cache import ExecutorCache, cache_key
+from threads import hammer
 
 SHAPE = (2, 3, 4)
 
@@ -52,3 +54,49 @@ def test_signature_ids_stay_distinct_when_the_table_starts_afresh(monkeypatch):
 def test_key_tells_signed_zeros_apart_for_numpy_floats_too():
     t = opgraph.tensor(np.zeros(3, np.float32))
     assert cache_key("op", (t, np.float64(0.0)), "p", 2) != cache_key("op", (t, np.float64(-0.0)), "p", 2)
+
+
+def test_the_cache_is_lru_like_an_ordered_dict_model():
+    """Random gets and puts (new keys, hits, re-puts of a key) on a small ExecutorCache give
+    the same entries, order and hit counts as a model kept with OrderedDict."""
+    rng = np.random.default_rng(11)
+    cache: ExecutorCache[int] = ExecutorCache(capacity=5)
+    model: OrderedDict = OrderedDict()
+    hits = 0
+    for step in range(3000):
+        key = ("op", int(rng.integers(0, 9)))
+        if rng.random() < 0.6:
+            want = model.get(key)
+            if want is not None:
+                model.move_to_end(key)
+                hits += 1
+            assert cache.get(key) == want
+        else:
+            model[key] = step
+            model.move_to_end(key)
+            while len(model) > 5:
+                model.popitem(last=False)
+            cache.put(key, step)
+        assert cache.values() == list(model.values()) and len(cache) == len(model)
+        assert all((k in cache) == (k in model) for k in [("op", i) for i in range(9)])
+    assert cache.hits == hits > 500
+    cache.clear()
+    assert cache.values() == [] and len(cache) == 0 and cache.get(("op", 1)) is None
+
+
+def test_the_cache_stays_whole_under_threads():
+    """Four threads getting and putting overlapping keys: never more than capacity entries,
+    and the recency list holds exactly the entries the map does."""
+    cache: ExecutorCache[tuple] = ExecutorCache(capacity=8)
+
+    def churn(k: int) -> bool:
+        for i in range(300):
+            key = ("op", (i * 7 + k) % 13)
+            if cache.get(key) is None:
+                cache.put(key, key)
+        return len(cache) <= 8
+
+    got, errors = hammer(churn, [True] * 4, lambda a, b: a == b, rounds=5)
+    assert not errors and len(got) == 4
+    entries = cache.values()
+    assert len(entries) == len(cache) <= 8 and all(key in cache for key in entries)
