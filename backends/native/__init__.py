@@ -250,15 +250,17 @@ class NativeExecutable(NumpyExecutable):
         if self.profile is not None:  # (profiled: node by node)
             return False
         if self.direct is not None and self.launches is None:  # prepared once, on first run
-            self.launches = self._prepared(bindings)
+            with np.errstate(all="ignore"):  # (its numpy part: per-channel values, constants)
+                self.launches = self._prepared(bindings)
             self.pointers = [([], None)] * len(self.launches or ())
             self.direct = None if self.launches is None else self.direct
         if self.launches is not None:
             return self._run_direct(bindings)
         if self.reduce is not None:
             if self.direct_reduce is None:  # prepared once, on first run
-                self.direct_reduce = DirectReduce.prepare(
-                    self.reduce[0], bindings, self.backend.min_elements, *self.reduce[1:])
+                with np.errstate(all="ignore"):
+                    self.direct_reduce = DirectReduce.prepare(
+                        self.reduce[0], bindings, self.backend.min_elements, *self.reduce[1:])
                 self.reduce = None if self.direct_reduce is None else self.reduce
             if self.direct_reduce is not None:
                 return self.direct_reduce.run(bindings, self.backend.min_elements)
@@ -270,24 +272,24 @@ class NativeExecutable(NumpyExecutable):
         :func:`.bound.repeats`) binds the steps to them (:class:`.bound.Bound`); later runs with
         the same ones run the bound steps, and a run with other tensors of the same layouts
         rebinds only the nodes that touch the ones that changed, and runs bound."""
-        bound, same = self.bound, False
-        if self.profile is None and bound is not None:
-            same = bound.matches(bindings, workspace)
-            if not same and bound.rebinds(bindings, workspace):
-                bound, same = Bound(self, bindings, workspace, _NATIVE, like=bound), True
-                self.bound = bound
-            if same:
-                with np.errstate(all="ignore"):
+        with np.errstate(all="ignore"):  # binding evaluates numpy too (per-channel values)
+            bound, same = self.bound, False
+            if self.profile is None and bound is not None:
+                same = bound.matches(bindings, workspace)
+                if not same and bound.rebinds(bindings, workspace):
+                    bound, same = Bound(self, bindings, workspace, _NATIVE, like=bound), True
+                    self.bound = bound
+                if same:
                     out = bound.run()
-                if out is not None:
-                    return out
-        out = self.run(bindings, workspace)  # checks the bindings and the workspace, as always
-        if self.profile is None and not same:
-            key = (workspace, *[bindings[n] for n in self.input_names])
-            last, self.last_key = self.last_key, key
-            if repeats(last, key):
-                self.bound = Bound(self, bindings, workspace, _NATIVE)
-        return out
+                    if out is not None:
+                        return out
+            out = self.run(bindings, workspace)  # checks the bindings and the workspace, as always
+            if self.profile is None and not same:
+                key = (workspace, *[bindings[n] for n in self.input_names])
+                last, self.last_key = self.last_key, key
+                if repeats(last, key):
+                    self.bound = Bound(self, bindings, workspace, _NATIVE)
+            return out
 
     def release(self, bindings: Mapping[str, Tensor]) -> None:
         """Forget the bound steps and the last key when they hold ``bindings``' tensors."""
