@@ -11,6 +11,7 @@ import pytest
 
 import opgraph
 from opgraph import AclnnError, GraphError, Status, aclnn
+from backends import native
 
 F32 = np.float32
 C = 3
@@ -185,3 +186,46 @@ def test_nan_inf_and_zero_counter_do_not_warn(level):
             y = opgraph.ops.batch_norm_elemt_backward(x, x, c, c, c, c, c, c)  # Σcounter = 0
     # 0/0 = NaN propagates everywhere: sumDy/Σcounter is NaN (IEEE), so every result is NaN
     assert np.isnan(y).all()
+
+
+@pytest.mark.parametrize("dtype, eps", [(np.float32, 1e30), (np.float16, 1e5), (np.float16, 1e30)])
+def test_native_preparing_on_extreme_eps_does_not_warn(dtype, eps):
+    """The native backend prepares a kernel on its first run (its per-channel values and
+    constants in numpy: here var = 1/invstd² − eps + eps = 0, so 1/sqrt(0), and an eps past
+    fp16's range) outside phase 2's own ``np.errstate``: no warning leaks, in a plain run, a
+    direct repeat or a captured replay, and the bits are numpy's."""
+    if not native.available():
+        pytest.skip(native.availability()[1])
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((2, C, 5)).astype(dtype)
+    params = [rng.uniform(0.5, 2, C).astype(dtype) for _ in range(4)]
+    weight = params[0].astype(F32)  # a float32 weight: another prologue than an fp16 one
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        want = [opgraph.ops.batch_norm_elemt(x, weight, *params[1:], eps)]
+        with opgraph.use_backend("native"):
+            got = [opgraph.ops.batch_norm_elemt(x, weight, *params[1:], eps) for _ in range(2)]
+            tensors = [opgraph.tensor(a) for a in (x, weight, *params[1:])]
+            out = np.zeros_like(x)
+            with opgraph.capture() as step:
+                status, ws, ex = aclnn.aclnnBatchNormElemtGetWorkspaceSize(*tensors, eps, opgraph.tensor(out))
+                assert status == 0 and aclnn.aclnnBatchNormElemt(bytearray(ws) if ws else None, ws, ex) == 0
+            for _ in range(3):
+                step.replay()
+    for y in got + [out]:
+        assert np.array_equal(y.view(np.uint16 if dtype == np.float16 else np.uint32),
+                              want[0].view(np.uint16 if dtype == np.float16 else np.uint32))
+
+
+@pytest.mark.parametrize("flag", [np.array([True, False]), "yes", 1, None])
+def test_pythonic_backward_reduce_mask_must_be_a_bool(flag):
+    """The masks decide which outputs the Pythonic call makes: a non-bool is 161002 naming it,
+    not numpy's error on an array's truth value."""
+    x, c = np.ones((2, C, 4), F32), np.ones(C, F32)
+    for position, name in enumerate(("input_g", "weight_g", "bias_g")):
+        masks = [True, True, True]
+        masks[position] = flag
+        with pytest.raises(AclnnError) as e:
+            opgraph.ops.batch_norm_backward_reduce(x, x, c, c, c, *masks)
+        assert e.value.status == Status.ACLNN_ERR_PARAM_INVALID
+        assert f"{name}: expected a bool, got {type(flag).__name__}" in str(e.value)

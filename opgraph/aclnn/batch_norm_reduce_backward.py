@@ -51,7 +51,7 @@ from opgraph.core.tensor import Tensor
 from .common import (BF16, F16, F32, MAX_RANK, check_dtype, check_not_private, check_rank, invalid,
                      require_kernel)
 from .direct import NUMPY_CALLS
-from .pythonic import as_tensor, output, result, run_op_api
+from .pythonic import as_tensor, mask, output, result, run_op_api
 from .twophase import check_not_null, op_api, run_executor
 
 # the doc's product table: 950, A3 (910_93), A2 (910B), Atlas training (910); not 310B / 310P
@@ -253,9 +253,10 @@ def _batch_norm_backward_reduce(grad_out: Any, input: Any, mean: Any, invstd: An
     x, m = args[1], args[2]
     C = x.shape[1] if x is not None and x.ndim >= 2 else 0
     od = default_out_dtype(x.dtype if x is not None else F32, m.dtype if m is not None else F32)
-    outs = [output(n, None, (C,), od) if on else (None, None)
-            for n, on in zip(("sum_dy", "sum_dy_xmu", "grad_weight", "grad_bias"),
-                             (input_g, input_g, weight_g, bias_g))]
+    on = {n: mask(n, v) for n, v in (("input_g", input_g), ("weight_g", weight_g), ("bias_g", bias_g))}
+    outs = [output(n, None, (C,), od) if on[m] else (None, None)
+            for n, m in zip(("sum_dy", "sum_dy_xmu", "grad_weight", "grad_bias"),
+                            ("input_g", "input_g", "weight_g", "bias_g"))]
     run_op_api(aclnnBatchNormReduceBackwardGetWorkspaceSize, aclnnBatchNormReduceBackward, *args,
                input_g, weight_g, bias_g, *(t for _, t in outs))
     return tuple(None if t is None else result(o, t) for o, t in outs)

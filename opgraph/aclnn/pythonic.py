@@ -34,6 +34,18 @@ def as_tensor(name: str, x: Any) -> Optional[Tensor]:
                          f"{name}: cannot be used as a tensor ({type(x).__name__}): {e}") from None
 
 
+def mask(name: str, on: Any) -> bool:
+    """An output mask (``input_g`` ...): a bool, or 161002 naming it — before the function
+    decides from it which outputs to make (an array's truth value would be ambiguous).
+
+        >>> mask("input_g", np.bool_(True)), mask("bias_g", False)
+        (True, False)
+    """
+    if not isinstance(on, (bool, np.bool_)):
+        raise AclnnError(Status.ACLNN_ERR_PARAM_INVALID, f"{name}: expected a bool, got {type(on).__name__}")
+    return bool(on)
+
+
 def output(name: str, out: Any, shape: tuple[int, ...], dtype: DataType) -> tuple[Any, Tensor]:
     """``(array to return, tensor to pass)`` for an output: ``out`` as given, or a new zeroed
     array (an op_api that writes nothing for an empty input, as the 910B family's do, returns
