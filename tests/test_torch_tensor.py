@@ -3,6 +3,7 @@ requires_grad, bfloat16) and phase 2 writes into torch outputs in place; other d
 from __future__ import annotations
 
 import gc
+import warnings
 
 import numpy as np
 import pytest
@@ -11,6 +12,8 @@ import opgraph
 from opgraph import aclnn
 
 torch = pytest.importorskip("torch", reason="torch is not installed (pip install 'opgraph[torch]')")
+
+import opgraph.torch as ot  # noqa: E402
 
 
 def raw16(t):
@@ -120,6 +123,34 @@ class FakeDeviceArray:
 def test_other_devices_are_a_clear_error(obj, device):
     with pytest.raises(ValueError, match=f"device '{device}'.*CPU memory only"):
         opgraph.tensor(obj)
+
+
+def _csr(t):
+    with warnings.catch_warnings():  # "support is in beta state"
+        warnings.simplefilter("ignore")
+        return t.to_sparse_csr()
+
+
+LAZY_OR_OPAQUE = {  # CPU tensors whose memory is not their values as a strided array
+    "neg bit": (lambda: torch.randn(2, 3, dtype=torch.complex64).conj().imag,  # public route to it
+                "neg bit set: its memory does not hold its values .*resolve_neg"),
+    "conj bit": (lambda: torch.randn(2, 3, dtype=torch.complex64).conj(), "conj bit set.*resolve_conj"),
+    "sparse": (lambda: torch.eye(3).to_sparse(), "layout other than torch.strided"),
+    "sparse csr": (lambda: _csr(torch.eye(3)), "layout other than torch.strided"),  # no strides at all
+    "mkldnn": (lambda: torch.ones(2, 3).to_mkldnn(), "layout torch._mkldnn"),
+}
+
+
+@pytest.mark.parametrize("label", sorted(LAZY_OR_OPAQUE))
+def test_lazy_or_opaque_tensors_are_a_clear_error(label):
+    """Viewing such a tensor's memory would give other values (a negation DLPack leaves out)
+    or none: refused, saying why, and, through the op_apis, naming the argument."""
+    make, why = LAZY_OR_OPAQUE[label]
+    with pytest.raises(ValueError, match=why):
+        opgraph.tensor(make())
+    x, c = torch.ones(2, 2, 3), torch.ones(2)
+    with pytest.raises(opgraph.AclnnError, match=f"mean: cannot be used as a tensor.*{why}"):
+        ot.batch_norm_elemt(x, None, None, make(), c, 1e-5)
 
 
 def test_unsupported_dtype_is_a_clear_error():

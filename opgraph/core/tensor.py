@@ -17,7 +17,6 @@ Metadata is immutable after construction (so the bounds check made there stays t
 """
 from __future__ import annotations
 
-import ctypes
 import itertools
 import math
 import operator
@@ -26,9 +25,9 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from .dtypes import DataType, Format, dtype_of, format_of
+from .foreign import array_address, foreign_array
 from .memo import BoundedMemo
 
-BF16_NP = DataType.BF16.np
 
 MAX_RANK = 64  # numpy's limit on array dimensions
 
@@ -88,22 +87,6 @@ def _ints(what: str, values: Any) -> tuple[int, ...]:
 
 def _int(what: str, v: Any) -> int:
     return _ints(what, (v,))[0]
-
-
-def array_address(x: np.ndarray) -> int:
-    """The address of a numpy array's first element: through the buffer protocol for a
-    writable C-contiguous array (a quarter of ``x.ctypes.data``'s cost; an array of a
-    user-defined dtype such as bfloat16, which the buffer protocol cannot describe, as bytes),
-    else ``x.ctypes.data``.
-
-        >>> a = np.zeros(4, np.float32)
-        >>> array_address(a[1:]) - a.ctypes.data, array_address(a[::2]) == a.ctypes.data
-        (4, True)
-    """
-    try:
-        return ctypes.addressof(ctypes.c_char.from_buffer(x if x.dtype.isbuiltin != 2 else x.view(np.uint8)))
-    except (TypeError, ValueError, BufferError):  # read-only, strided or empty
-        return x.ctypes.data
 
 
 class _Slots:
@@ -371,76 +354,6 @@ def virtual_tensor(shape: Sequence[int], dtype: Any, format: "Format | str" = "N
 def _wrappable(a: np.ndarray) -> bool:
     """True when ``a``'s memory can be described with element strides ≥ 0 (no copy needed)."""
     return all(s >= 0 and s % a.itemsize == 0 for s in a.strides)
-
-
-DLPACK_CPU = 1  # DLDeviceType kDLCPU
-
-
-class _RawMemory:
-    """A torch-like tensor's memory as unsigned words of its item size, through numpy's array
-    interface (for dtypes DLPack-to-numpy cannot carry, i.e. bfloat16); holds the tensor alive."""
-
-    __slots__ = ("owner", "__array_interface__")
-
-    def __init__(self, t: Any) -> None:
-        item = int(t.element_size())
-        self.owner = t
-        self.__array_interface__ = {
-            "version": 3, "shape": tuple(int(n) for n in t.shape), "typestr": f"<u{item}",
-            "data": (int(t.data_ptr()), False),
-            "strides": tuple(int(s) * item for s in t.stride())}
-
-
-def _device_name(obj: Any, dl_device: Any) -> str:
-    return str(getattr(obj, "device", None) or f"DLPack device {dl_device}")
-
-
-def foreign_array(obj: Any) -> np.ndarray:
-    """A numpy view of a DLPack-exporting array on the CPU (a torch tensor, ...), sharing memory.
-
-    Duck-typed, so the core never imports torch: a CPU torch tensor through its own ``numpy()``
-    view when that is its memory, else DLPack; a tensor that requires grad through
-    ``obj.detach()`` (same memory); bfloat16 through its raw 16-bit storage, viewed as
-    ``ml_dtypes.bfloat16``. Memory on another device is a ValueError naming the device.
-    """
-    own = _own_cpu_view(obj)
-    if own is not None:
-        return own
-    try:
-        dl_device = obj.__dlpack_device__()
-        on_cpu = int(dl_device[0]) == DLPACK_CPU
-    except (ValueError, TypeError, RuntimeError, BufferError, IndexError) as e:
-        dl_device, on_cpu = e, False
-    if not on_cpu:
-        raise ValueError(f"{type(obj).__name__} on device {_device_name(obj, dl_device)!r}: opgraph "
-                         "views CPU memory only (move it with .cpu() first)")
-    if getattr(obj, "requires_grad", False):
-        obj = obj.detach()
-    if str(getattr(obj, "dtype", "")).endswith("bfloat16"):
-        if math.prod(obj.shape) == 0:
-            return np.empty(tuple(obj.shape), BF16_NP)
-        return np.asarray(_RawMemory(obj)).view(BF16_NP)
-    try:
-        return np.from_dlpack(obj)
-    except (BufferError, RuntimeError, TypeError, ValueError) as e:
-        raise ValueError(f"cannot view {type(obj).__name__} of dtype "
-                         f"{getattr(obj, 'dtype', '?')} as an array: {e}") from None
-
-
-def _own_cpu_view(obj: Any) -> "np.ndarray | None":
-    """A CPU torch tensor's own numpy view (``obj.numpy()``, about half DLPack's cost), checked to
-    share ``obj``'s memory; None for anything else (a dtype numpy lacks, another device, another
-    kind of array), which DLPack then takes."""
-    if getattr(obj, "is_cpu", None) is not True or not callable(getattr(obj, "data_ptr", None)) \
-            or str(getattr(obj, "dtype", "")).endswith("bfloat16"):  # .numpy() would raise, slowly
-        return None
-    view = obj.detach() if getattr(obj, "requires_grad", False) else obj
-    try:
-        a = view.numpy()
-        shared = type(a) is np.ndarray and (a.size == 0 or array_address(a) == int(obj.data_ptr()))
-    except (TypeError, RuntimeError, ValueError, AttributeError):
-        return None
-    return a if shared else None
 
 
 def tensor(array: "np.ndarray | Sequence", format: "Format | str" = "ND", dtype: Any = None) -> Tensor:

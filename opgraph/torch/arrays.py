@@ -24,7 +24,9 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 def as_numpy(t: Any) -> Any:
     """A CPU torch tensor as a numpy array sharing its memory (``Tensor.numpy()`` on the
     detached tensor; bfloat16 through its 16-bit words) — a few µs, where DLPack costs tens;
-    anything else (None, arrays, tensors on other devices: opgraph names the device) unchanged.
+    anything else (None, arrays, tensors on other devices: opgraph names the device; a sparse or
+    MKL-DNN tensor, one with its negative or conjugate bit set: opgraph refuses it, naming the
+    argument) unchanged.
 
     >>> a = as_numpy(torch.ones(2, 3, dtype=torch.bfloat16).t())
     >>> a.dtype.name, a.shape, a.strides
@@ -34,9 +36,12 @@ def as_numpy(t: Any) -> Any:
         return t
     if t.requires_grad:
         t = t.detach()
-    if t.dtype == torch.bfloat16:
-        return t.view(torch.int16).numpy().view(_BF16)
-    return t.numpy()
+    try:
+        if t.dtype == torch.bfloat16:
+            return t.view(torch.int16).numpy().view(_BF16)
+        return t.numpy()
+    except (TypeError, RuntimeError):  # not a strided tensor numpy can view as it is
+        return t
 
 
 def to_torch(a: Optional[np.ndarray]) -> Optional[Tensor]:

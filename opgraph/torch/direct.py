@@ -52,11 +52,11 @@ class TorchArrays(Arrays):
 
     def metadata(self, a: Any) -> Optional[Hashable]:
         """A torch tensor's or numpy array's dtype, shape and strides (None: a torch tensor off
-        the CPU or with its negative bit set; a conjugate view is of a complex dtype, never
-        learnt)."""
+        the CPU, not strided (sparse, MKL-DNN) or with its negative bit set; a conjugate view
+        is of a complex dtype, never learnt)."""
         if type(a) is np.ndarray:
             return a.dtype, a.shape, a.strides
-        if not a.is_cpu or a.is_neg():
+        if not a.is_cpu or a.layout is not _STRIDED or a.is_neg():
             return None
         return a.dtype, a.shape, a.stride()
 
@@ -79,6 +79,7 @@ class TorchArrays(Arrays):
         return None if d is None else functools.partial(_EMPTY, shape, strides, dtype=d)
 
 
+_STRIDED = torch.strided
 _EMPTY = torch.empty_strided  # (a test fills the outputs with NaN instead: every one is written)
 TORCH = TorchArrays()
 DIRECT_CALLS = DirectCalls(TORCH)
