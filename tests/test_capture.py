@@ -174,6 +174,9 @@ def test_replay_refuses_bad_inputs_and_leaves_outputs_untouched():
         ro = np.zeros(SHAPE, np.float32)
         ro.flags.writeable = False
         prog.replay(output=ro)
+    for junk in ("abc", None):  # not arrays at all
+        with pytest.raises(ValueError, match=f"replay: input: cannot be used as a tensor \\({type(junk).__name__}\\)"):
+            prog.replay(input=junk)
     assert np.array_equal(got["y"], y)
 
 

@@ -148,7 +148,11 @@ class Program:
             if name not in types:
                 raise ValueError(f"replay: {name}: not an input of the program (inputs: "
                                  f"{', '.join(types)})")
-            t = value if isinstance(value, Tensor) else self._viewed(name, value)
+            try:
+                t = value if isinstance(value, Tensor) else self._viewed(name, value)
+            except (TypeError, ValueError) as e:
+                raise ValueError(f"replay: {name}: cannot be used as a tensor "
+                                 f"({type(value).__name__}): {e}") from None
             if t.signature != signatures[name] and tensor_type(t) != types[name]:
                 raise ValueError(f"replay: {name}: the program was captured with {types[name]}, "
                                  f"got {tensor_type(t)}; capture again for other shapes")
