@@ -177,6 +177,9 @@ def test_a_tensor_opgraph_cannot_view_is_refused_as_before(calls):
         K.batch_norm_stats(x, EPS), K.batch_norm_stats(x, EPS)  # learnt for this metadata
         with pytest.raises(AclnnError, match="input: .*neg bit set"):  # never keyed, never viewed
             K.batch_norm_stats(torch._neg_view(x), EPS)
+        for opaque in (x.to_sparse(), x.to_mkldnn()):  # strides like x's, or none: not keyed
+            with pytest.raises(AclnnError, match="input: cannot be used as a tensor"):
+                K.batch_norm_stats(opaque, EPS)
 
 
 def test_bad_input_is_refused_every_time(calls):
