@@ -253,10 +253,9 @@ def _batch_norm_backward_reduce(grad_out: Any, input: Any, mean: Any, invstd: An
     x, m = args[1], args[2]
     C = x.shape[1] if x is not None and x.ndim >= 2 else 0
     od = default_out_dtype(x.dtype if x is not None else F32, m.dtype if m is not None else F32)
-    on = {n: mask(n, v) for n, v in (("input_g", input_g), ("weight_g", weight_g), ("bias_g", bias_g))}
-    outs = [output(n, None, (C,), od) if on[flag] else (None, None)
-            for n, flag in zip(("sum_dy", "sum_dy_xmu", "grad_weight", "grad_bias"),
-                               ("input_g", "input_g", "weight_g", "bias_g"))]
+    ig, wg, bg = mask("input_g", input_g), mask("weight_g", weight_g), mask("bias_g", bias_g)
+    outs = [output(n, None, (C,), od) if on else (None, None)
+            for n, on in zip(("sum_dy", "sum_dy_xmu", "grad_weight", "grad_bias"), (ig, ig, wg, bg))]
     run_op_api(aclnnBatchNormReduceBackwardGetWorkspaceSize, aclnnBatchNormReduceBackward, *args,
                input_g, weight_g, bias_g, *(t for _, t in outs))
     return tuple(None if t is None else result(o, t) for o, t in outs)

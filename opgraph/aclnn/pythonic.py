@@ -20,7 +20,7 @@ import numpy as np
 from opgraph.core.dtypes import DataType
 from opgraph.core.status import AclnnError, Status
 from opgraph.core.tensor import Tensor, tensor
-from .twophase import recent_error
+from .twophase import MASK_TYPES, recent_error, wrong_kind
 
 
 def as_tensor(name: str, x: Any) -> Optional[Tensor]:
@@ -41,8 +41,8 @@ def mask(name: str, on: Any) -> bool:
         >>> mask("input_g", np.bool_(True)), mask("bias_g", False)
         (True, False)
     """
-    if not isinstance(on, (bool, np.bool_)):
-        raise AclnnError(Status.ACLNN_ERR_PARAM_INVALID, f"{name}: expected a bool, got {type(on).__name__}")
+    if not isinstance(on, MASK_TYPES):
+        raise wrong_kind(name, "a bool", on)
     return bool(on)
 
 

@@ -99,6 +99,14 @@ def check_outputs_writable(ex: Executor) -> None:
             raise AclnnError(Status.ACLNN_ERR_PARAM_INVALID, f"{name}: {why}")
 
 
+MASK_TYPES = (bool, np.bool_)  # what a bool parameter (an output mask) takes
+
+
+def wrong_kind(name: str, want: str, got: Any) -> AclnnError:
+    """161002 for argument ``name`` that is not ``want`` (``"a bool"``, ``"a number"`` ...)."""
+    return AclnnError(Status.ACLNN_ERR_PARAM_INVALID, f"{name}: expected {want}, got {type(got).__name__}")
+
+
 def _check_kinds(params: Sequence[Param], args: Sequence[Any]) -> None:
     """Python-level argument types: a tensor parameter takes an opgraph.Tensor or None, a
     scalar a real number, a mask a bool (161002 naming the parameter)."""
@@ -111,14 +119,13 @@ def _check_kinds(params: Sequence[Param], args: Sequence[Any]) -> None:
             ok = a is None or isinstance(a, Tensor)
             want = "an opgraph.Tensor or None"
         elif p.kind == "bool":
-            ok = isinstance(a, (bool, np.bool_))
+            ok = isinstance(a, MASK_TYPES)
             want = "a bool"
         else:
             ok = isinstance(a, (int, float, np.integer, np.floating)) and not isinstance(a, (bool, np.bool_))
             want = "a number"
         if not ok:
-            raise AclnnError(Status.ACLNN_ERR_PARAM_INVALID,
-                             f"{p.name}: expected {want}, got {type(a).__name__}")
+            raise wrong_kind(p.name, want, a)
 
 
 def recorded_call(name: str, params: Sequence[Param], args: Sequence[Any]) -> RecordedCall:
