@@ -76,10 +76,14 @@ def _rank(rank: int, world: int, configs: list) -> list:
 
 
 def _refused(rank: int, world: int) -> list:
-    """An empty rank; a half-precision layer (its gradients would be converted outside)."""
+    """An empty rank; a half-precision layer (its gradients would be converted outside); a
+    bfloat16 one without parameters on the Ascend950 (its running stats would be rounded back
+    outside)."""
     out = []
     for x, bn in ((torch.randn((3, C, 2) if rank == 0 else (0, C, 2)), ot.SyncBatchNorm(C)),
-                  (torch.randn(3, C, 2).half(), ot.SyncBatchNorm(C).half())):
+                  (torch.randn(3, C, 2).half(), ot.SyncBatchNorm(C).half()),
+                  (torch.randn(3, C, 2).bfloat16(),
+                   ot.SyncBatchNorm(C, affine=False, platform="Ascend950").bfloat16())):
         try:
             with opgraph.capture():
                 bn(x.requires_grad_())
@@ -109,10 +113,11 @@ def test_captured_step_is_bit_equal_to_the_eager_layer(session, k):
             assert r["launches"][0] <= r["launches"][1]
 
 
-def test_capture_refuses_an_empty_rank_and_half_precision_parameters():
-    for empty, half in ot.run_ranks(_refused, 2, timeout=60.0, pg_timeout=20.0):
+def test_capture_refuses_an_empty_rank_and_half_precision_parameters_or_stats():
+    for empty, half, running in ot.run_ranks(_refused, 2, timeout=60.0, pg_timeout=20.0):
         assert "needs data on every rank; ranks [1] have none" in empty
         assert "weight is torch.float16; its gradient is float32" in half
+        assert "running_mean is torch.bfloat16; the Ascend950's gather keeps" in running
 
 
 def _one_rank(rank: int, world: int) -> list:

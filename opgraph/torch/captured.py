@@ -78,6 +78,13 @@ def forward(ctx: Any, input: Tensor, weight: Optional[Tensor], bias: Optional[Te
             raise CaptureError(f"SyncBatchNorm in a capture: {name} is {p.dtype}; its gradient "
                                "is float32 and autograd would convert it outside the program "
                                "(keep the layer's parameters float32, e.g. with autocast)")
+    with K.on(**where):
+        refused = K.running_stats_refused(running_mean, torch.float32)
+    if refused:
+        raise CaptureError(f"SyncBatchNorm in a capture: running_mean is {running_mean.dtype}; "
+                           "the Ascend950's gather keeps running statistics in float32, and "
+                           "rounding them back would run outside the program (keep the layer's "
+                           "buffers float32)")
     counts = torch.full((1,), per_channel, dtype=torch.float32)
     if world_size > 1:  # one rank: its own count, no process group needed (as the eager path)
         rows = [torch.empty_like(counts) for _ in range(world_size)]

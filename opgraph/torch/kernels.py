@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from opgraph.core.config import BackendRef, use_backend
-from opgraph.core.platform import Platform, platform as use_platform
+from opgraph.core.platform import Platform, get_platform, platform as use_platform
 from opgraph.core.tensor import tensor as op_tensor
 from opgraph.aclnn import (batch_norm_elemt as _elemt, batch_norm_elemt_backward as _elemt_bwd,
                            batch_norm_gather_stats_with_counts as _gather,
@@ -115,6 +115,20 @@ class TorchViews:
 def _views(views: Optional[TorchViews]) -> Callable[[Any], Any]:
     """How a call views its tensors: through the shared ``views``, else each as it comes."""
     return as_numpy if views is None else views
+
+
+def running_stats_refused(running_mean: Optional[Tensor], mean_dtype: torch.dtype) -> bool:
+    """Whether batch_norm_gather_stats_with_counts on the current platform refuses
+    ``running_mean`` (and a running var of its dtype) next to a ``mean`` of ``mean_dtype``: the
+    Ascend950's fused kernel keeps the running statistics in mean's dtype and fails on any other
+    (561103); the 910B op casts them to float32 and back itself.
+
+    >>> with on(platform="Ascend950"):
+    ...     running_stats_refused(torch.zeros(2, dtype=torch.bfloat16), torch.float32)
+    True
+    """
+    return (running_mean is not None and running_mean.dtype != mean_dtype
+            and get_platform().soc == _gather.FUSED_SOC)
 
 
 def batch_norm_stats(input: Tensor, eps: float, *, backend: Optional[BackendRef] = None,
@@ -278,4 +292,5 @@ def register_cpu_kernels(backend: Optional[BackendRef] = None,
 
 __all__ = ["PRIMITIVES", "batch_norm_backward_elemt", "batch_norm_backward_reduce",
            "batch_norm_elemt", "batch_norm_gather_stats_with_counts", "batch_norm_stats",
-           "as_numpy", "on", "register_cpu_kernels", "to_torch", "TorchViews"]
+           "as_numpy", "on", "register_cpu_kernels", "running_stats_refused", "to_torch",
+           "TorchViews"]

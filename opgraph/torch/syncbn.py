@@ -6,9 +6,11 @@ count < 1 → batch_norm_gather_stats_with_counts (running stats updated in plac
 batch_norm_elemt. Backward: batch_norm_backward_reduce → all_reduce of [sum_dy, sum_dy_xmu] →
 batch_norm_backward_elemt. On a one-rank group the collectives, which would return the rank's
 own values, are skipped. Without an initialised process group, with one rank, or in eval mode
-it is ordinary batch norm (``F.batch_norm``), as in torch. One difference: an empty rank sends
+it is ordinary batch norm (``F.batch_norm``), as in torch. Two differences: an empty rank sends
 float32 zeros, the dtype the other ranks' statistics have (torch sends the input's dtype, which
-gloo cannot gather together with float32 rows when the input is half precision).
+gloo cannot gather together with float32 rows when the input is half precision); and where the
+gather refuses half-precision running stats (the Ascend950's, 561103) they are updated in
+float32 copies and rounded back.
 
     >>> import torch
     >>> bn = SyncBatchNorm(3)
@@ -104,9 +106,17 @@ class SyncBatchNormFunction(torch.autograd.Function):
         if running_mean is not None and running_mean.dtype != STATS_DTYPE:  # torch's rounding
             counts = K.as_numpy(torch.from_numpy(counts).to(running_mean.dtype))
         if len(table):
+            # a half-precision model's running stats where the op refuses them (the 950):
+            # updated in float32 copies, then rounded back as torch's kernels store them
+            widen = K.running_stats_refused(running_mean, STATS_DTYPE)
+            rm, rv = ((running_mean.float(), None if running_var is None else running_var.float())
+                      if widen else (running_mean, running_var))
             mean, invstd = K.batch_norm_gather_stats_with_counts(
-                input, mean_all, invstd_all, running_mean, running_var, momentum, eps, counts,
-                views=views)
+                input, mean_all, invstd_all, rm, rv, momentum, eps, counts, views=views)
+            if widen:
+                running_mean.copy_(rm)
+                if running_var is not None:
+                    running_var.copy_(rv)
         else:  # no rank has data: nothing to normalise, running stats untouched
             mean = invstd = torch.zeros(C, dtype=STATS_DTYPE)
         ctx.count = count_all.astype(np.int32)  # per rank, as batch_norm_backward_elemt takes it
