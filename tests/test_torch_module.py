@@ -125,3 +125,25 @@ def test_it_is_not_torchs_syncbatchnorm():
     """DDP refuses torch.nn.SyncBatchNorm layers on CPU: ours must not be one."""
     assert not isinstance(ot.SyncBatchNorm(C), nn.SyncBatchNorm)
     assert isinstance(ot.SyncBatchNorm(C), nn.modules.batchnorm._BatchNorm)
+
+
+def test_torch_compile_runs_the_function_eagerly_with_the_same_bits():
+    """Under torch.compile (dynamo + AOTAutograd, backend "aot_eager": no C++ build) the
+    autograd function is a graph break, not traced: dynamo cannot trace the op_apis' numpy.
+    One rank (the exchanges skipped), so no process group is needed."""
+    w, b = torch.linspace(0.5, 2, C).requires_grad_(), torch.linspace(-1, 1, C).requires_grad_()
+    stats = [[torch.zeros(C), torch.ones(C)] for _ in range(2)]
+
+    def step(x, running):
+        y = ot.SyncBatchNormFunction.apply(x, w, b, *running, 1e-5, 0.1, None, 1, {})
+        return (y.relu() * 3).sum()
+
+    results = []
+    for fn, running in ((step, stats[0]), (torch.compile(step, backend="aot_eager"), stats[1])):
+        x = batch(7).requires_grad_()
+        w.grad = b.grad = None
+        fn(x, running).backward()
+        results.append([t.detach().clone() for t in (x.grad, w.grad, b.grad, *running)])
+    assert results[1][-1].ne(1).any()  # the running stats were updated
+    for eager, compiled in zip(*results):
+        assert np.array_equal(eager.numpy().view(np.int32), compiled.numpy().view(np.int32))

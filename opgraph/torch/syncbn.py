@@ -39,6 +39,9 @@ Tensor = torch.Tensor
 # batch_norm_stats' mean/invstd are float32 for every input dtype (torch_npu allocates them so),
 # and so are the rows every rank contributes to the gather, an empty rank's included
 STATS_DTYPE = torch.float32
+# why torch.compile runs the layer eagerly (a graph break): the op_apis run numpy and C on the
+# tensors' memory, which dynamo cannot trace
+NOT_TRACEABLE = "opgraph's op_apis run numpy and C on the tensors' memory"
 
 
 def _keep_layout(t: Tensor) -> Tensor:
@@ -58,6 +61,7 @@ class SyncBatchNormFunction(torch.autograd.Function):
     """
 
     @staticmethod
+    @torch.compiler.disable(reason=NOT_TRACEABLE)
     def forward(ctx: Any, input: Tensor, weight: Optional[Tensor], bias: Optional[Tensor],
                 running_mean: Optional[Tensor], running_var: Optional[Tensor], eps: float,
                 momentum: float, process_group: Any, world_size: int,
@@ -126,6 +130,7 @@ class SyncBatchNormFunction(torch.autograd.Function):
         return K.batch_norm_elemt(input, weight, bias, mean, invstd, eps, views=views)
 
     @staticmethod
+    @torch.compiler.disable(reason=NOT_TRACEABLE)
     def backward(ctx: Any, grad_output: Tensor) -> tuple[Optional[Tensor], ...]:
         grad_output = _keep_layout(grad_output)
         if ctx.captured:
