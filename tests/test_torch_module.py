@@ -3,6 +3,9 @@ keys, momentum=None cumulative average, eval behaviour, num_batches_tracked, the
 ordinary batch norm without a process group, and convert_sync_batchnorm."""
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -147,3 +150,27 @@ def test_torch_compile_runs_the_function_eagerly_with_the_same_bits():
     assert results[1][-1].ne(1).any()  # the running stats were updated
     for eager, compiled in zip(*results):
         assert np.array_equal(eager.numpy().view(np.int32), compiled.numpy().view(np.int32))
+
+
+def test_a_second_backward_through_the_function_is_refused():
+    """Its backward is not differentiable (the op_apis run outside autograd): a gradient taken
+    with create_graph=True must not silently drop the second-order term."""
+    x = batch(8).requires_grad_()
+    y = ot.SyncBatchNormFunction.apply(x, torch.ones(C, requires_grad=True), None, None, None,
+                                       1e-5, 0.1, None, 1, {})
+    g, = torch.autograd.grad(y.pow(2).sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError, match="differentiate twice"):
+        g.sum().backward()
+
+
+def test_importing_and_running_the_layer_leaves_dynamo_unimported():
+    """torch.compiler.disable is applied only under torch.compile (importing dynamo costs
+    ~1.5 s and changes how DDP holds its model)."""
+    code = ("import sys, torch, opgraph.torch as ot\n"
+            "x = torch.randn(4, 3, 2, requires_grad=True)\n"
+            "ot.SyncBatchNormFunction.apply(x, None, None, None, None, 1e-5, 0.1, None, 1, {})"
+            ".sum().backward()\n"
+            "print('torch._dynamo' in sys.modules)\n")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == ["False"]

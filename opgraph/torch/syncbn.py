@@ -22,12 +22,14 @@ float32 copies and rounded back.
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+import functools
+from typing import Any, Callable, Optional
 
 import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch.autograd.function import once_differentiable
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from opgraph.capture import active as capturing
@@ -42,6 +44,21 @@ STATS_DTYPE = torch.float32
 # why torch.compile runs the layer eagerly (a graph break): the op_apis run numpy and C on the
 # tensors' memory, which dynamo cannot trace
 NOT_TRACEABLE = "opgraph's op_apis run numpy and C on the tensors' memory"
+
+
+def eager_under_compile(fn: Callable) -> Callable:
+    """``fn``, run eagerly when torch.compile traces it (``torch.compiler.disable``, applied only
+    then: importing dynamo costs ~1.5 s, and a plain call stays a plain call).
+
+        >>> eager_under_compile(abs)(-2)
+        2
+    """
+    @functools.wraps(fn)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        if not torch.compiler.is_compiling():
+            return fn(*args, **kwargs)
+        return torch.compiler.disable(fn, reason=NOT_TRACEABLE)(*args, **kwargs)
+    return run
 
 
 def _keep_layout(t: Tensor) -> Tensor:
@@ -61,7 +78,7 @@ class SyncBatchNormFunction(torch.autograd.Function):
     """
 
     @staticmethod
-    @torch.compiler.disable(reason=NOT_TRACEABLE)
+    @eager_under_compile
     def forward(ctx: Any, input: Tensor, weight: Optional[Tensor], bias: Optional[Tensor],
                 running_mean: Optional[Tensor], running_var: Optional[Tensor], eps: float,
                 momentum: float, process_group: Any, world_size: int,
@@ -130,7 +147,8 @@ class SyncBatchNormFunction(torch.autograd.Function):
         return K.batch_norm_elemt(input, weight, bias, mean, invstd, eps, views=views)
 
     @staticmethod
-    @torch.compiler.disable(reason=NOT_TRACEABLE)
+    @eager_under_compile
+    @once_differentiable  # its gradients are not differentiable: a second backward says so
     def backward(ctx: Any, grad_output: Tensor) -> tuple[Optional[Tensor], ...]:
         grad_output = _keep_layout(grad_output)
         if ctx.captured:
