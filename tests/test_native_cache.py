@@ -7,6 +7,7 @@ import ctypes
 import io
 import multiprocessing
 import os
+import platform
 import stat
 import time
 from pathlib import Path
@@ -318,3 +319,88 @@ def test_default_limit_and_env_override(monkeypatch):
     assert build.cache_limit() == 256 * 2 ** 20
     monkeypatch.setenv("OPGRAPH_CACHE_MAX_MB", "1.5")
     assert build.cache_limit() == 3 * 2 ** 19
+
+
+# --- the precompiled header -----------------------------------------------------------------------
+def vector_source(value: int) -> str:
+    """A kernel that includes the intrinsics header, as the vector kernels do."""
+    return f"#include <immintrin.h>\n#include <stdint.h>\nint64_t opg_kernel(void) {{ return {value}; }}\n"
+
+
+def gcc_on_x86() -> bool:
+    cc = build.find_compiler()[0]
+    return (platform.machine() in ("x86_64", "AMD64") and cc is not None
+            and "Free Software Foundation" in build._run([cc, "--version"]).stdout)
+
+
+needs_gcc_x86 = pytest.mark.skipif(not gcc_on_x86(), reason="precompiled headers are made for "
+                                   "GCC on x86 only (other compilers parse immintrin.h each time)")
+
+
+@needs_gcc_x86
+def test_the_intrinsics_header_is_precompiled_once_privately_and_used(cache):
+    first = build.load(vector_source(3))
+    [gch] = list(cache.glob("p_*.h.gch"))
+    header = gch.with_suffix("")
+    assert header.read_text() == build.PCH_HEADER
+    for made in (gch, header):
+        assert stat.S_IMODE(made.stat().st_mode) & 0o077 == 0
+    assert f"-include {header}" in (cache / f"k_{first.name}.cmd").read_text()
+    made_at = gch.stat().st_mtime_ns
+    second = build.load(vector_source(4))
+    assert (call(first), call(second)) == (3, 4)
+    assert list(cache.glob("p_*.h.gch")) == [gch] and gch.stat().st_mtime_ns == made_at
+    assert [p.name for p in cache.glob("*.tmp.*")] == []
+    build.evict(limit=0)  # the kernels go, the header stays (it is outside the bound)
+    assert gch.exists() and not list(cache.glob("k_*"))
+
+
+@needs_gcc_x86
+def test_a_damaged_precompiled_header_still_compiles_and_a_shared_one_is_refused(cache):
+    build.load(vector_source(5))
+    [gch] = list(cache.glob("p_*.h.gch"))
+    gch.write_bytes(b"not a precompiled header")  # GCC ignores it and parses the header
+    build.forget()
+    assert call(build.load(vector_source(6))) == 6
+    gch.chmod(0o666)
+    build.forget()
+    with refused(r"precompiled header .*p_.*\.h\.gch: it is group/world-writable"):
+        build.load(vector_source(7))
+
+
+@needs_gcc_x86
+def test_a_deleted_precompiled_header_is_made_again(cache):
+    build.load(vector_source(8))
+    for made in cache.glob("p_*"):
+        made.unlink()
+    assert call(build.load(vector_source(9))) == 9  # same process: the name is remembered
+    assert len(list(cache.glob("p_*.h.gch"))) == 1
+
+
+def _vector_worker(cache_dir, barrier, results):
+    try:
+        os.environ["OPGRAPH_CACHE_DIR"] = cache_dir
+        barrier.wait(timeout=60)
+        results.put((call(build.load(vector_source(11))), ""))
+    except BaseException as e:  # noqa: BLE001 - reported to the parent
+        results.put((None, f"{type(e).__name__}: {e}"))
+
+
+@needs_gcc_x86
+def test_two_processes_making_the_precompiled_header_at_once_both_succeed(cache):
+    ctx = multiprocessing.get_context("spawn")
+    barrier, results = ctx.Barrier(2), ctx.Queue()
+    procs = [ctx.Process(target=_vector_worker, args=(str(cache), barrier, results))
+             for _ in range(2)]
+    for p in procs:
+        p.start()
+    try:
+        got = [results.get(timeout=120) for _ in procs]
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+                p.join()
+    assert got == [(11, "")] * 2
+    assert len(list(cache.glob("p_*.h.gch"))) == 1 and not list(cache.glob("*.tmp.*"))
