@@ -197,6 +197,25 @@ class _SlowText:
         return self._f.__exit__(*exc)
 
 
+def race(target, arg_lists: list[tuple]) -> list:
+    """Run ``target(*args, barrier, results)`` in one spawned process per ``args``, released
+    together by the barrier; what each put on ``results``, in arrival order. Every process is
+    joined, or killed after 30 s."""
+    ctx = multiprocessing.get_context("spawn")
+    barrier, results = ctx.Barrier(len(arg_lists)), ctx.Queue()
+    procs = [ctx.Process(target=target, args=(*args, barrier, results)) for args in arg_lists]
+    for p in procs:
+        p.start()
+    try:
+        return [results.get(timeout=120) for _ in procs]
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+                p.join()
+
+
 def _compile_worker(role, cache_dir, cc, barrier, results):
     """One process of the race: the ``compiler`` role's compiler starts a second late; the
     ``writer`` role starts 0.3 s later and its file writes stall half way for 1.5 s."""
@@ -222,20 +241,8 @@ def test_two_processes_compiling_one_kernel_both_succeed(cache, tmp_path, monkey
     cc = tmp_path / "slowcc"
     cc.write_text(CC_WRAPPER % real_cc)
     cc.chmod(0o755)
-    ctx = multiprocessing.get_context("spawn")
-    barrier, results = ctx.Barrier(2), ctx.Queue()
-    procs = [ctx.Process(target=_compile_worker, args=(role, str(cache), str(cc), barrier, results))
-             for role in ("compiler", "writer")]
-    for p in procs:
-        p.start()
-    try:
-        got = dict((r, (v, err)) for r, v, err in (results.get(timeout=120) for _ in procs))
-    finally:
-        for p in procs:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.kill()
-                p.join()
+    got = dict((r, (v, err)) for r, v, err in race(
+        _compile_worker, [(role, str(cache), str(cc)) for role in ("compiler", "writer")]))
     assert got == {"compiler": (7 * LINES, ""), "writer": (7 * LINES, "")}
     names = sorted(f.name for f in cache.iterdir())
     assert len(names) == 3 and [n.rsplit(".", 1)[1] for n in names] == ["c", "cmd", "so"], names
@@ -388,19 +395,5 @@ def _vector_worker(cache_dir, barrier, results):
 
 @needs_gcc_x86
 def test_two_processes_making_the_precompiled_header_at_once_both_succeed(cache):
-    ctx = multiprocessing.get_context("spawn")
-    barrier, results = ctx.Barrier(2), ctx.Queue()
-    procs = [ctx.Process(target=_vector_worker, args=(str(cache), barrier, results))
-             for _ in range(2)]
-    for p in procs:
-        p.start()
-    try:
-        got = [results.get(timeout=120) for _ in procs]
-    finally:
-        for p in procs:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.kill()
-                p.join()
-    assert got == [(11, "")] * 2
+    assert race(_vector_worker, [(str(cache),)] * 2) == [(11, "")] * 2
     assert len(list(cache.glob("p_*.h.gch"))) == 1 and not list(cache.glob("*.tmp.*"))
