@@ -205,7 +205,6 @@ def chained_reference(cs, world: int, gloo_sums=None) -> list[dict]:
             if bn.running_mean is not None:
                 bn.running_mean.copy_(running[0])
                 bn.running_var.copy_(running[1])
-            step.append(dict(running=(bn.running_mean, bn.running_var)))
             if xi.numel():
                 y = K.batch_norm_elemt(xi, bn.weight, bn.bias, mean, invstd, EPS, **where)
                 sdy, sdx, gw, gb = K.batch_norm_backward_reduce(
@@ -213,7 +212,8 @@ def chained_reference(cs, world: int, gloo_sums=None) -> list[dict]:
             else:
                 y, sdy, sdx, gw, gb = torch.empty_like(xi), torch.zeros(C), torch.zeros(C), None, None
             red.append(torch.cat([sdy, sdx]))
-            step[-1].update(y=y, mean=mean, invstd=invstd, gw_gb=[gw, gb])
+            step.append(dict(y=y, mean=mean, invstd=invstd, gw_gb=[gw, gb],
+                             running=(bn.running_mean, bn.running_var)))
         orders = {tuple(p): functools.reduce(torch.add, [red[j] for j in p])
                   for p in itertools.permutations(range(world))}
         total = orders[tuple(range(world))] if gloo_sums is None else gloo_sums[i]
