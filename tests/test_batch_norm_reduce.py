@@ -18,6 +18,7 @@ from opgraph.aclnn.batch_norm_reduce import (aclnnBatchNormReduce,
                                              aclnnBatchNormReduceGetWorkspaceSize, batch_norm_reduce)
 from opgraph.cli import main as cli_main
 from opgraph.testing import check_backend
+from sum_model import loop_sum
 
 F32, F16, BF16, I32 = np.float32, np.float16, np.dtype(ml_dtypes.bfloat16), np.int32
 NULLPTR, INVALID, INNER_NULLPTR, NO_KERNEL = 161001, 161002, 561103, 561003
@@ -66,36 +67,15 @@ def expect_error(x, s, q, status, name, *words, soc="Ascend910B", fmt="NCHW"):
     assert [a.tobytes() for a in outs] == before, "an output was written by a failing call"
 
 
-# --- an independent model of the documented order (l0ops/ordered.py docstring), as loops ------
-def model_sum(values) -> np.float32:
-    """64 lanes per 32768-element block, lane j takes j, j+64, ...; lanes then blocks folded in
-    halves (lane j += lane j+ceil(m/2)); every add rounds to float32."""
-    def fold(acc):
-        acc = list(acc)
-        while len(acc) > 1:
-            n = (len(acc) + 1) // 2
-            for j in range(len(acc) - n):
-                acc[j] = F32(acc[j] + acc[j + n])
-            acc = acc[:n]
-        return acc[0] if acc else F32(0)
-    blocks = []
-    for b in range(0, len(values), 32768):
-        block = values[b:b + 32768]
-        lanes = [None] * min(64, len(block))
-        for r, v in enumerate(block):
-            lanes[r % 64] = v if lanes[r % 64] is None else F32(lanes[r % 64] + v)
-        blocks.append(fold(lanes))
-    return fold(blocks)
-
-
+# --- an independent model of the documented order (tests/sum_model.py), as loops ---------------
 def model(x: np.ndarray, fmt: str) -> tuple[np.ndarray, np.ndarray]:
     """Per channel: the (n, h, w) elements in row-major order, cast to float32 one by one."""
     c_dim = 3 if fmt == "NHWC" else 1
     s, q = [], []
     for c in range(x.shape[c_dim]):
         vals = [F32(v) for v in np.take(x, c, axis=c_dim).ravel().astype(F32)]
-        s.append(model_sum(vals))
-        q.append(model_sum([F32(v * v) for v in vals]))
+        s.append(loop_sum(vals))
+        q.append(loop_sum([F32(v * v) for v in vals]))
     return np.array(s, F32), np.array(q, F32)
 
 

@@ -12,6 +12,7 @@ import opgraph
 from opgraph import passes
 from opgraph.aclnn.batch_norm_reduce_backward import (
     aclnnBatchNormReduceBackward as phase2, aclnnBatchNormReduceBackwardGetWorkspaceSize as phase1)
+from sum_model import channel_sums
 
 F32, F16, BF16, I32 = np.float32, np.float16, ml_dtypes.bfloat16, np.int32
 INPUTS = ("gradOut", "input", "mean", "invstd", "weight")
@@ -23,33 +24,7 @@ SUPPORTED = ("Ascend910B", "Ascend910_93", "Ascend950", "Ascend910")
 U = 2.0 ** -24  # unit roundoff of float32
 
 
-# --- an independent model: the documented order (l0ops/ordered.py doc), one add at a time -------
-def fold(vals: list) -> np.ndarray:
-    """Halving tree: with n = ceil(m/2), value j adds value j + n for j < m − n, until one is left."""
-    a, m = list(vals), len(vals)
-    while m > 1:
-        n = (m + 1) // 2
-        for j in range(m - n):
-            a[j] = a[j] + a[j + n]
-        m = n
-    return a[0]
-
-
-def model_sum(rows: np.ndarray) -> np.ndarray:
-    """float32 [C, R] → [C]: blocks of 32768; 64 lanes per block (lane j: j, j+64, ...); trees."""
-    C, R = rows.shape
-    if R == 0:
-        return np.zeros(C, F32)
-    blocks = []
-    for b in range(0, R, 32768):
-        blk = rows[:, b:b + 32768]
-        lanes = [blk[:, j].copy() for j in range(min(64, blk.shape[1]))]
-        for i in range(64, blk.shape[1]):
-            lanes[i % 64] = lanes[i % 64] + blk[:, i]
-        blocks.append(fold(lanes))
-    return fold(blocks)
-
-
+# --- an independent model: the documented order (tests/sum_model.py), one add at a time ---------
 def rows(a: np.ndarray) -> np.ndarray:
     """[N, C, ...] → [C, R], the reduced elements of each channel in row-major order."""
     return np.moveaxis(a, 1, 0).reshape(a.shape[1], -1)
@@ -58,7 +33,7 @@ def rows(a: np.ndarray) -> np.ndarray:
 def model(dy, x, mean, invstd) -> dict[str, np.ndarray]:
     """Every output in float32: Σdy·x (product in f32), Σdy, then sumDyX − mean·sumDy, ·invstd."""
     dyf, xf = np.asarray(dy).astype(F32), np.asarray(x).astype(F32)
-    s_dyx, s_dy = model_sum(rows(dyf * xf)), model_sum(rows(dyf))
+    s_dyx, s_dy = channel_sums(rows(dyf * xf)), channel_sums(rows(dyf))
     xmu = s_dyx - np.asarray(mean).astype(F32) * s_dy
     return {"sumDy": s_dy, "sumDyXmu": xmu, "gradWeight": xmu * np.asarray(invstd).astype(F32),
             "gradBias": s_dy}
@@ -213,8 +188,8 @@ def test_grad_out_only_has_to_broadcast_against_input():
     a = make_args(shape=(2, 3, 4))
     a["gradOut"] = a["gradOut"][:1]
     run(a)
-    s_dyx = model_sum(rows(np.broadcast_to(a["gradOut"], a["input"].shape) * a["input"]))
-    s_dy = model_sum(rows(a["gradOut"]))
+    s_dyx = channel_sums(rows(np.broadcast_to(a["gradOut"], a["input"].shape) * a["input"]))
+    s_dy = channel_sums(rows(a["gradOut"]))
     assert_same(a["sumDy"], s_dy)
     assert_same(a["sumDyXmu"], s_dyx - a["mean"] * s_dy)
 

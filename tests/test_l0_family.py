@@ -15,30 +15,10 @@ from l0ops.ordered import ordered_sum
 from opgraph.core.dtypes import DataType, Format
 from opgraph.core.ir import Graph, TensorType
 from opgraph.core.opdef import L0Error
+from sum_model import loop_sum
 
 F32 = np.float32
 BF16 = np.dtype(ml_dtypes.bfloat16)
-
-
-def loop_sum(values: list[float]) -> np.float32:
-    """The documented order, written as plain loops (independent of l0ops.ordered)."""
-    def fold(acc: list) -> np.float32:
-        acc = list(acc)
-        while len(acc) > 1:
-            n = (len(acc) + 1) // 2
-            for j in range(len(acc) - n):
-                acc[j] = F32(acc[j] + acc[j + n])
-            acc = acc[:n]
-        return acc[0] if acc else F32(0)
-    blocks = []
-    for b in range(0, len(values), 32768):
-        block = values[b:b + 32768]
-        lanes: list = [None] * min(64, len(block))
-        for r, v in enumerate(block):
-            j = r % 64
-            lanes[j] = F32(v) if lanes[j] is None else F32(lanes[j] + F32(v))
-        blocks.append(fold(lanes))
-    return fold(blocks)
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 63, 64, 65, 200, 4097, 32768 + 130, 70001])

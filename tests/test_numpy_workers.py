@@ -21,7 +21,7 @@ from l0ops.primitives import FusedAttrs, Instr
 from opgraph.core.config import default_threads
 from opgraph.core.dtypes import DataType as D
 from forked import in_forked_child
-from test_l0_family import loop_sum
+from sum_model import loop_sum
 
 SHAPE = (16, 8, 96, 96)  # past PARALLEL_ELEMS, chunked within channels
 BODY = FusedAttrs(shape=SHAPE, result="t2", out_dtype=D.FLOAT, body=(
