@@ -397,3 +397,33 @@ def _vector_worker(cache_dir, barrier, results):
 def test_two_processes_making_the_precompiled_header_at_once_both_succeed(cache):
     assert race(_vector_worker, [(str(cache),)] * 2) == [(11, "")] * 2
     assert len(list(cache.glob("p_*.h.gch"))) == 1 and not list(cache.glob("*.tmp.*"))
+
+
+def test_a_precompiled_header_unused_for_its_max_age_is_evicted_its_header_kept(cache):
+    build.private_dir()
+    old = time.time() - build.PCH_MAX_AGE - 60
+    made = {}
+    for stem, when in (("a", old), ("b", time.time())):  # e.g. the one of GCC before an upgrade
+        header = cache / f"p_{stem * 64}.h"
+        header.write_text(build.PCH_HEADER)
+        header.with_name(header.name + ".gch").write_bytes(b"precompiled")
+        for f in (header, header.with_name(header.name + ".gch")):
+            os.utime(f, (when, when))
+        made[stem] = header
+    removed = build.evict(limit=2 ** 40)  # whatever the bound
+    assert removed == [cache / f"p_{'a' * 64}.h.gch"]
+    assert made["a"].exists() and made["b"].exists() and (cache / f"p_{'b' * 64}.h.gch").exists()
+
+
+@needs_gcc_x86
+def test_naming_the_precompiled_header_for_a_compile_marks_it_used(cache):
+    build.load(vector_source(12))
+    [gch] = list(cache.glob("p_*.h.gch"))
+    old = time.time() - build.PCH_MAX_AGE - 60
+    os.utime(gch, (old, old))
+    cc = build.find_compiler()[0]
+    # what compile_source asks before a compile (which may not read the file on a noatime mount)
+    assert build.precompiled([cc, *build.flags(cc)], cache) == ["-include", str(gch.with_suffix(""))]
+    build.evict()
+    assert gch.exists() and gch.stat().st_atime > old + build.PCH_MAX_AGE
+    assert call(build.load(vector_source(13))) == 13

@@ -29,7 +29,8 @@ The disk cache is
   ``.cmd``) are deleted until the directory holds at most :func:`cache_limit` bytes
   (:data:`MAX_CACHE_BYTES`, 256 MiB, or ``$OPGRAPH_CACHE_MAX_MB``). A disk hit sets the library's
   access time (its modification time stays the compile time); "recently used" is the later of
-  the two. Temporaries older than :data:`TEMP_MAX_AGE` seconds (left by a killed compile) go too.
+  the two. Temporaries older than :data:`TEMP_MAX_AGE` seconds (left by a killed compile) go too,
+  and so does a precompiled header (:func:`precompiled`) unused for :data:`PCH_MAX_AGE`.
 
     >>> ok, why = availability()
     >>> fn = load("int opg_kernel(void) { return 7; }") if ok else None  # compiled or cached
@@ -63,8 +64,10 @@ OPTIONAL_FLAGS = ("-march=native", "-fopenmp")
 SYMBOL = "opg_kernel"
 MAX_CACHE_BYTES = 256 << 20  # the disk cache bound unless $OPGRAPH_CACHE_MAX_MB is set
 TEMP_MAX_AGE = 3600.0        # seconds after which a leftover temporary is deleted
+PCH_MAX_AGE = 30 * 86400.0   # seconds after which an unused precompiled header is deleted
 _ENTRY = re.compile(r"k_([0-9a-f]{64})\.(so|c|cmd)")
 _TEMP = re.compile(r"[kp]_[0-9a-f]{64}\.[^.]+\.tmp\.(so|c|cmd|h|gch)")
+_PCH = re.compile(r"p_[0-9a-f]{64}\.h\.gch")
 # what the vector kernels include: parsing it is ~0.3 s of every compile, so GCC gets it
 # precompiled (p_<sha256>.h and its .h.gch in the cache, made once per compiler, flags and CPU)
 PCH_HEADER = "#include <immintrin.h>\n"
@@ -325,7 +328,10 @@ def precompiled(base: Sequence[str], directory: Path) -> list[str]:
     on first use (atomically, as kernels are) and refused like a library when not private. []
     when the compiler is not GCC or cannot make it: each kernel then parses the header itself.
     The code compiled is the same either way; only the parsing is saved (GCC 12, 20 kernels:
-    8.5-10.3 s -> 5.4-6.3 s). The header is not evicted (one per compiler, flags and CPU, ~25 MB)."""
+    8.5-10.3 s -> 5.4-6.3 s). A use sets the ``.gch``'s access time. It is outside the cache's
+    bound (one per compiler, flags and CPU, ~25 MB); :func:`evict` deletes one unused for
+    :data:`PCH_MAX_AGE` (after a GCC upgrade, say) but keeps its 23-byte header, so that a
+    compile that named it just then parses the header instead of failing."""
     key = tuple(base)
     if key not in _PCH_NAMES:
         version = _run([base[0], "--version"]).stdout
@@ -340,8 +346,10 @@ def precompiled(base: Sequence[str], directory: Path) -> list[str]:
     header = directory / f"{stem}.h"
     gch = directory / f"{stem}.h.gch"
     try:
-        _require_private("precompiled header", gch, os.lstat(gch))
-        return ["-include", str(header)]
+        st = os.lstat(gch)
+        _require_private("precompiled header", gch, st)
+        if _mark_used(gch, st):
+            return ["-include", str(header)]
     except FileNotFoundError:
         pass
     temps = [_write_temp(header, "h", PCH_HEADER)]
@@ -370,28 +378,37 @@ def _open_cached(lib: Path) -> Optional[ctypes.CDLL]:
     except FileNotFoundError:
         return None
     _require_private("library", lib, st)
-    try:
-        os.utime(lib, ns=(time.time_ns(), st.st_mtime_ns))
-    except FileNotFoundError:
+    if not _mark_used(lib, st):
         return None
-    except OSError:
-        pass  # e.g. a read-only file system: the entry only looks older than it is
     try:
         return ctypes.CDLL(str(lib))
     except OSError:
         return None
 
 
+def _mark_used(path: Path, st: os.stat_result) -> bool:
+    """Set ``path``'s access time to now, its modification time kept (the last use
+    :func:`evict` reads); False when the file has vanished meanwhile."""
+    try:
+        os.utime(path, ns=(time.time_ns(), st.st_mtime_ns))
+    except FileNotFoundError:
+        return False
+    except OSError:
+        pass  # e.g. a read-only file system: the file only looks older than it is
+    return True
+
+
 def evict(limit: Optional[int] = None, directory: Optional[Path] = None) -> list[Path]:
     """Delete least recently used cache entries (``.so`` + ``.c`` + ``.cmd``) until
     ``directory`` (default :func:`cache_dir`) holds at most ``limit`` bytes (default
-    :func:`cache_limit`), and temporaries older than :data:`TEMP_MAX_AGE`. Files that vanish
-    meanwhile (another process) are skipped. Returns the files deleted (or found gone)."""
+    :func:`cache_limit`), temporaries older than :data:`TEMP_MAX_AGE` and precompiled headers
+    unused for :data:`PCH_MAX_AGE` (their ``.gch``). Files that vanish meanwhile (another
+    process) are skipped. Returns the files deleted (or found gone)."""
     limit = cache_limit() if limit is None else limit
     directory = private_dir(directory)
     groups: dict[str, list] = {}  # key -> [last use ns, bytes, [(delete order, path)]]
     removed: list[Path] = []
-    oldest_temp = time.time() - TEMP_MAX_AGE
+    now = time.time()
     with os.scandir(directory) as it:
         for e in it:
             try:
@@ -400,7 +417,9 @@ def evict(limit: Optional[int] = None, directory: Optional[Path] = None) -> list
                 continue
             m = _ENTRY.fullmatch(e.name)
             if m is None:
-                if _TEMP.fullmatch(e.name) and st.st_mtime < oldest_temp and _unlink(e.path):
+                stale = (_TEMP.fullmatch(e.name) and st.st_mtime < now - TEMP_MAX_AGE or
+                         _PCH.fullmatch(e.name) and max(st.st_atime, st.st_mtime) < now - PCH_MAX_AGE)
+                if stale and _unlink(e.path):
                     removed.append(Path(e.path))
                 continue
             g = groups.setdefault(m[1], [0, 0, []])
