@@ -7,6 +7,7 @@ direct run skips phase 1; and every case that must take the usual call: another 
 active capture, in-out tensors sharing memory, a tensor opgraph cannot view, bad input, threads."""
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -133,6 +134,31 @@ def test_a_program_with_a_workspace_is_not_learnt(calls):
         for _ in range(2):
             K.batch_norm_stats(x, EPS)
             assert calls.runs_direct() == [False]  # from the first call: never tried direct
+
+
+@pytest.mark.parametrize("backend", ["native", "numpy"])
+def test_the_950_gather_with_half_precision_counts_runs_direct_on_native(calls, backend):
+    """A bf16 model's counts (the layer rounds them as torch does) put the gather's cast of
+    them in a workspace: native runs the program direct all the same (its C call casts them
+    itself), numpy takes the usual call; the bits are the usual call's."""
+    x = inputs(LARGE, torch.bfloat16)[0]
+    C = x.shape[1]
+    g = torch.Generator().manual_seed(3)
+    mean, invstd = torch.randn(2, C, generator=g).numpy(), (torch.rand(2, C, generator=g) + 0.5).numpy()
+    counts = np.float32([1600, 1500]).astype(ml_dtypes.bfloat16)
+
+    def gather(enabled):
+        calls.enabled = enabled
+        rm, rv = torch.zeros(C), torch.ones(C)
+        with K.on(backend, "Ascend950"):
+            m, s = K.batch_norm_gather_stats_with_counts(x, mean, invstd, rm, rv, 0.1, EPS, counts)
+        return [m, s, rm, rv]
+    want = gather(False)
+    assert same(gather(True), want)  # learnt
+    hits = EXECUTOR_CACHE.hits
+    assert same(gather(True), want)
+    assert calls.runs_direct() == [backend == "native"]
+    assert (EXECUTOR_CACHE.hits == hits) == (backend == "native")  # direct: no phase 1
 
 
 def test_a_capture_sees_every_call(calls):

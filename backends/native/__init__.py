@@ -39,7 +39,7 @@ from . import render, team
 from .bound import Bound, repeats
 from .build import NativeBuildError, availability
 from .direct_reduce import DirectReduce
-from .gather_fused import run_gather_fused
+from .gather_fused import DirectGather, run_gather_fused
 from .launch import Launch, collapse, fused_operands, fused_pointers, new_launch, run_fused_native
 from .reduce_run import run_fused_reduce_native
 from .small import run_small_reduce_native
@@ -129,7 +129,10 @@ class NativeExecutable(NumpyExecutable):
     overlaps an input, a kernel below ``min_fused_elements``, a run with a ``profile`` hook —
     takes the node-by-node path. A graph that is one FusedReduce whose results land in the
     caller's tensors (BatchNormStats & co.) runs as :class:`.direct_reduce.DirectReduce`: the
-    node's computation on the bound tensors and a copy per result, without the interpreter."""
+    node's computation on the bound tensors and a copy per result, without the interpreter; one
+    that is the 950's SyncBatchNormGatherStatsFused on them, its results placed in them
+    (BatchNormGatherStatsWithCounts), as :class:`.gather_fused.DirectGather`: its C call on
+    their addresses."""
 
     def __init__(self, *args: Any):
         super().__init__(*args)
@@ -158,6 +161,9 @@ class NativeExecutable(NumpyExecutable):
         self.pointers: list[tuple[list[int], Any]] = []  # per node: the last addresses, pointers
         self.reduce = self._direct_reduce() if self.copies is not None else None
         self.direct_reduce: Optional[DirectReduce] = None  # prepared on the first run
+        # the 950's gather on the caller's tensors: None when not, prepared (fn set) on first run
+        self.gather = None if plan is not None or self.copies is not None else self._direct_gather()
+        self.direct_without_workspace = self.gather is not None  # (its counts' cast: its own)
         self.seed: Optional[NativeExecutable] = None  # what resized() made this from
         self.bound: Optional[Bound] = None  # run_repeatable's steps bound to its tensors
         self.last_key: Optional[tuple] = None
@@ -191,6 +197,37 @@ class NativeExecutable(NumpyExecutable):
         if self.copies is None or any(slot is None or slot.user is None for slot in slots):
             return None
         return node, [(slot.user, slot.shape) for slot in slots], self.copies
+
+    def _direct_gather(self) -> Optional[DirectGather]:
+        """When the graph is reshapes of bound tensors, one SyncBatchNormGatherStatsFused on
+        them whose results the memory plan places in bound tensors, and per result a reshape
+        and a redirected copy into that tensor (a graph output): its :class:`DirectGather`."""
+        home: dict[str, str] = {n: n for n in self.input_names}  # value -> its bound tensor
+        node, placed, outputs = None, {}, []  # placed: the gather's result -> its bound tensor
+        cast = None  # a Cast of the counts (a bound tensor) before the gather
+        for n, _ in self.steps:
+            ins = n.inputs
+            if n.op in RESHAPES and ins[0].name in (placed if node else home):
+                (placed if node else home)[n.outputs[0].name] = (placed if node else home)[ins[0].name]
+            elif n.op == "Cast" and node is None and cast is None and ins[0].name in home:
+                cast = n
+                home[n.outputs[0].name] = home[ins[0].name]
+            elif (n.op == "SyncBatchNormGatherStatsFused" and node is None
+                    and all(v.name in home for v in ins)
+                    and (cast is None or ins[2] is cast.outputs[0])):
+                slots = [self.slots.get(v.name) for v in n.outputs]
+                if any(s is None or s.user not in self.input_names for s in slots):
+                    return None
+                node, placed = n, {v.name: s.user for v, s in zip(n.outputs, slots)}
+            elif (node is not None and n.op == "ViewCopy" and n.opdef.redirects(n)
+                    and placed.get(ins[0].name) == ins[n.opdef.written(n)[0]].name):
+                outputs.append((n.outputs[0].name, placed[ins[0].name]))
+            else:
+                return None
+        if node is None or sorted(name for name, _ in outputs) != sorted(v.name for v in self.graph.outputs):
+            return None
+        return DirectGather(node, [home[v.name] for v in node.inputs],
+                            [placed[v.name] for v in node.outputs], outputs, cast)
 
     def _direct_plan(self) -> Optional[tuple[list[tuple], dict[str, tuple]]]:
         """When every node is a FusedElementwise that reads bound tensors (or reshapes of them)
@@ -235,8 +272,9 @@ class NativeExecutable(NumpyExecutable):
         if self.launches is not None:
             return {name: bindings[where].view().reshape(shape)
                     for name, (where, shape) in self.direct_outputs.items()}
-        assert self.direct_reduce is not None
-        return self.direct_reduce.graph_outputs(bindings)
+        direct = self.direct_reduce if self.gather is None else self.gather
+        assert direct is not None
+        return direct.graph_outputs(bindings)
 
     def run_direct(self, bindings: Mapping[str, Addressed]) -> bool:
         """See :meth:`opgraph.core.backend.Executable.run_direct`: the direct launches or the
@@ -264,6 +302,13 @@ class NativeExecutable(NumpyExecutable):
                 self.reduce = None if self.direct_reduce is None else self.reduce
             if self.direct_reduce is not None:
                 return self.direct_reduce.run(bindings, self.backend.min_elements)
+        gather = self.gather
+        if gather is not None:
+            if gather.fn is None and not gather.prepare(bindings):  # once, on the first run
+                self.gather, self.direct_without_workspace = None, False
+                return False
+            gather.run(bindings)
+            return True
         return False
 
     def run_repeatable(self, bindings: Mapping[str, Tensor], workspace: Any = None) -> dict[str, np.ndarray]:

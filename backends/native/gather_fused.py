@@ -3,7 +3,8 @@ call: the numpy semantics of :func:`l0ops.syncbn._gather_fused`, instruction for
 float32 C (every step rounded as numpy rounds it, sums over the ranks sequential as the kernel
 makes them, 1/sqrt from a correctly rounded ``sqrtf``), the results rounded to their dtype as
 numpy's ``astype`` rounds. On numpy the ~30 array calls of a call on a few ranks took ~20 µs;
-here it is one C call.
+here it is one C call. A program that is just this node on the caller's tensors runs it on
+their addresses (:class:`DirectGather`).
 
     >>> import numpy as np
     >>> from l0ops.syncbn import SyncBatchNormGatherStatsFused as G
@@ -19,12 +20,14 @@ here it is one C call.
 from __future__ import annotations
 
 import ctypes
-from typing import Any, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 
 from l0ops.syncbn import FusedStatsAttrs
+from opgraph.core.backend import Addressed
 from opgraph.core.dtypes import DataType, dtype_of
+from opgraph.core.ir import Node
 from . import build
 from .build import address
 from .c_text import C_TYPE, HELPERS, LOAD, STORE
@@ -60,7 +63,8 @@ static int opg_sum_rows(const float *t, int64_t W, int64_t C, int64_t cores, flo
 
 BODY = r"""
 /* p: mean [W, C], invstd [W, C], counts [W], running mean [C], running var [C], then the
-   results: 4 rows of C (mean, invstd, running mean, running var) */
+   results, C each: mean, invstd, running mean, running var (a running stat may be its own
+   result: each channel's old value is read before its new one is stored) */
 int opg_gather_fused(int64_t W, int64_t C, int64_t cores, float m, float eps, void *const *p)
 {{
     const {tm} *const mean = (const {tm} *)p[0];
@@ -68,8 +72,8 @@ int opg_gather_fused(int64_t W, int64_t C, int64_t cores, float m, float eps, vo
     const float *const counts = (const float *)p[2];
     const {tr} *const rm = (const {tr} *)p[3];
     const {tv} *const rv = (const {tv} *)p[4];
-    {to} *const o_mean = ({to} *)p[5], *const o_inv = o_mean + C, *const o_rm = o_inv + C,
-         *const o_rv = o_rm + C;
+    {to} *const o_mean = ({to} *)p[5], *const o_inv = ({to} *)p[6], *const o_rm = ({to} *)p[7],
+         *const o_rv = ({to} *)p[8];
     float *const t = (float *)malloc(sizeof(float) * (W * C + 2 * C));
     if (t == 0) return 1;
     float *const mean_all = t + W * C, *const vs = mean_all + C;
@@ -102,7 +106,7 @@ int opg_gather_fused(int64_t W, int64_t C, int64_t cores, float m, float eps, vo
 """
 
 _ARGTYPES = [ctypes.c_int64] * 3 + [ctypes.c_float] * 2 + [ctypes.c_void_p]
-_POINTERS = build.PointerArray(6)
+_POINTERS = build.PointerArray(9)
 _CALLS: dict[tuple, Any] = {}  # numpy dtypes of mean, invstd, running mean, running var -> call
 
 
@@ -122,20 +126,88 @@ def run_gather_fused(a: FusedStatsAttrs, args: Sequence[np.ndarray]) -> list[np.
     """``(meanAll, invstdAll, runningMean', runningVar')``, each [1, C] in mean's dtype, as
     :func:`l0ops.syncbn._gather_fused` computes them (new arrays)."""
     mean, invstd, counts, rm, rv = (np.ascontiguousarray(x) for x in args)
-    if counts.dtype != np.float32:
-        raise Unsupported("SyncBatchNormGatherStatsFused: counts other than float32")
-    key = (mean.dtype, invstd.dtype, rm.dtype, rv.dtype)
-    fn = _CALLS.get(key)
-    if fn is None:
-        fn = build.load(render(*(dtype_of(d) for d in key), dtype_of(mean.dtype)),
-                        symbol="opg_gather_fused").fn
-        fn.argtypes, fn.restype = _ARGTYPES, ctypes.c_int
-        fn = _CALLS.setdefault(key, fn)
+    fn = _call(mean.dtype, invstd.dtype, counts.dtype, rm.dtype, rv.dtype)
     W, C = mean.shape
     out = np.empty((4, 1, C), mean.dtype)
-    if fn(W, C, a.cores, a.momentum, a.eps, _POINTERS(*map(address, (mean, invstd, counts, rm, rv, out)))):
-        raise MemoryError("SyncBatchNormGatherStatsFused: no memory for the sums")
+    _run(fn, a, W, C, [address(x) for x in (mean, invstd, counts, rm, rv, *out)])
     return list(out)
 
 
-__all__ = ["render", "run_gather_fused"]
+def _call(mean: np.dtype, invstd: np.dtype, counts: np.dtype, rm: np.dtype, rv: np.dtype) -> Any:
+    """The compiled call for operands of these dtypes (its results in mean's dtype)."""
+    if counts != np.float32:
+        raise Unsupported("SyncBatchNormGatherStatsFused: counts other than float32")
+    key = (mean, invstd, rm, rv)
+    fn = _CALLS.get(key)
+    if fn is None:
+        fn = build.load(render(*(dtype_of(d) for d in key), dtype_of(mean)),
+                        symbol="opg_gather_fused").fn
+        fn.argtypes, fn.restype = _ARGTYPES, ctypes.c_int
+        fn = _CALLS.setdefault(key, fn)
+    return fn
+
+
+def _run(fn: Any, a: FusedStatsAttrs, W: int, C: int, addresses: Sequence[int]) -> None:
+    """The call on the operands' and the results' addresses, in :data:`BODY`'s order."""
+    if fn(W, C, a.cores, a.momentum, a.eps, _POINTERS(*addresses)):
+        raise MemoryError("SyncBatchNormGatherStatsFused: no memory for the sums")
+
+
+class DirectGather:
+    """A compiled program that is this node on the caller's tensors (or reshapes of them), its
+    four results placed by the memory plan in the caller's tensors (each then squeezed and
+    copied there by redirection): BatchNormGatherStatsWithCounts on the 950 at level 2. Each run
+    is the node's C call on the bound tensors' addresses, the results written where the
+    node-by-node run copies them, so the same bits without the interpreter (~13 nodes of
+    views and placements). ``operands`` and ``dests``: the binding names the node reads and
+    writes; ``outputs``: the graph's outputs as ``(value name, binding name)``; ``counts_cast``:
+    the Cast node the counts go through first (a half-precision model's counts, as torch rounds
+    them), evaluated with its own numpy semantics as the node-by-node run does."""
+
+    def __init__(self, node: Node, operands: Sequence[str], dests: Sequence[str],
+                 outputs: Sequence[tuple[str, str]], counts_cast: Optional[Node] = None):
+        self.node, self.operands, self.dests = node, tuple(operands), tuple(dests)
+        self.outputs, self.counts_cast = tuple(outputs), counts_cast
+        self.fn: Any = None  # the C call, once :meth:`prepare` has checked the layouts
+
+    def prepare(self, bindings: Mapping[str, Addressed]) -> bool:
+        """Whether the bound tensors suit the C call as they are: every operand and result
+        one run of elements of the node's dtype (reshaping them moves nothing) and the results
+        writable; then the call is looked up (compiled) for their dtypes."""
+        values = [*self.node.inputs, *self.node.outputs]
+        views = [bindings[n].view() for n in (*self.operands, *self.dests)]
+        views[2] = self._counts(bindings)
+        if not all(x.flags.c_contiguous and x.dtype == v.dtype.np and x.size == v.type.numel
+                   for x, v in zip(views, values)) or not all(x.flags.writeable for x in views[5:]):
+            return False
+        try:
+            self.fn = _call(*(x.dtype for x in views[:5]))
+        except Unsupported:
+            return False
+        return True
+
+    def run(self, bindings: Mapping[str, Addressed]) -> None:
+        """The C call on the bound tensors (prepared)."""
+        W, C = self.node.inputs[0].shape
+        addresses = [bindings[n].data_address for n in (*self.operands, *self.dests)]
+        if self.counts_cast is None:
+            _run(self.fn, self.node.attrs, W, C, addresses)
+            return
+        counts = self._counts(bindings)  # kept alive through the call
+        addresses[2] = address(counts)
+        _run(self.fn, self.node.attrs, W, C, addresses)
+
+    def _counts(self, bindings: Mapping[str, Addressed]) -> np.ndarray:
+        """The counts operand: the bound tensor, or its cast (a new contiguous array)."""
+        counts = bindings[self.operands[2]].view()
+        if self.counts_cast is None:
+            return counts
+        cast = self.counts_cast
+        return np.ascontiguousarray(cast.opdef.compute([counts], cast.attrs)[0])
+
+    def graph_outputs(self, bindings: Mapping[str, Addressed]) -> dict[str, np.ndarray]:
+        """The graph's outputs by value name, as views of the tensors they were written to."""
+        return {name: bindings[dest].view() for name, dest in self.outputs}
+
+
+__all__ = ["DirectGather", "render", "run_gather_fused"]

@@ -9,8 +9,9 @@ What phase 1 checks depends on the arguments' metadata, never on their values: o
 shapes, strides, which are NULL or the same array, the scalars, the platform and the opt level.
 So the first call with given metadata runs the op_api as usual (:meth:`DirectCalls.call`'s
 ``slow``), which checks everything and raises on bad input; a recorder watches its phase 1, and
-the call is remembered when its program needs no workspace and binds the caller's own memory
-(no argument copied). A later call with the same metadata allocates the outputs as that call
+the call is remembered when its program needs no workspace (or its backend runs it without one:
+:attr:`~opgraph.core.backend.Executable.direct_without_workspace`) and binds the caller's own
+memory (no argument copied). A later call with the same metadata allocates the outputs as that call
 did and runs the program; it checks only what depends on the arrays themselves — no written
 argument (BatchNormGatherStatsWithCounts' running statistics) read-only or sharing memory with
 another argument. Anything else, a capture in progress included, takes ``slow``. The bits are
@@ -180,7 +181,8 @@ class _Watch:
 
 def _learn(watch: _Watch, args: tuple, arrays: Arrays) -> _Entry:
     """The entry of the one phase 1 call ``watch`` saw; one without an executable when it
-    cannot run direct: not exactly one call, a workspace, a backend without a direct run, or an
+    cannot run direct: not exactly one call, a workspace (unless the executable does without
+    it), a backend without a direct run, or an
     argument the op_api did not bind in place (an opgraph copy, another object than the
     caller's)."""
     if len(watch.calls) != 1:
@@ -188,7 +190,7 @@ def _learn(watch: _Watch, args: tuple, arrays: Arrays) -> _Entry:
     ex, pargs = watch.calls[0]
     program, n = ex.program, len(args)
     exe = program.built_executable(made(current_backend_ref())) if program is not None else None
-    if exe is None or program.workspace_size or len(pargs) < n \
+    if exe is None or (program.workspace_size and not exe.direct_without_workspace) or len(pargs) < n \
             or type(exe).run_direct is Executable.run_direct:
         return NOT_DIRECT
     for a, p in zip(args, pargs):

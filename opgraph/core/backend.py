@@ -63,6 +63,9 @@ class Executable:
     (``np.errstate``, only where it runs numpy); otherwise phase 2 wraps the run in it."""
 
     quiet = False
+    # True when :meth:`run_direct` runs this program although its memory plan has a workspace
+    # (it does without the arena: native's 950 gather casts its counts itself)
+    direct_without_workspace = False
 
     def run(self, bindings: Mapping[str, Tensor], workspace: Any = None) -> Any:
         raise NotImplementedError
