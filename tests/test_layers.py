@@ -1,6 +1,7 @@
 """The import rule, read from the source: layers import one way, no import cycle among the
 project's modules (imports inside functions count), and no import inside a function except of
-optional third-party packages.
+optional third-party packages, or of a dependency only one function needs whose import is
+dear (:data:`ON_DEMAND`).
 
     core (opgraph.core) ← l0ops ← passes ← op_apis (opgraph.aclnn) ← ops / testing
         ← backends ← CLI, integrations (opgraph.cli, opgraph.torch) and the opgraph facade
@@ -8,6 +9,7 @@ optional third-party packages.
 from __future__ import annotations
 
 import ast
+import subprocess
 import sys
 from pathlib import Path
 
@@ -21,6 +23,8 @@ LAYERS = [("opgraph.core", 0), ("l0ops", 1), ("opgraph.passes", 2), ("opgraph.ac
           ("opgraph.cli", 6), ("opgraph.torch", 6), ("opgraph.viz", 6), ("opgraph.__main__", 6),
           ("opgraph", 6)]
 OPTIONAL_THIRD_PARTY = {"torch", "onnx", "netron", "grandalf", "webbrowser"}
+# required packages imported where used, with why (each process would pay the import otherwise)
+ON_DEMAND = {"networkx": "~0.19 s to import; only Graph.to_networkx uses it"}
 
 
 def modules() -> dict[str, Path]:
@@ -134,7 +138,7 @@ def test_no_imports_inside_functions_except_optional_packages():
     bad = []
     for module in MODULES:
         for name, line, in_function in imports(module):
-            if in_function and name.split(".")[0] not in OPTIONAL_THIRD_PARTY:
+            if in_function and name.split(".")[0] not in OPTIONAL_THIRD_PARTY | set(ON_DEMAND):
                 bad.append(f"{module}:{line} imports {name} inside a function")
     assert not bad, "\n".join(bad)
 
@@ -156,3 +160,12 @@ def test_the_rule_catches_a_violation(tmp_path, monkeypatch):
     found = imports("opgraph.core.bad")
     assert ("backends", 1, False) in found and ("l0ops", 4, True) in found
     assert layer(resolve("backends")) > layer("opgraph.core.bad")
+
+
+def test_on_demand_packages_stay_unimported_by_opgraph_and_its_cli():
+    code = ("import sys, opgraph, opgraph.cli, backends.native; "
+            f"print(sorted(set({sorted(ON_DEMAND)!r}) & set(sys.modules)))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]", f"imported at startup: {out.stdout.strip()}"

@@ -11,13 +11,15 @@
 from __future__ import annotations
 
 import json
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
-import networkx as nx
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from .dtypes import DataType, Format, dtype_of, format_of
 from .opdef import get_op
+
+if TYPE_CHECKING:
+    import networkx as nx
 from .tensor import MAX_RANK
 from .types import GraphError, RecordedCall, TensorType, format_attr
 
@@ -260,6 +262,7 @@ def to_dot(g: Graph) -> str:
 def to_networkx(g: Graph) -> "nx.MultiDiGraph":
     """A MultiDiGraph: nodes ``in:<name>`` for inputs and ``n<i>`` for ops (attrs op, attrs,
     node), one edge per operand use keyed by operand index, with the value's name and type."""
+    import networkx as nx  # on demand: its import is ~0.19 s of every process otherwise
     G = nx.MultiDiGraph(name=g.name)
     for v in g.inputs:
         G.add_node(f"in:{v.name}", kind="input", value=v.name, type=str(v.type))
