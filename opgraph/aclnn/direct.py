@@ -182,9 +182,8 @@ class _Watch:
 def _learn(watch: _Watch, args: tuple, arrays: Arrays) -> _Entry:
     """The entry of the one phase 1 call ``watch`` saw; one without an executable when it
     cannot run direct: not exactly one call, a workspace (unless the executable does without
-    it), a backend without a direct run, or an
-    argument the op_api did not bind in place (an opgraph copy, another object than the
-    caller's)."""
+    it), a backend without a direct run, or an argument the op_api did not bind in place (an
+    opgraph copy, another object than the caller's)."""
     if len(watch.calls) != 1:
         return NOT_DIRECT
     ex, pargs = watch.calls[0]

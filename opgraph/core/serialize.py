@@ -17,11 +17,11 @@ from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from .dtypes import DataType, Format, dtype_of, format_of
 from .opdef import get_op
+from .tensor import MAX_RANK
+from .types import GraphError, RecordedCall, TensorType, format_attr
 
 if TYPE_CHECKING:
     import networkx as nx
-from .tensor import MAX_RANK
-from .types import GraphError, RecordedCall, TensorType, format_attr
 
 # This module works on graph objects (opgraph.core.ir.Graph) without importing ir: ir imports it.
 Graph = Node = Value = Any
