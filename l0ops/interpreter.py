@@ -25,6 +25,7 @@ import numpy as np
 from opgraph.core.dtypes import DataType, dtype_of
 from .primitives import (ARITH, BF16, F16, F32, FusedAttrs, IdentityMemo, Instr, Sig, cast_array,
                          compile_instr, reg_types)
+from .straight_line import straight_line
 from .workers import PARALLEL_ELEMS, run_split
 
 CHUNK_ELEMS = 1 << 15  # 128 KiB float32 chunks: fewer Python steps, still cache-resident
@@ -142,7 +143,7 @@ class Program:
         made.__dict__.update(
             full=shapes[-1], result=self.result, result_dtype=self.result_dtype,
             out_dtype=self.out_dtype, flat=self.flat, flat_result=self.flat_result,
-            flat_store=self.flat_store,
+            flat_store=self.flat_store, flat_call=self.flat_call,
             narrow_inputs=self.narrow_inputs, dtypes=self.dtypes, shapes=shapes,
             pinned=self.pinned, _body=self._body, _fns=self._fns, _pending=(a, None),
             _renamed=(self.types, rename), _family=self._family)
@@ -230,6 +231,7 @@ class Program:
         self.flat_store = (last is not None and self.flat_result == len(index) - 1
                            and last.op in ARITH and last.dtype == F32 and a.out_dtype == F32
                            and self.types[a.result][1] == self.full)
+        self.flat_call = straight_line(self.flat, self.narrow_inputs, self.flat_result, self.flat_store)
 
     def straight(self) -> bool:
         """Whether :func:`run_fused` runs this program straight through (:meth:`run_flat`): a
@@ -241,23 +243,12 @@ class Program:
         broadcasting right-aligns the per-channel terms): the fast path for small tensors.
         With ``out`` (the full shape and the output dtype) the result is written there and None
         returned: its last step computed straight into it when it can (:attr:`flat_store`),
-        as :meth:`run_live` does."""
-        regs = [x.astype(np.float32) if narrow else x for x, narrow in zip(inputs, self.narrow_inputs)]
-        append = regs.append
-        flat = self.flat
-        direct = out is not None and self.flat_store
-        for fn, args in flat[:-1] if direct else flat:  # unary and binary steps without an argument list
-            if len(args) == 2:
-                append(fn(regs[args[0]], regs[args[1]]))
-            elif len(args) == 1:
-                append(fn(regs[args[0]]))
-            else:
-                append(fn(*[regs[i] for i in args]))
-        if direct:
-            fn, args = flat[-1]
-            fn(*[regs[i] for i in args], out=out)
+        as :meth:`run_live` does. The steps run as one generated function
+        (:func:`.straight_line.straight_line`, made with the program)."""
+        res = self.flat_call(*inputs, out)
+        if res is None:  # computed in out
             return None
-        res = _finish(regs[self.flat_result], self.result_dtype, self.out_dtype)
+        res = _finish(res, self.result_dtype, self.out_dtype)
         if out is not None:
             out[...] = res
             return None
