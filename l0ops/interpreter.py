@@ -143,10 +143,12 @@ class Program:
         made.__dict__.update(
             full=shapes[-1], result=self.result, result_dtype=self.result_dtype,
             out_dtype=self.out_dtype, flat=self.flat, flat_result=self.flat_result,
-            flat_store=self.flat_store, flat_call=self.flat_call,
+            flat_store=self.flat_store,
             narrow_inputs=self.narrow_inputs, dtypes=self.dtypes, shapes=shapes,
             pinned=self.pinned, _body=self._body, _fns=self._fns, _pending=(a, None),
             _renamed=(self.types, rename), _family=self._family)
+        if "flat_call" in self.__dict__:  # generated already: the same steps
+            made.flat_call = self.flat_call
         if self._family:  # a chunk plan made at another size: the same but for the shapes
             plan, align = self._family[0]
             made.__dict__.update(plan)
@@ -155,10 +157,14 @@ class Program:
         return made
 
     def __getattr__(self, name: str) -> Any:
-        """What is built when first asked for: a renamed program's register ``types``, and the
-        chunked path's plan (:meth:`_plan_chunks`) — a small tensor (a new size of a known
-        structure, say) only ever runs :meth:`run_flat`. The plan is made on a staging object
-        and published at once, so another thread never reads it half built."""
+        """What is built when first asked for: the straight run's generated function
+        (``flat_call``), a renamed program's register ``types``, and the chunked path's plan
+        (:meth:`_plan_chunks`) — a small tensor (a new size of a known structure, say) only ever
+        runs :meth:`run_flat`, a large one never. The plan is made on a staging object and
+        published at once, so another thread never reads it half built."""
+        if name == "flat_call":  # generated on the first straight run (~0.2 ms: not for chunked runs)
+            self.flat_call = straight_line(self.flat, self.narrow_inputs, self.flat_result, self.flat_store)
+            return self.flat_call
         if name == "types" and "_renamed" in self.__dict__:
             types, rename = self._renamed
             self.types = {r: (d, tuple([rename.get(n, n) for n in shape]))
@@ -231,7 +237,6 @@ class Program:
         self.flat_store = (last is not None and self.flat_result == len(index) - 1
                            and last.op in ARITH and last.dtype == F32 and a.out_dtype == F32
                            and self.types[a.result][1] == self.full)
-        self.flat_call = straight_line(self.flat, self.narrow_inputs, self.flat_result, self.flat_store)
 
     def straight(self) -> bool:
         """Whether :func:`run_fused` runs this program straight through (:meth:`run_flat`): a
@@ -244,7 +249,7 @@ class Program:
         With ``out`` (the full shape and the output dtype) the result is written there and None
         returned: its last step computed straight into it when it can (:attr:`flat_store`),
         as :meth:`run_live` does. The steps run as one generated function
-        (:func:`.straight_line.straight_line`, made with the program)."""
+        (:func:`.straight_line.straight_line`, made on the first such run)."""
         res = self.flat_call(*inputs, out)
         if res is None:  # computed in out
             return None
