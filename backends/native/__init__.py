@@ -163,7 +163,6 @@ class NativeExecutable(NumpyExecutable):
         self.direct_reduce: Optional[DirectReduce] = None  # prepared on the first run
         # the 950's gather on the caller's tensors: None when not, prepared (fn set) on first run
         self.gather = None if plan is not None or self.copies is not None else self._direct_gather()
-        self.direct_without_workspace = self.gather is not None  # (its counts' cast: its own)
         self.seed: Optional[NativeExecutable] = None  # what resized() made this from
         self.bound: Optional[Bound] = None  # run_repeatable's steps bound to its tensors
         self.last_key: Optional[tuple] = None
@@ -198,6 +197,11 @@ class NativeExecutable(NumpyExecutable):
             return None
         return node, [(slot.user, slot.shape) for slot in slots], self.copies
 
+    @property
+    def direct_without_workspace(self) -> bool:  # type: ignore[override]
+        """The 950's gather runs direct without the arena: it casts its counts itself."""
+        return self.gather is not None
+
     def _direct_gather(self) -> Optional[DirectGather]:
         """When the graph is reshapes of bound tensors, one SyncBatchNormGatherStatsFused on
         them whose results the memory plan places in bound tensors, and per result a reshape
@@ -207,8 +211,9 @@ class NativeExecutable(NumpyExecutable):
         cast = None  # a Cast of the counts (a bound tensor) before the gather
         for n, _ in self.steps:
             ins = n.inputs
-            if n.op in RESHAPES and ins[0].name in (placed if node else home):
-                (placed if node else home)[n.outputs[0].name] = (placed if node else home)[ins[0].name]
+            lies_in = placed if node else home  # before the gather: its operands; after: results
+            if n.op in RESHAPES and ins[0].name in lies_in:
+                lies_in[n.outputs[0].name] = lies_in[ins[0].name]
             elif n.op == "Cast" and node is None and cast is None and ins[0].name in home:
                 cast = n
                 home[n.outputs[0].name] = home[ins[0].name]
@@ -305,7 +310,7 @@ class NativeExecutable(NumpyExecutable):
         gather = self.gather
         if gather is not None:
             if gather.fn is None and not gather.prepare(bindings):  # once, on the first run
-                self.gather, self.direct_without_workspace = None, False
+                self.gather = None
                 return False
             gather.run(bindings)
             return True

@@ -190,11 +190,9 @@ class DirectGather:
         """The C call on the bound tensors (prepared)."""
         W, C = self.node.inputs[0].shape
         addresses = [bindings[n].data_address for n in (*self.operands, *self.dests)]
-        if self.counts_cast is None:
-            _run(self.fn, self.node.attrs, W, C, addresses)
-            return
-        counts = self._counts(bindings)  # kept alive through the call
-        addresses[2] = address(counts)
+        counts = self._counts(bindings) if self.counts_cast is not None else None
+        if counts is not None:  # the cast's array, kept alive through the call
+            addresses[2] = address(counts)
         _run(self.fn, self.node.attrs, W, C, addresses)
 
     def _counts(self, bindings: Mapping[str, Addressed]) -> np.ndarray:
