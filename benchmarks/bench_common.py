@@ -13,7 +13,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from backends.native import build, render, team
+from backends.native import build, c_text, render, team
 from opgraph.core.backend import BackendUnavailable, get
 
 
@@ -61,13 +61,60 @@ void opg_kernel(opg_run run, const void *a, const void *b, void *c, int64_t n, i
 """
 
 
+# The bit-faithful fp16 body's per-element work at its least: the arithmetic of
+# aclnnBatchNormElemtBackward's fused body (bench_elemt_backward's fp16 kernel) with its
+# per-channel terms held constant — two loads, five steps each rounded to fp16 as on the NPU (an
+# F16C round trip on AVX2), a sixth step rounded by the store — in the native kernels' own
+# vector helpers. On AVX2 these roundings, not memory, bound the kernel.
+C_F16_STEPS = r"""{helpers}{v_helpers}
+{decl}
+struct opg_abc {{ const uint16_t *a, *b; uint16_t *c; }};
+static void opg_steps(void *ctx, int64_t begin, int64_t end) {{
+    const struct opg_abc *p = (const struct opg_abc *)ctx;
+    int64_t i = begin;
+#if defined(OPG_VEC)
+    const opg_v k0 = opg_v_set1(0.25f), k1 = opg_v_set1(-0.5f), k2 = opg_v_set1(1.5f);
+    const opg_v k3 = opg_v_set1(0.75f), k4 = opg_v_set1(1.25f);
+    for (; i + OPG_W <= end; i += OPG_W) {{
+        const opg_v x = opg_v_rnd_f16(opg_v_sub(opg_v_ld_f16(&p->a[i]), k0));
+        const opg_v y = opg_v_rnd_f16(opg_v_sub(opg_v_ld_f16(&p->b[i]), k1));
+        const opg_v d = opg_v_rnd_f16(opg_v_sub(x, opg_v_rnd_f16(opg_v_mul(y, k2))));
+        opg_v_st_f16(&p->c[i], opg_v_mul(opg_v_rnd_f16(opg_v_mul(d, k3)), k4));
+    }}
+#endif
+    for (; i < end; ++i) {{
+        const float x = opg_rnd_f16(opg_ld_f16(p->a[i]) - 0.25f);
+        const float y = opg_rnd_f16(opg_ld_f16(p->b[i]) + 0.5f);
+        const float d = opg_rnd_f16(x - opg_rnd_f16(y * 1.5f));
+        p->c[i] = opg_st_f16(opg_rnd_f16(d * 0.75f) * 1.25f);
+    }}
+}}
+void opg_kernel(opg_run run, const void *a, const void *b, void *c, int64_t n, int64_t grain) {{
+    const struct opg_abc p = {{(const uint16_t *)a, (const uint16_t *)b, (uint16_t *)c}};
+    run(opg_steps, (void *)&p, n, grain);
+}}
+"""
+
+
 def c_floor_variant(arrays, out) -> "Callable[[], None] | None":
     """``c = a + b`` over the raw bits as compiled C on the native thread team (None without a
     C compiler). Same compiler, flags and threads as the native kernels, plus ``-O3``: the
     kernels write their vector loops with intrinsics, the floor leaves it to the compiler."""
+    return _team_kernel(C_FLOOR.format(decl=team.C_DECL, t=f"uint{out.itemsize * 8}_t"), arrays, out)
+
+
+def c_f16_steps_variant(arrays, out) -> "Callable[[], None] | None":
+    """:data:`C_F16_STEPS` on float16 ``arrays[0]``, ``arrays[1]`` into ``out``, on the native
+    thread team (None without a C compiler): the floor of a bit-faithful fp16 kernel."""
+    src = C_F16_STEPS.format(helpers=c_text.HELPERS, v_helpers=c_text.V_HELPERS, decl=team.C_DECL)
+    return _team_kernel(src, arrays, out)
+
+
+def _team_kernel(src: str, arrays, out) -> "Callable[[], None] | None":
+    """``opg_kernel(run, a, b, c, n, grain)`` of ``src`` over ``arrays[0]``, ``arrays[1]`` and
+    ``out`` (contiguous), built like the native kernels plus ``-O3``."""
     if not build.availability()[0]:
         return None
-    src = C_FLOOR.format(decl=team.C_DECL, t=f"uint{out.itemsize * 8}_t")
     fn = build.load(src, extra=("-O3",)).fn
     fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 2
     fn.restype = None

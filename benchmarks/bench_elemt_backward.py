@@ -4,7 +4,9 @@ torch.compile when torch is installed, and three floors: ``np.add(a, b, out=c)``
 dtype (the floor the issue defines), the same on the raw bits (one thread; numpy's fp16/bf16
 arithmetic is compute-bound) and ``c = a + b`` on the raw bits compiled with the native backend's
 compiler and flags, on the native thread team with 2 threads (the memory floor: read two
-tensors, write one, at the speed this machine's two cores allow).
+tensors, write one, at the speed this machine's two cores allow). For fp16 also the floor of a
+bit-faithful kernel (``floor C fp16 steps``): the body's per-element steps, each rounded to fp16
+as on the NPU, in the native kernels' vector helpers (``bench_common.C_F16_STEPS``).
 
 Variants run interleaved in one process; we report medians, the spread (min–max) and ratios to
 the floors, to torch.compile and to level 0 measured in the same run. Each sample is the
@@ -40,7 +42,8 @@ from opgraph.aclnn import aclnnBatchNormElemtBackwardGetWorkspaceSize as phase1
 from opgraph.aclnn.cache import EXECUTOR_CACHE
 from opgraph.aclnn.direct import NUMPY_CALLS
 from opgraph.aclnn.structure import STRUCTURE_CACHE
-from bench_common import backends_here, c_floor_variant, on_huge_pages, steady_time
+from bench_common import (backends_here, c_f16_steps_variant, c_floor_variant, on_huge_pages,
+                          steady_time)
 
 DTYPES = {"fp32": np.float32, "fp16": np.float16, "bf16": ml_dtypes.bfloat16}
 SHAPES = [(1, 2, 4), (8, 64, 28, 28), (32, 64, 56, 56)]
@@ -146,6 +149,9 @@ def bench_shape(shape, dname, reps: int, only: "set[str] | None" = None) -> None
     c_floor = c_floor_variant(arrays, out)
     if c_floor is not None:
         variants["floor C 2 threads"] = c_floor
+    steps = c_f16_steps_variant(arrays, out) if dname == "fp16" else None
+    if steps is not None:  # what the five fp16 roundings alone cost (bench_common.C_F16_STEPS)
+        variants["floor C fp16 steps"] = steps
     others: dict[str, Callable[[], None]] = {}
     for level in (0, 1, 2):
         others[f"opgraph L{level} numpy"] = opgraph_variant(level, "numpy", arrays, out)

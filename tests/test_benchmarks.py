@@ -38,6 +38,34 @@ def test_bench_elemt_backward_prints_its_table_and_refuses_an_unknown_dtype():
 NEEDS_NATIVE = pytest.mark.skipif(not native.available(), reason=native.availability()[1])
 
 
+def _bench_common():
+    spec = importlib.util.spec_from_file_location("bench_common", ROOT / "benchmarks" / "bench_common.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@NEEDS_NATIVE
+def test_the_fp16_steps_floor_computes_the_faithful_steps_it_stands_for():
+    """The floor of a bit-faithful fp16 kernel does that kernel's arithmetic: each step rounded
+    to fp16 (numpy's float16 operators round each result), the vector loop and its scalar tail,
+    specials included. The fp16 table of bench_elemt_backward prints it."""
+    rng = np.random.default_rng(0)
+    n = 4099  # a scalar tail after the vector loop
+    a, b = (rng.standard_normal(n).astype(np.float16) * 300 for _ in range(2))
+    a[:6] = [np.nan, np.inf, -np.inf, 6e-8, 65000, -0.0]
+    b[6:9] = [np.float16(np.nan), 2e-7, -65504]
+    out = np.zeros(n, np.float16)
+    _bench_common().c_f16_steps_variant([a, b], out)()
+    h = np.float16
+    with np.errstate(all="ignore"):
+        want = ((((a - h(0.25)) - (b - h(-0.5)) * h(1.5)) * h(0.75)) * h(1.25))
+    assert np.array_equal(out.view(np.uint16), want.view(np.uint16))
+    table = run("bench_elemt_backward.py", "--shapes", "1,2,4", "--dtypes", "fp16", "--reps", "1",
+                "--only", "native", "--no-latency")
+    assert "floor C fp16 steps" in table
+
+
 @NEEDS_NATIVE
 def test_bench_family_prints_a_row_per_op_api():
     out = run("bench_family.py", "--quick", "--ops", "Stats", "--reps", "1")
@@ -94,10 +122,7 @@ def _mapping_flags(address: int) -> list[str]:
 def test_benchmark_arrays_sit_in_private_memory_advised_onto_huge_pages():
     """Shared anonymous memory (mmap's default) is shmem, which gets no transparent huge pages
     where ``shmem_enabled`` is ``never``: the arrays must be private, and advised."""
-    spec = importlib.util.spec_from_file_location("bench_common", ROOT / "benchmarks" / "bench_common.py")
-    bench_common = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench_common)
-    a = bench_common.on_huge_pages(np.ones((4, 1 << 18), np.float32))
+    a = _bench_common().on_huge_pages(np.ones((4, 1 << 18), np.float32))
     flags = _mapping_flags(a.ctypes.data)
     assert "sh" not in flags and "hg" in flags, flags
     assert a.sum() == 4 << 18
