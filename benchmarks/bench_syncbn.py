@@ -4,7 +4,10 @@ invstd, count] + all_reduce of [sum_dy, sum_dy_xmu] at the same sizes), against
 torch.nn.BatchNorm2d forward + backward on the same per-rank batch in the same processes, for
 fp32, fp16 and bf16 (bf16 statistics run on the Ascend950 op_apis). The floor row is seven tensor
 passes (what batch norm's forward + backward must read and write at least) at the speed of the
-compiled 2-thread ``c = a + b`` of bench_elemt_backward (when that is available). The
+compiled 2-thread ``c = a + b`` of bench_elemt_backward (when that is available); the
+"empty autograd.Function" row is a forward + backward through a Python-defined autograd
+function that computes nothing (:class:`EmptyFunction`), what the eager layer pays before its
+first op_api call. The
 "captured step" rows run the same forward + backward captured once with ``opgraph.capture()``
 and replayed on the same tensors rebound by name (the CUDA-Graphs way: one program, no Python
 per op_api; the parameter gradients' accumulation into ``.grad``, torch ops outside the
@@ -58,6 +61,7 @@ DTYPES = {"fp32": (torch.float32, None), "fp16": (torch.float16, None),
 SHAPES = [(8, 64, 28, 28), (32, 64, 56, 56)]
 FLOOR = "floor: 7 tensor passes"
 FLOOR_PASSES = 7  # forward: read x (stats), read x + write y; backward: read dy, x; read dy, x + write dx
+EMPTY = "empty autograd.Function"  # the fixed cost of a Python-defined layer (EmptyFunction)
 QUICK_SHAPES = [(8, 32, 14, 14)]
 BURST_SECONDS = 0.005
 
@@ -115,11 +119,32 @@ def variants(shape: tuple[int, ...], dtype: str, rank: int, world: int,
             elif rank == 0:
                 print(f"  (no OpenMP runtime to share here: native on {runtime} skipped)")
     out["collectives alone"] = collectives
+
+    def empty_function() -> None:
+        xi = x.detach().requires_grad_()
+        EmptyFunction.apply(xi, w, b).backward(dy)
+    out[EMPTY] = empty_function
     out["torch BatchNorm2d"] = torch_bn
     floor = held_floor(tuple(x.shape), f"u{x.element_size()}")  # scaled to FLOOR_PASSES in report()
     if floor is not None:
         out[FLOOR] = floor
     return out
+
+
+class EmptyFunction(torch.autograd.Function):
+    """What any layer written as an ``autograd.Function`` pays before it computes anything: the
+    autograd machinery of a forward and a backward, and its output and gradients allocated
+    (the input's gradient left unset, the parameters' zeroed: accumulated into ``.grad``)."""
+
+    @staticmethod
+    def forward(ctx: Any, input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(input, weight)
+        return torch.empty_like(input)
+
+    @staticmethod
+    def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        input, weight = ctx.saved_tensors
+        return torch.empty_like(input), torch.zeros_like(weight), torch.zeros_like(weight)
 
 
 def captured(x: torch.Tensor, dy: torch.Tensor, w: torch.Tensor, b: torch.Tensor,

@@ -83,6 +83,7 @@ def test_bench_capture_compares_the_program_with_the_calls():
 def test_bench_syncbn_runs_the_layer_against_torch():
     out = run("bench_syncbn.py", "--quick", "--reps", "1", "--dtypes", "fp32")
     assert "opgraph SyncBatchNorm" in out and "torch BatchNorm2d" in out
+    assert "empty autograd.Function" in out
 
 
 @pytest.mark.skipif(not HAS_TORCH, reason="torch is not installed (pip install 'opgraph[torch]')")
