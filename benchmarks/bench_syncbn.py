@@ -134,7 +134,8 @@ def variants(shape: tuple[int, ...], dtype: str, rank: int, world: int,
 class EmptyFunction(torch.autograd.Function):
     """What any layer written as an ``autograd.Function`` pays before it computes anything: the
     autograd machinery of a forward and a backward, and its output and gradients allocated
-    (the input's gradient left unset, the parameters' zeroed: accumulated into ``.grad``)."""
+    (the input's gradient not written; the parameters' zeroed, as they accumulate into
+    ``.grad``)."""
 
     @staticmethod
     def forward(ctx: Any, input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
