@@ -2,6 +2,10 @@
 (§8) and the platform presets / context (§9, design §3)."""
 from __future__ import annotations
 
+import ctypes
+import platform
+import sys
+import sysconfig
 import threading
 
 import ml_dtypes
@@ -10,6 +14,7 @@ import pytest
 
 import opgraph
 from opgraph import DataType, Format, Tensor, is_contiguous, promote_types
+from opgraph.core import foreign
 from opgraph.core.tensor import array_address
 
 
@@ -361,15 +366,34 @@ def test_c_contiguous_array_with_an_odd_size_one_stride_is_viewed_with_row_major
     assert opgraph.tensor(b).signature == opgraph.tensor(np.zeros((2, 1, 3), np.float32)).signature
 
 
+class _Subclass(np.ndarray):
+    pass
+
+
+@pytest.mark.parametrize("fast", [True, False])
 @pytest.mark.parametrize("dtype", [np.float32, np.float16, ml_dtypes.bfloat16, np.int32])
-def test_array_address_is_the_first_elements_for_every_dtype_and_layout(dtype):
-    """bfloat16 arrays (a user-defined dtype the buffer protocol cannot describe) go through
-    their bytes; read-only, strided and empty arrays through ``ctypes``: the same address."""
+def test_array_address_is_the_first_elements_for_every_dtype_and_layout(dtype, fast, monkeypatch):
+    """The data pointer read from the array object (``fast``) and ``ctypes.data`` give the
+    same address for every dtype (bfloat16: user-defined), layout and flag: offset, strided,
+    reversed, transposed, read-only, empty, 0-d, a view of other bytes, a subclass."""
+    if not fast:
+        monkeypatch.setattr(foreign, "_DATA_AT", None)
     a = np.arange(12).astype(dtype)
     ro = a.copy()
     ro.flags.writeable = False
-    for x in (a, a[3:], a[1::2], ro, a[:0], a.reshape(3, 4).T):
+    grid = a.reshape(3, 4)
+    for x in (a, a[3:], a[1::2], a[::-1], ro, a[:0], grid.T, grid[1:, ::-2], a[5:6].reshape(()),
+              a.view(np.uint8)[2:], a.view(_Subclass)[4:]):
         assert array_address(x) == x.__array_interface__["data"][0]
+
+
+@pytest.mark.skipif(platform.python_implementation() != "CPython" or hasattr(sys, "gettotalrefcount")
+                    or bool(sysconfig.get_config_var("Py_GIL_DISABLED")),
+                    reason="CPython's usual build only: another object header keeps the ctypes path")
+def test_array_address_reads_the_data_pointer_on_cpython():
+    """On CPython's usual build numpy's array object has its data pointer right after the
+    object header, where the import-time check found it (so the fast read is the one taken)."""
+    assert foreign._DATA_AT == 2 * ctypes.sizeof(ctypes.c_void_p)
 
 
 class CopyingExporter:

@@ -20,20 +20,40 @@ from .dtypes import DataType
 BF16_NP = DataType.BF16.np
 
 
+def _data_pointer_offset() -> "int | None":
+    """Where a numpy array object keeps its data pointer, as an offset from ``id(array)``: right
+    after the object header, as numpy's C API lays out ``PyArrayObject`` (``PyObject_HEAD``,
+    then ``char *data``), if arrays of several layouts in this interpreter agree with
+    ``ctypes.data`` there; None if not (another object header: a debug or free-threaded
+    build)."""
+    offset = ctypes.sizeof(ctypes.c_ssize_t) + ctypes.sizeof(ctypes.c_void_p)  # refcount, type
+    base = np.arange(24, dtype=np.float32).reshape(4, 6)
+    probes = (base, base[1:, 2:], base[::-1, ::2], base.T, np.zeros((), np.int8), base.view(np.uint8)[3:])
+    try:
+        if all(_VOID_P.from_address(id(p) + offset).value == p.ctypes.data for p in probes):
+            return offset
+    except (ValueError, OSError):  # pragma: no cover - an interpreter without such addresses
+        pass
+    return None
+
+
+_VOID_P = ctypes.c_void_p
+_DATA_AT = _data_pointer_offset()
+
+
 def array_address(x: np.ndarray) -> int:
-    """The address of a numpy array's first element: through the buffer protocol for a
-    writable C-contiguous array (a quarter of ``x.ctypes.data``'s cost; an array of a
-    user-defined dtype such as bfloat16, which the buffer protocol cannot describe, as bytes),
-    else ``x.ctypes.data``.
+    """The address of a numpy array's first element, for any dtype, layout or flags: the
+    array's data pointer read from the array object (~0.2 µs, where ``x.ctypes.data`` takes
+    ~1.5 µs and the buffer protocol ~0.6 µs — a native call reads one per operand), where
+    :func:`_data_pointer_offset` found it; else ``x.ctypes.data``.
 
         >>> a = np.zeros(4, np.float32)
         >>> array_address(a[1:]) - a.ctypes.data, array_address(a[::2]) == a.ctypes.data
         (4, True)
     """
-    try:
-        return ctypes.addressof(ctypes.c_char.from_buffer(x if x.dtype.isbuiltin != 2 else x.view(np.uint8)))
-    except (TypeError, ValueError, BufferError):  # read-only, strided or empty
-        return x.ctypes.data
+    if _DATA_AT is not None and isinstance(x, np.ndarray):
+        return _VOID_P.from_address(id(x) + _DATA_AT).value or 0
+    return x.ctypes.data
 
 
 DLPACK_CPU = 1  # DLDeviceType kDLCPU
