@@ -18,6 +18,7 @@ import numpy as np
 from .dtypes import DataType
 
 BF16_NP = DataType.BF16.np
+_VOID_P = ctypes.c_void_p
 
 
 def _data_pointer_offset() -> "int | None":
@@ -29,15 +30,10 @@ def _data_pointer_offset() -> "int | None":
     offset = ctypes.sizeof(ctypes.c_ssize_t) + ctypes.sizeof(ctypes.c_void_p)  # refcount, type
     base = np.arange(24, dtype=np.float32).reshape(4, 6)
     probes = (base, base[1:, 2:], base[::-1, ::2], base.T, np.zeros((), np.int8), base.view(np.uint8)[3:])
-    try:
-        if all(_VOID_P.from_address(id(p) + offset).value == p.ctypes.data for p in probes):
-            return offset
-    except (ValueError, OSError):  # pragma: no cover - an interpreter without such addresses
-        pass
-    return None
+    agree = all(_VOID_P.from_address(id(p) + offset).value == p.ctypes.data for p in probes)
+    return offset if agree else None
 
 
-_VOID_P = ctypes.c_void_p
 _DATA_AT = _data_pointer_offset()
 
 
