@@ -128,6 +128,24 @@ static inline void opg_v_nt_f16(uint16_t *p, opg_v x) { _mm256_stream_si256((__m
 static inline void opg_v_nt_bf16(uint16_t *p, opg_v x) {
     _mm256_stream_si256((__m256i *)p, _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(x), 16)));
 }
+#if defined(__AVX512BW__)  /* pairs of bf16 vectors: as on AVX2 below, four 128-bit lanes */
+#define OPG_PAIR 1
+typedef __m512i opg_vi;
+static inline opg_vi opg_vi_ld(const uint16_t *p) { return _mm512_loadu_si512((const void *)p); }
+static inline opg_v opg_v_lo_bf16(opg_vi w) { return _mm512_castsi512_ps(_mm512_unpacklo_epi16(_mm512_setzero_si512(), w)); }
+static inline opg_v opg_v_hi_bf16(opg_vi w) { return _mm512_castsi512_ps(_mm512_unpackhi_epi16(_mm512_setzero_si512(), w)); }
+static inline opg_vi opg_vi_bf16(opg_v lo, opg_v hi) {  /* the high halves of lo's and hi's lanes, in order */
+    return _mm512_packus_epi32(_mm512_srli_epi32(_mm512_castps_si512(lo), 16), _mm512_srli_epi32(_mm512_castps_si512(hi), 16));
+}
+static inline void opg_v_st2_bf16(uint16_t *p, opg_v lo, opg_v hi) { _mm512_storeu_si512((void *)p, opg_vi_bf16(lo, hi)); }
+static inline void opg_v_nt2_bf16(uint16_t *p, opg_v lo, opg_v hi) { _mm512_stream_si512((void *)p, opg_vi_bf16(lo, hi)); }
+static inline opg_v opg_v_lo_f32(const float *p) {  /* p[0..3], p[8..11], p[16..19], p[24..27] */
+    return _mm512_shuffle_f32x4(_mm512_loadu_ps(p), _mm512_loadu_ps(p + 16), 0x88);
+}
+static inline opg_v opg_v_hi_f32(const float *p) {  /* p[4..7], p[12..15], p[20..23], p[28..31] */
+    return _mm512_shuffle_f32x4(_mm512_loadu_ps(p), _mm512_loadu_ps(p + 16), 0xDD);
+}
+#endif
 #elif defined(__AVX2__) && defined(__F16C__)
 #include <immintrin.h>
 #define OPG_VEC 1
@@ -160,8 +178,7 @@ static inline opg_v opg_v_bf16_clear(opg_v x) {  /* the low half cleared: a bf16
    lanes interleave by 128-bit lane (elements 0-3 and 8-11, then 4-7 and 12-15), and packed back
    in order by packus, which also works per 128-bit lane: for element-wise bodies whose other
    operands are the same in every lane or loaded in that order (opg_v_lo_f32), where lane order
-   changes nothing. AVX2 only: the same per-lane unpack and pack exist for AVX-512 (AVX512BW),
-   but no machine here could run them. */
+   changes nothing. AVX-512 has the same per-lane unpack and pack (AVX512BW, above). */
 #define OPG_PAIR 1
 typedef __m256i opg_vi;
 static inline opg_vi opg_vi_ld(const uint16_t *p) { return _mm256_loadu_si256((const __m256i *)p); }

@@ -15,7 +15,7 @@ turns the plan into C source. The kernel makes one pass over the data:
   innermost strides are 1 (data) and 0 or 1 (hoisted registers), and a generic strided loop
   otherwise; a 2-d loop whose hoisted registers are vectors along its rows (the channels
   innermost: a [N, C] input, channels_last) takes :data:`ROWS` rows at a time; bf16 data run
-  over pairs of vectors on AVX2 (:func:`paired`).
+  over pairs of vectors (:func:`paired`).
 
     >>> import numpy as np
     >>> from l0ops.interpreter import Hoisted
