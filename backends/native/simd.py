@@ -1,0 +1,204 @@
+"""The explicit SIMD loops of the native element-wise kernels, as C statements for
+:func:`.render.render`: float lanes (``opg_v``, 16 or 8 of them) over f16/bf16 data with the
+reference's roundings, native fp16 lanes where the body is pure fp16 arithmetic, pairs of bf16
+vectors (:func:`.kernel_plan.paired`), rows of a channels-innermost layout computed together,
+the non-temporal loop for outputs larger than the caches, and the edges of a row (the streamed
+loop's alignment peel and the tail past the last whole vector) as whole vectors of which only
+the lanes due are stored (:func:`vector_edge`).
+
+    >>> import numpy as np
+    >>> from l0ops.interpreter import Hoisted
+    >>> from l0ops.primitives import FusedAttrs, Instr
+    >>> from opgraph.core.dtypes import DataType as D
+    >>> from .kernel_plan import plan
+    >>> body = (Instr(op="cast", args=("in0",), dtype=D.FLOAT),
+    ...         Instr(op="sub", args=("t0", "in1"), dtype=D.FLOAT),
+    ...         Instr(op="cast", args=("t1",), dtype=D.BF16))
+    >>> a = FusedAttrs(shape=(2, 8), body=body, result="t2", out_dtype=D.BF16)
+    >>> p = plan(a, Hoisted(a, [np.ones((2, 8), "bfloat16"), np.ones((2, 1), np.float32)]))
+    >>> any("opg_v_st2_bf16(&q2[j]" in line for line in vector_loop(p, scalar_h=True))
+    True
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from opgraph.core.dtypes import DataType
+from .c_text import F32, V_LOAD, V_NT, V_NT2, V_OP, V_ROUND, V_ST2, V_STORE
+from .kernel_plan import Plan, paired, pure_half, quiet_bf16, rounded, scalar_body, store_reads_top
+
+
+def _simd_block(p: Plan, scalar_h: bool, width: str, vtype: str, load, set1: str,
+                op, rnd, quiet: frozenset[int] = frozenset(), pair: str = "") -> list[str]:
+    """One explicit SIMD loop of ``width`` lanes; ``load(dtype, ptr)``, ``op(name, args)`` and
+    ``rnd(dtype, expr)`` spell the vector operations; live instructions in ``quiet`` round to
+    bf16 without the NaN test (see :func:`quiet_bf16`). ``pair`` (a store of two vectors,
+    ``{q}``, ``{lo}``, ``{hi}``): first a loop over pairs of vectors (:func:`paired`)."""
+    nb, nh = len(p.big), len(p.hoisted)
+    lines = ["{"]
+    if scalar_h:
+        lines += [f"const {vtype} vh{k} = {set1.format(f'h{k}')};" for k in range(nb, nb + nh)]
+    lines.append("int64_t j = 0;")
+    if pair:
+        lines += _pair_loop(p, vtype, op, rnd, quiet, pair, scalar_h)
+    lines.append(f"for (; j + {width} <= n; j += {width}) {{")
+    for k, (r, d) in enumerate(p.big):
+        lines.append(f"    const {vtype} v_{r} = {load(d, f'q{k}')};")
+    for k, r in enumerate(p.hoisted, start=nb):
+        lines.append(f"    const {vtype} v_{r} = {f'vh{k}' if scalar_h else load(F32, f'q{k}')};")
+    lines += _vector_live(p, vtype, lambda r: f"v_{r}", op, rnd, quiet)
+    return lines + ["}", "jv = j;", "}"]
+
+
+def _v_op(name: str, args: list[str]) -> str:
+    """Operation ``name`` on float-lane vectors ``args``, spelt in C."""
+    return f"{V_OP[name]}({', '.join(args)})"
+
+
+def _v_round(dtype: DataType, expr: str) -> str:
+    """Float-lane vector ``expr`` rounded to ``dtype``, spelt in C."""
+    return V_ROUND[dtype].format(expr)
+
+
+def _pair_loop(p: Plan, vtype: str, op, rnd, quiet: frozenset[int], store: str,
+               scalar_h: bool) -> list[str]:
+    """The loop over pairs of bf16 vectors (:func:`paired`): the per-channel operands as scalars
+    ``vh<k>`` (``scalar_h``) or as vectors in the pairs' lane order, then
+    :func:`_pair_statements`."""
+    nb = len(p.big)
+    lines = ["#if defined(OPG_PAIR)", "for (; j + OPG_PW <= n; j += OPG_PW) {"]
+    if not scalar_h:
+        lines += _pair_hoisted(p)
+    scalars = {r: f"vh{k}" for k, r in enumerate(p.hoisted, start=nb)}
+    lines += _pair_statements(p, vtype, op, rnd, quiet, store, "",
+                              (lambda r, h: scalars[r]) if scalar_h else _pair_half)
+    return lines + ["}", "#endif"]
+
+
+def _pair_hoisted(p: Plan) -> list[str]:
+    """Each per-channel vector as two vectors in a pair's lane order (``v_<r>_a``, ``v_<r>_b``)."""
+    nb = len(p.big)
+    return [f"    const opg_v v_{r}_a = opg_v_lo_f32(&q{k}[j]), v_{r}_b = opg_v_hi_f32(&q{k}[j]);"
+            for k, r in enumerate(p.hoisted, start=nb)]
+
+
+def _pair_half(r: str, half: str) -> str:
+    """Per-channel register ``r``'s vector for pair half ``half`` (see :func:`_pair_hoisted`)."""
+    return f"v_{r}_{half}"
+
+
+def _pair_statements(p: Plan, vtype: str, op, rnd, quiet: frozenset[int], store: str, row: str,
+                     per_channel: Callable[[str, str], str]) -> list[str]:
+    """One pair of vectors of one row (operand pointers ``q<k><row>``): each full-size input
+    loaded once as two vectors (suffixes ``_a``, ``_b``), the live instructions for each, one
+    store of both; per-channel register ``r`` in half ``h`` is ``per_channel(r, h)``."""
+    nb, nh = len(p.big), len(p.hoisted)
+    hoisted = set(p.hoisted)
+    lines = []
+    for k, (r, _) in enumerate(p.big):
+        lines.append(f"    const opg_vi w_{r}{row} = opg_vi_ld(&q{k}{row}[j]);")
+        lines.append(f"    const {vtype} v_{r}{row}_a = opg_v_lo_bf16(w_{r}{row}), "
+                     f"v_{r}{row}_b = opg_v_hi_bf16(w_{r}{row});")
+    for half in "ab":
+        def v(r: str, h: str = half) -> str:
+            return per_channel(r, h) if r in hoisted else f"v_{r}{row}_{h}"
+        lines += _vector_live(p, vtype, v, op, rnd, quiet)
+    return lines + ["    " + store.format(q=f"q{nb + nh}{row}", lo=f"v_{p.result}{row}_a",
+                                         hi=f"v_{p.result}{row}_b")]
+
+
+def _vector_live(p: Plan, vtype: str, v: Callable[[str], str], op, rnd,
+                 quiet: frozenset[int] = frozenset()) -> list[str]:
+    """The live instructions as vector statements (inside a SIMD loop), register ``r`` spelt
+    ``v(r)``; ``op``, ``rnd`` and ``quiet`` as for :func:`_simd_block`. A bf16 result only the
+    store reads keeps its low half (:func:`store_reads_top`)."""
+    lines, top = [], store_reads_top(p)
+    for k, (dst, ins) in enumerate(p.live):
+        args = [v(r) for r in ins.args]
+        expr = args[0] if ins.op == "cast" else op(ins.op, args)
+        rk = (lambda d, e: f"opg_v_rnd_bf16_q({e})") if k in quiet else rnd
+        if top and k == len(p.live) - 1:
+            rk = (lambda d, e: f"opg_v_rnd_bf16_qtop({e})") if k in quiet else \
+                (lambda d, e: f"opg_v_rnd_bf16_top({e})")
+        lines.append(f"    const {vtype} {v(dst)} = {rounded(p, k, expr, rk)};")
+    return lines
+
+
+def rows_block(p: Plan, rows: int) -> list[str]:
+    """Explicit SIMD over ``rows`` rows at once (operand pointers ``q<k>_<row>``; the hoisted
+    registers ``q<k>`` are the same in every row, so each of their vectors is loaded once for
+    all of them): per row the statements of :func:`_simd_block`, in the same order."""
+    nb, nh = len(p.big), len(p.hoisted)
+    hoisted = set(p.hoisted)
+    lines = ["int64_t j = 0;"]
+    if paired(p):  # pairs of vectors first, each per-channel pair loaded once for all the rows
+        lines += ["#if defined(OPG_PAIR)", "for (; j + OPG_PW <= n; j += OPG_PW) {"] + _pair_hoisted(p)
+        for i in range(rows):
+            lines += _pair_statements(p, "opg_v", _v_op, _v_round, frozenset(), V_ST2,
+                                      f"_{i}", _pair_half)
+        lines += ["}", "#endif"]
+    lines.append("for (; j + OPG_W <= n; j += OPG_W) {")
+    lines += [f"    const opg_v v_{r} = opg_v_ld_f32(&q{k}[j]);" for k, r in enumerate(p.hoisted, start=nb)]
+    for i in range(rows):
+        def v(r: str, i: int = i) -> str:
+            return f"v_{r}" if r in hoisted else f"v_{r}_{i}"
+        lines += [f"    const opg_v {v(r)} = {V_LOAD[d].format(f'q{k}_{i}')};" for k, (r, d) in enumerate(p.big)]
+        lines += _vector_live(p, "opg_v", v, _v_op, _v_round)
+        lines.append("    " + V_STORE[p.out_dtype].format(f"q{nb + nh}_{i}", v(p.result)))
+    return lines + ["}", "jv = j;"]
+
+
+def _quiet_or_not(block: Callable[[frozenset[int]], list[str]], p: Plan, scalar_h: bool) -> list[str]:
+    """``block(quiet)`` for rows where :func:`quiet_bf16` applies (``quiet_row``), else
+    ``block(frozenset())``; just the latter when no instruction qualifies."""
+    quiet = quiet_bf16(p) if scalar_h else frozenset()
+    if not quiet:
+        return block(frozenset())
+    return ["if (quiet_row)"] + block(quiet) + ["else"] + block(frozenset())
+
+
+def vector_loop(p: Plan, scalar_h: bool) -> list[str]:
+    """Explicit SIMD for f16/bf16 bodies: native AVX-512 FP16 arithmetic (32 lanes) for pure-f16
+    bodies with per-channel scalars, else float lanes (16 or 8) with the same roundings."""
+    nb, nh = len(p.big), len(p.hoisted)
+    store_f = V_STORE[p.out_dtype].format(f"q{nb + nh}", f"v_{p.result}")
+
+    def float_lanes(quiet: frozenset[int]) -> list[str]:
+        flt = _simd_block(p, scalar_h, "OPG_W", "opg_v", lambda d, q: V_LOAD[d].format(q),
+                          "opg_v_set1({})", _v_op, _v_round, quiet,
+                          V_ST2 if paired(p) else "")
+        flt.insert(-3, "    " + store_f)
+        return flt
+    flt = _quiet_or_not(float_lanes, p, scalar_h)
+    lines = []
+    if scalar_h and pure_half(p):
+        half = _simd_block(p, scalar_h, "32", "__m512h", lambda d, q: f"_mm512_loadu_ph(&{q}[j])",
+                           "_mm512_set1_ph((_Float16){})",
+                           lambda o, a: f"_mm512_{o}_ph({', '.join(a)})", lambda d, e: e)
+        half.insert(-3, f"    _mm512_storeu_ph(&q{nb + nh}[j], v_{p.result});")
+        lines += ["#if defined(__AVX512FP16__)"] + half + ["#elif defined(OPG_VEC)"]
+    else:
+        lines.append("#if defined(OPG_VEC)")
+    return lines + flt + ["#endif"]
+
+
+def stream_loop(p: Plan, load: Callable[[int, str], str]) -> list[str]:
+    """Float lanes with non-temporal stores (``c->stream``: outputs larger than the caches): a
+    scalar peel up to the output's vector alignment, the vector loop, ``jv`` left for the tail."""
+    nb, nh = len(p.big), len(p.hoisted)
+    q = f"q{nb + nh}"
+    width = "OPG_PW" if paired(p) else "OPG_W"  # a pair's store is as aligned as the pair
+    peel = [f"for (; j < n && ((uintptr_t)&{q}[j] & ({width} * sizeof(*{q}) - 1)); ++j) {{"]
+    peel += ["    " + t for t in scalar_body(p, load)] + ["}"]
+
+    def streamed(quiet: frozenset[int]) -> list[str]:
+        blk = _simd_block(p, True, "OPG_W", "opg_v", lambda d, x: V_LOAD[d].format(x),
+                          "opg_v_set1({})", _v_op, _v_round, quiet,
+                          V_NT2 if paired(p) else "")
+        blk.insert(-3, "    " + V_NT[p.out_dtype].format(q, f"v_{p.result}"))
+        at = blk.index("int64_t j = 0;") + 1
+        return blk[:at] + peel + blk[at:]
+    return ["#if defined(OPG_VEC)", "if (c->stream) {"] + _quiet_or_not(streamed, p, True) + ["}", "#endif"]
+
+
+__all__ = ["rows_block", "stream_loop", "vector_loop"]
