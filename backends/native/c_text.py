@@ -77,6 +77,8 @@ V_STORE = {F32: "opg_v_st_f32(&{}[j], {});", F16: "opg_v_st_f16(&{}[j], {});",
            BF16: "opg_v_st_bf16(&{}[j], {});"}
 V_NT = {F32: "opg_v_nt_f32(&{}[j], {});", F16: "opg_v_nt_f16(&{}[j], {});",
         BF16: "opg_v_nt_bf16(&{}[j], {});"}
+# a vector stored to a pointer (the edges of a row go through a local array, simd.vector_edge)
+V_STORE_TO = {F32: "opg_v_st_f32({}, {});", F16: "opg_v_st_f16({}, {});", BF16: "opg_v_st_bf16({}, {});"}
 # a pair of bf16 vectors stored at once (render.paired): plain, non-temporal
 V_ST2 = "opg_v_st2_bf16(&{q}[j], {lo}, {hi});"
 V_NT2 = "opg_v_nt2_bf16(&{q}[j], {lo}, {hi});"
@@ -222,9 +224,12 @@ static inline opg_v opg_v_rnd_bf16_q(opg_v x) {  /* opg_v_rnd_bf16 where no NaN 
 #else
 #define OPG_PW OPG_W
 #endif
+/* bytes of a cache line: non-temporal stores write whole ones (a part of a line left in a
+   write-combining buffer, its rest written by ordinary stores, costs a partial write) */
+#define OPG_LINE 64
 #endif
 """
 
 
 __all__ = ["BF16", "C_OP", "C_TYPE", "F16", "F32", "FLOATS", "HELPERS", "LOAD", "ROUND", "STORE",
-           "V_HELPERS", "V_LOAD", "V_NT", "V_NT2", "V_OP", "V_ROUND", "V_ST2", "V_STORE"]
+           "V_HELPERS", "V_LOAD", "V_NT", "V_NT2", "V_OP", "V_ROUND", "V_ST2", "V_STORE", "V_STORE_TO"]

@@ -39,7 +39,7 @@ from typing import Callable
 
 from .c_text import C_TYPE, HELPERS, V_HELPERS
 from .kernel_plan import Plan, needs_vector, paired, plan, quiet_bf16, scalar_body, store_reads_top
-from .simd import rows_block, stream_loop, vector_loop
+from .simd import rows_block, stream_loop, vector_loop, vector_tail
 from .team import C_DECL
 
 BLOCK = 8192          # elements of the innermost dim per work item
@@ -50,14 +50,19 @@ ROWS = 4              # rows of a 2-d layout with per-channel vectors computed t
 
 
 def _loop(p: Plan, load: Callable[[int, str], str], pre: list[str], simd: bool,
-          vector: "list[str] | None" = None) -> list[str]:
+          vector: "list[str] | None" = None, scalar_h: bool = True) -> list[str]:
     """The inner loop over ``j < n`` (inside the work-item loop), preceded by ``pre``; an
-    optional explicit ``vector`` loop runs first and leaves ``j`` where the scalar loop starts."""
+    optional explicit ``vector`` loop runs first and leaves ``j`` where the rest starts: for
+    f16/bf16 data the row's last vector, of which the lanes left are stored
+    (:func:`.simd.vector_tail`; per-channel operands scalars if ``scalar_h``), else (and in rows
+    shorter than a vector) the scalar loop."""
     pad = " " * 12
     lines = [pad + s for s in pre]
     lines.append(pad + "int64_t jv = 0;")
     if vector:
         lines += [pad + s for s in vector]
+    if vector and needs_vector(p):  # a float32 body's scalar steps cost less than the copy
+        lines += [pad + s for s in ["#if defined(OPG_VEC)"] + vector_tail(p, scalar_h, "jv") + ["#endif"]]
     if simd:
         lines.append(pad + "#pragma omp simd")
     lines.append(pad + "for (int64_t j = jv; j < n; ++j) {")
@@ -120,15 +125,16 @@ def render(p: Plan) -> str:
     out += ["            }"]
     for i in range(ROWS):  # each row's tail past the last whole vector
         out += ["            {", "                " + " ".join(
-            decl(k, f"q{k}", f"q{k}_{i}") for k in big_ops)]
-        out += ["                for (int64_t j = jv; j < n; ++j) {"]
+            decl(k, f"q{k}", f"q{k}_{i}") for k in big_ops), "                int64_t jt = jv;"]
+        out += ["                " + s for s in (vector_tail(p, False, "jt") if needs_vector(p) else [])]
+        out += ["                for (int64_t j = jt; j < n; ++j) {"]
         out += ["                    " + s for s in scalar_body(p, lambda k, r: f"q{k}[j]")]
         out += ["                }", "            }"]
     out += ["        }", "#endif",
             "        for (; w < w_end; ++w) {",
             "            " + " ".join(row(k, "", "w") for k in range(nops))]
     out += _loop(p, lambda k, r: f"q{k}[j]", [], simd=True,
-                 vector=vector_loop(p, False) if needs_vector(p) else None)
+                 vector=vector_loop(p, False) if needs_vector(p) else None, scalar_h=False)
     out += ["        }", "        return;", "    }"]
     # the row of item w_begin by division once; later rows by an odometer (a 64-bit division
     # costs ~40 cycles, and a row of a 2-d layout can be a few vectors of work)
@@ -160,9 +166,10 @@ def render(p: Plan) -> str:
     stream = stream_loop(p, dense_load(True))
     normal = vector_loop(p, True) if vec else []
     out += _loop(p, dense_load(True), scalar_pre, simd=True,
-                 vector=stream[:-1] + (["else"] if normal else []) + normal + stream[-1:])
+                 vector=stream + normal)  # after the streamed whole lines, the rest of the row
     out.append("        } else if (vector_h) {")
-    out += _loop(p, dense_load(False), [], simd=True, vector=vector_loop(p, False) if vec else None)
+    out += _loop(p, dense_load(False), [], simd=True, vector=vector_loop(p, False) if vec else None,
+                 scalar_h=False)
     out.append("        } else {")
     strided = [f"const int64_t i{k} = s{k}[ndim - 1];" for k in range(nops)]
     out += _loop(p, lambda k, r: f"q{k}[j * i{k}]", strided, simd=False)

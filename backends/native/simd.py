@@ -24,24 +24,27 @@ from __future__ import annotations
 from typing import Callable
 
 from opgraph.core.dtypes import DataType
-from .c_text import F32, V_LOAD, V_NT, V_NT2, V_OP, V_ROUND, V_ST2, V_STORE
-from .kernel_plan import Plan, paired, pure_half, quiet_bf16, rounded, scalar_body, store_reads_top
+from .c_text import C_TYPE, F16, F32, V_LOAD, V_NT, V_NT2, V_OP, V_ROUND, V_ST2, V_STORE, V_STORE_TO
+from .kernel_plan import (Plan, needs_vector, paired, pure_half, quiet_bf16, rounded, scalar_body,
+                          store_reads_top)
 
 
 def _simd_block(p: Plan, scalar_h: bool, width: str, vtype: str, load, set1: str,
-                op, rnd, quiet: frozenset[int] = frozenset(), pair: str = "") -> list[str]:
-    """One explicit SIMD loop of ``width`` lanes; ``load(dtype, ptr)``, ``op(name, args)`` and
-    ``rnd(dtype, expr)`` spell the vector operations; live instructions in ``quiet`` round to
-    bf16 without the NaN test (see :func:`quiet_bf16`). ``pair`` (a store of two vectors,
-    ``{q}``, ``{lo}``, ``{hi}``): first a loop over pairs of vectors (:func:`paired`)."""
+                op, rnd, quiet: frozenset[int] = frozenset(), pair: str = "",
+                start: str = "jv", end: str = "n") -> list[str]:
+    """One explicit SIMD loop of ``width`` lanes from ``j = start`` while a vector fits before
+    ``end``; ``load(dtype, ptr)``, ``op(name, args)`` and ``rnd(dtype, expr)`` spell the vector
+    operations; live instructions in ``quiet`` round to bf16 without the NaN test (see
+    :func:`quiet_bf16`). ``pair`` (a store of two vectors, ``{q}``, ``{lo}``, ``{hi}``): first a
+    loop over pairs of vectors (:func:`paired`)."""
     nb, nh = len(p.big), len(p.hoisted)
     lines = ["{"]
     if scalar_h:
         lines += [f"const {vtype} vh{k} = {set1.format(f'h{k}')};" for k in range(nb, nb + nh)]
-    lines.append("int64_t j = 0;")
+    lines.append(f"int64_t j = {start};")
     if pair:
-        lines += _pair_loop(p, vtype, op, rnd, quiet, pair, scalar_h)
-    lines.append(f"for (; j + {width} <= n; j += {width}) {{")
+        lines += _pair_loop(p, vtype, op, rnd, quiet, pair, scalar_h, end)
+    lines.append(f"for (; j + {width} <= {end}; j += {width}) {{")
     for k, (r, d) in enumerate(p.big):
         lines.append(f"    const {vtype} v_{r} = {load(d, f'q{k}')};")
     for k, r in enumerate(p.hoisted, start=nb):
@@ -61,12 +64,12 @@ def _v_round(dtype: DataType, expr: str) -> str:
 
 
 def _pair_loop(p: Plan, vtype: str, op, rnd, quiet: frozenset[int], store: str,
-               scalar_h: bool) -> list[str]:
-    """The loop over pairs of bf16 vectors (:func:`paired`): the per-channel operands as scalars
-    ``vh<k>`` (``scalar_h``) or as vectors in the pairs' lane order, then
-    :func:`_pair_statements`."""
+               scalar_h: bool, end: str) -> list[str]:
+    """The loop over pairs of bf16 vectors (:func:`paired`) while a pair fits before ``end``:
+    the per-channel operands as scalars ``vh<k>`` (``scalar_h``) or as vectors in the pairs' lane
+    order, then :func:`_pair_statements`."""
     nb = len(p.big)
-    lines = ["#if defined(OPG_PAIR)", "for (; j + OPG_PW <= n; j += OPG_PW) {"]
+    lines = ["#if defined(OPG_PAIR)", f"for (; j + OPG_PW <= {end}; j += OPG_PW) {{"]
     if not scalar_h:
         lines += _pair_hoisted(p)
     scalars = {r: f"vh{k}" for k, r in enumerate(p.hoisted, start=nb)}
@@ -183,22 +186,79 @@ def vector_loop(p: Plan, scalar_h: bool) -> list[str]:
 
 
 def stream_loop(p: Plan, load: Callable[[int, str], str]) -> list[str]:
-    """Float lanes with non-temporal stores (``c->stream``: outputs larger than the caches): a
-    scalar peel up to the output's vector alignment, the vector loop, ``jv`` left for the tail."""
-    nb, nh = len(p.big), len(p.hoisted)
-    q = f"q{nb + nh}"
-    width = "OPG_PW" if paired(p) else "OPG_W"  # a pair's store is as aligned as the pair
-    peel = [f"for (; j < n && ((uintptr_t)&{q}[j] & ({width} * sizeof(*{q}) - 1)); ++j) {{"]
-    peel += ["    " + t for t in scalar_body(p, load)] + ["}"]
+    """Float lanes with non-temporal stores (``c->stream``: outputs larger than the caches) over
+    the row's whole cache lines: a peel up to the first line boundary (:func:`_aligning_peel`),
+    then the vector loops up to the last, ``jv`` left there for :func:`vector_loop` (ordinary
+    stores) and the tail. A part of a line written non-temporally and the rest by ordinary
+    stores (a row's end, and the next row's start) costs a partial write to memory: 3× the
+    kernel's time on rows of 196 bf16 (14×14)."""
+    q = f"q{len(p.big) + len(p.hoisted)}"
+    peel = _aligning_peel(p, load) + [
+        f"const int64_t nl = j + (int64_t)((((uint64_t)(n - j) * sizeof(*{q})) & ~(uint64_t)(OPG_LINE - 1)) / sizeof(*{q}));"]
 
     def streamed(quiet: frozenset[int]) -> list[str]:
         blk = _simd_block(p, True, "OPG_W", "opg_v", lambda d, x: V_LOAD[d].format(x),
                           "opg_v_set1({})", _v_op, _v_round, quiet,
-                          V_NT2 if paired(p) else "")
+                          V_NT2 if paired(p) else "", start="0", end="nl")
         blk.insert(-3, "    " + V_NT[p.out_dtype].format(q, f"v_{p.result}"))
         at = blk.index("int64_t j = 0;") + 1
         return blk[:at] + peel + blk[at:]
     return ["#if defined(OPG_VEC)", "if (c->stream) {"] + _quiet_or_not(streamed, p, True) + ["}", "#endif"]
 
 
-__all__ = ["rows_block", "stream_loop", "vector_loop"]
+def _aligning_peel(p: Plan, load: Callable[[int, str], str]) -> list[str]:
+    """From ``j`` up to the first element of the output at a cache line boundary: whole vectors
+    of which only the lanes before it are stored (:func:`vector_edge`), one element at a time
+    where less than a vector is left, or all one at a time in a float32 body (whose scalar
+    steps cost less than a vector's round trip through memory). Per-channel operands are scalars
+    (``h<k>``)."""
+    q = f"q{len(p.big) + len(p.hoisted)}"
+    if not needs_vector(p):  # float32 throughout: its scalar steps cost less than the copy
+        return ([f"for (; j < n && ((uintptr_t)&{q}[j] & (OPG_LINE - 1)); ++j) {{"]
+                + ["    " + t for t in scalar_body(p, load)] + ["}"])
+    return ([f"while (j < n && ((uintptr_t)&{q}[j] & (OPG_LINE - 1))) {{",
+             "    if (j + OPG_W > n) {"] + ["        " + t for t in scalar_body(p, load)]
+            + ["        ++j;", "        continue;", "    }",
+               f"    int64_t a = (int64_t)((OPG_LINE - ((uintptr_t)&{q}[j] & (OPG_LINE - 1))) / sizeof(*{q}));",
+               "    a = a < 1 ? 1 : a > OPG_W ? OPG_W : a;  /* an output not aligned to its element: 1 */",
+               "    {"] + ["        " + t for t in vector_edge(p, True, "0", "a")]
+            + ["    }", "    j += a;", "}"])
+
+
+def vector_tail(p: Plan, scalar_h: bool, start: str) -> list[str]:
+    """Elements ``start`` to ``n - 1`` of a row, when fewer than a vector are left past the
+    vector loops but at least :func:`_tail_lanes`, as the last whole vector of the row,
+    ``j = n - OPG_W``, of which only those lanes are stored (:func:`vector_edge`); ``start`` is
+    then set to ``n``. The rest (rows shorter than a vector, and more than a vector left when no
+    vector loop ran) is left to the scalar loop."""
+    return ([f"if ({start} + {_tail_lanes(p)} <= n && n - {start} < OPG_W && n >= OPG_W) {{",
+             "    const int64_t j = n - OPG_W;"]
+            + ["    " + t for t in vector_edge(p, scalar_h, f"{start} - j", "OPG_W")]
+            + [f"    {start} = n;", "}"])
+
+
+def _tail_lanes(p: Plan) -> int:
+    """The fewest lanes left for which a whole vector beats the scalar loop: 2 where the body
+    loads, rounds or stores fp16 (a scalar fp16 rounding is a dozen integer steps), else 8
+    (measured on rows of 7×7 to 31×31 maps, AVX-512)."""
+    f16 = p.out_dtype == F16 or any(d == F16 for _, d in p.big) or any(i.dtype == F16 for _, i in p.live)
+    return 2 if f16 else 8
+
+
+def vector_edge(p: Plan, scalar_h: bool, first: str, end: str) -> list[str]:
+    """One vector of float lanes computed at ``j`` (the full-size operands loaded from
+    ``&q<k>[j]``; per-channel ones the scalars ``h<k>`` if ``scalar_h``, else loaded too) of which
+    lanes ``first`` to ``end - 1`` are stored, through a local array: the lanes left out are
+    neither written nor read back, so an output that is also an input stays correct (each lane
+    reads only its own elements, and those not yet written), and no load passes the row's end
+    (the caller keeps ``j + OPG_W <= n``). The roundings are the NaN-tested ones: right in any row."""
+    nb, out = len(p.big), p.out_dtype
+    lines = [f"const opg_v v_{r} = {V_LOAD[d].format(f'q{k}')};" for k, (r, d) in enumerate(p.big)]
+    lines += [f"const opg_v v_{r} = {f'opg_v_set1(h{k})' if scalar_h else V_LOAD[F32].format(f'q{k}')};"
+              for k, r in enumerate(p.hoisted, start=nb)]
+    lines += [t.strip() for t in _vector_live(p, "opg_v", lambda r: f"v_{r}", _v_op, _v_round)]
+    return lines + [f"{C_TYPE[out]} opg_lanes[OPG_W];", V_STORE_TO[out].format("opg_lanes", f"v_{p.result}"),
+                    f"for (int64_t e = {first}; e < {end}; ++e) q{nb + len(p.hoisted)}[j + e] = opg_lanes[e];"]
+
+
+__all__ = ["rows_block", "stream_loop", "vector_edge", "vector_loop", "vector_tail"]

@@ -1,0 +1,102 @@
+"""The edges of a row in the native element-wise kernels (``backends.native.simd``): the
+lanes left after the vector loops come from the row's last whole vector, of which only those
+lanes are stored (``vector_tail``); in the non-temporal loop a peel of partly stored vectors up
+to the first cache line boundary, non-temporal stores over whole lines only, the rest of the row
+by ordinary stores. Rows of 49 or 196 elements (7×7, 14×14 maps) start and end anywhere in a
+line, so every row exercises them. Each case must give numpy's bits, leave the memory around
+the output alone, and stay right when the output is also an input (each lane reads only its own
+elements, and the lanes a partial store leaves out are not written)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import backends
+import opgraph
+import reference as R
+from backends import native
+from backends.native import render, team
+
+pytestmark = pytest.mark.skipif(not native.available(), reason=native.availability()[1])
+
+DTYPES = {"f32": R.F32, "f16": R.F16, "bf16": R.BF16}
+SENTINEL = 8  # elements of the buffer on each side of the output
+
+
+@pytest.fixture
+def threads():
+    """Restore the team size after a test changes it."""
+    before = team.threads()
+    yield team.set_threads
+    team.set_threads(before)
+
+
+def _streamed_rows(inner: int, dtype) -> tuple[int, int, int]:
+    """(N, C, inner) with C = 8 whose output reaches ``render.STREAM_BYTES``."""
+    rows = -(-render.STREAM_BYTES // (inner * np.dtype(dtype).itemsize))
+    return (-(-rows // 8), 8, inner)
+
+
+def _native_into(case: R.Case, out: np.ndarray, arrays: "list | None" = None) -> None:
+    """``case`` on the native backend at level 2 into ``out``, run in C (no fallback)."""
+    b = backends.get("native")
+    b.fallbacks.clear()
+    with opgraph.opt_level(2), opgraph.use_backend("native"):
+        opgraph.ops.batch_norm_elemt_backward(*(arrays or case.arrays()), out=out)
+    assert not b.fallbacks, dict(b.fallbacks)
+
+
+def _expected(case: R.Case) -> np.ndarray:
+    with opgraph.opt_level(2), opgraph.use_backend("numpy"):
+        return R.compute(case)
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("inner", [7, 49, 196])
+@pytest.mark.parametrize("offset", [0, 3])
+def test_streamed_short_rows(dtype, inner, offset, threads):
+    """Outputs over STREAM_BYTES in rows shorter than a vector (7), than a line of bf16 (49)
+    and a few lines long (196), starting ``offset`` elements into a buffer: numpy's bits, the
+    sentinels around the output untouched, for 1 and 2 threads."""
+    dt = DTYPES[dtype]
+    case = R.make_case(_streamed_rows(inner, dt), dt, seed=inner + offset)
+    expected = _expected(case)
+    for k in (1, 2):
+        threads(k)
+        buf = np.full(case.input.size + 2 * SENTINEL, 7, dt)
+        out = buf[SENTINEL + offset:SENTINEL + offset + case.input.size].reshape(case.input.shape)
+        _native_into(case, out)
+        assert out.nbytes >= render.STREAM_BYTES
+        R.assert_bits_equal(out, expected)
+        outside = np.concatenate([buf[:SENTINEL + offset], buf[SENTINEL + offset + out.size:]])
+        assert np.array_equal(R.bits(outside), R.bits(np.full(outside.size, 7, dt)))
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("inner", [15, 17, 18, 23, 24, 31, 33, 47, 49, 63, 196])
+def test_row_tails(dtype, inner):
+    """Rows in the caches (no streaming) whose length leaves 1 to a vector's width minus one
+    lanes after the vector loops, for 8 and 16 float lanes (and bf16's pairs of them), on
+    either side of the fewest lanes a whole vector is used for (simd._tail_lanes: 2 and 8)."""
+    dt = DTYPES[dtype]
+    case = R.make_case((6, 5, inner), dt, seed=inner)
+    out = np.zeros(case.input.shape, dt)
+    _native_into(case, out)
+    R.assert_bits_equal(out, _expected(case))
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("streamed", [False, True], ids=["cached", "streamed"])
+def test_output_is_the_gradient_input(dtype, streamed):
+    """``out`` is ``gradOut`` itself: the tail's whole vector reads elements the vector loop
+    has already overwritten, and the peel's vectors elements it has not reached; only lanes
+    that read their own, unwritten elements are stored."""
+    dt = DTYPES[dtype]
+    shape = _streamed_rows(49, dt) if streamed else (6, 5, 49)
+    case = R.make_case(shape, dt, seed=11)
+    expected = _expected(case)
+    arrays = case.arrays()
+    grad = arrays[0].copy()
+    arrays[0] = grad
+    _native_into(case, grad, arrays)
+    R.assert_bits_equal(grad, expected)
