@@ -118,6 +118,9 @@ static inline opg_v opg_v_rnd_bf16_top(opg_v x) {  /* opg_v_rnd_bf16_qtop; a NaN
 static inline opg_v opg_v_bf16_clear(opg_v x) {  /* the low half cleared: a bf16 value */
     return _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(x), _mm512_set1_epi32((int)0xFFFF0000u)));
 }
+static inline opg_v opg_v_split(opg_v a, opg_v b, int64_t k) {  /* lanes below k from a, the rest from b */
+    return _mm512_mask_blend_ps((__mmask16)(0xFFFFu << k), a, b);
+}
 static inline opg_v opg_v_ld_bf16(const uint16_t *p) {
     const __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p));
     return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
@@ -175,6 +178,10 @@ static inline opg_v opg_v_rnd_bf16_top(opg_v x) {  /* opg_v_rnd_bf16_qtop; a NaN
 }
 static inline opg_v opg_v_bf16_clear(opg_v x) {  /* the low half cleared: a bf16 value */
     return _mm256_castsi256_ps(_mm256_and_si256(_mm256_castps_si256(x), _mm256_set1_epi32((int)0xFFFF0000u)));
+}
+static inline opg_v opg_v_split(opg_v a, opg_v b, int64_t k) {  /* lanes below k from a, the rest from b */
+    const __m256i below = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)k), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    return _mm256_blendv_ps(b, a, _mm256_castsi256_ps(below));
 }
 /* pairs of bf16 vectors (OPG_PAIR): one load of 2 * OPG_W elements widened into two vectors whose
    lanes interleave by 128-bit lane (elements 0-3 and 8-11, then 4-7 and 12-15), and packed back

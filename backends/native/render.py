@@ -39,7 +39,7 @@ from typing import Callable
 
 from .c_text import C_TYPE, HELPERS, V_HELPERS
 from .kernel_plan import Plan, needs_vector, paired, plan, quiet_bf16, scalar_body, store_reads_top
-from .simd import rows_block, stream_loop, vector_loop, vector_tail
+from .simd import rows_block, short_rows, stream_loop, vector_loop, vector_tail
 from .team import C_DECL
 
 BLOCK = 8192          # elements of the innermost dim per work item
@@ -136,6 +136,7 @@ def render(p: Plan) -> str:
     out += _loop(p, lambda k, r: f"q{k}[j]", [], simd=True,
                  vector=vector_loop(p, False) if needs_vector(p) else None, scalar_h=False)
     out += ["        }", "        return;", "    }"]
+    out += ["    " + s for s in short_rows(p, big_ops, decl)]
     # the row of item w_begin by division once; later rows by an odometer (a 64-bit division
     # costs ~40 cycles, and a row of a 2-d layout can be a few vectors of work)
     out += ["    int64_t idx[ndim], blk = w_begin % nblk;  /* ndim >= 1 */",

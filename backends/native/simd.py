@@ -29,6 +29,9 @@ from .kernel_plan import (Plan, needs_vector, paired, pure_half, quiet_bf16, rou
                           store_reads_top)
 
 
+SHORT_ROW = 512  # rows up to this many elements run as one run per claim (short_rows)
+
+
 def _simd_block(p: Plan, scalar_h: bool, width: str, vtype: str, load, set1: str,
                 op, rnd, quiet: frozenset[int] = frozenset(), pair: str = "",
                 start: str = "jv", end: str = "n") -> list[str]:
@@ -261,4 +264,51 @@ def vector_edge(p: Plan, scalar_h: bool, first: str, end: str) -> list[str]:
                     f"for (int64_t e = {first}; e < {end}; ++e) q{nb + len(p.hoisted)}[j + e] = opg_lanes[e];"]
 
 
-__all__ = ["rows_block", "stream_loop", "vector_edge", "vector_loop", "vector_tail"]
+def short_rows(p: Plan, big_ops: list[int], decl: Callable[[int, str, str], str]) -> list[str]:
+    """A claim's rows as one run where they are short (``OPG_W`` to :data:`SHORT_ROW` elements:
+    maps of 4×4 to 22×22), contiguous one after the next in every full-size operand and the
+    output, with per-channel scalars: ``[N, C, H·W]`` or ``[C, H·W]`` of an NCHW tensor. Run by
+    row, each would pay its set-up, a partial vector and a scalar tail; as one run a vector
+    holds the end of one row and the start of the next, its per-channel lanes split between the
+    two rows' values (``opg_v_split``). Streamed (``c->stream``), the run's whole cache lines are
+    stored non-temporally. The roundings are the NaN-tested ones. ``decl(k, name, value)``
+    declares operand ``k``'s pointer; ``big_ops`` are the full-size operands and the output."""
+    nb, nh = len(p.big), len(p.hoisted)
+    hoisted, q = range(nb, nb + nh), f"q{nb + nh}"
+    rows_ok = [f"s{k}[ndim - 2] == inner && (ndim == 2 || s{k}[0] == shape[1] * inner)" for k in big_ops]
+    rows_ok += [f"s{k}[ndim - 2] == 1 && (ndim == 2 || s{k}[0] == 0)" for k in hoisted]
+    element = ["    const int64_t cj = (w_begin + j / inner) % C;"]  # one element, its channel by division
+    element += [f"    const float h{k} = b{k}[cj];" for k in hoisted]
+    element += ["    " + t for t in scalar_body(p, lambda k, r: f"h{k}" if nb <= k < nb + nh else f"q{k}[j]")]
+    lines = ["#if defined(OPG_VEC)",
+             f"if ((ndim == 2 || ndim == 3) && nblk == 1 && scalar_h && inner >= OPG_W && inner <= {SHORT_ROW}",
+             "    && " + " && ".join(f"({t})" for t in rows_ok) + ") {",
+             "    const int64_t C = shape[ndim - 2], L = (w_end - w_begin) * inner;",
+             "    " + " ".join(decl(k, f"q{k}", f"b{k} + w_begin * inner") for k in big_ops),
+             "    int64_t j = 0, nl = 0;  /* non-temporal stores below nl: the run's whole lines */",
+             "    if (c->stream) {",
+             f"        for (; j < L && ((uintptr_t)&{q}[j] & (OPG_LINE - 1)); ++j) {{"]
+    lines += ["    " + t for t in element] + ["        }"]
+    lines += [f"        nl = j + (int64_t)((((uint64_t)(L - j) * sizeof(*{q})) & ~(uint64_t)(OPG_LINE - 1)) / sizeof(*{q}));",
+              "    }",
+              "    int64_t ch = (w_begin + j / inner) % C, chn = ch + 1 == C ? 0 : ch + 1;",
+              "    int64_t left = inner - j % inner;  /* lanes left in row ch */"]
+    lines += [f"    opg_v hc{k} = opg_v_set1(b{k}[ch]), hn{k} = opg_v_set1(b{k}[chn]);" for k in hoisted]
+    lines += ["    for (; j + OPG_W <= L; j += OPG_W) {", "        const int whole = left >= OPG_W;"]
+    lines += [f"        const opg_v v_{r} = {V_LOAD[d].format(f'q{k}')};" for k, (r, d) in enumerate(p.big)]
+    lines += [f"        const opg_v v_{r} = whole ? hc{k} : opg_v_split(hc{k}, hn{k}, left);"
+              for k, r in zip(hoisted, p.hoisted)]
+    lines += ["    " + t for t in _vector_live(p, "opg_v", lambda r: f"v_{r}", _v_op, _v_round)]
+    lines += [f"        if (j + OPG_W <= nl) {V_NT[p.out_dtype].format(q, f'v_{p.result}')}",
+              f"        else {V_STORE[p.out_dtype].format(q, f'v_{p.result}')}",
+              "        left -= OPG_W;",
+              "        if (left <= 0) {  /* the next vector starts in row chn */",
+              "            ch = chn;", "            chn = chn + 1 == C ? 0 : chn + 1;", "            left += inner;"]
+    lines += [f"            hc{k} = hn{k};" for k in hoisted]
+    lines += [f"            hn{k} = opg_v_set1(b{k}[chn]);" for k in hoisted]
+    lines += ["        }", "    }", "    for (; j < L; ++j) {"] + element + ["    }"]
+    return lines + ["    if (c->stream) _mm_sfence();", "    return;", "}", "#endif"]
+
+
+__all__ = ["SHORT_ROW", "rows_block", "short_rows", "stream_loop", "vector_edge", "vector_loop",
+           "vector_tail"]
