@@ -5,7 +5,9 @@ inputs, NaN/Inf/-0.0 — the same for any thread count, planned once per operand
 family's op_apis at level 2 give the numpy backend's bits."""
 from __future__ import annotations
 
+import ctypes
 import dataclasses
+import mmap
 import os
 import subprocess
 import sys
@@ -21,6 +23,7 @@ from backends.native import build, team
 from backends.native import reduce as native_reduce
 from backends.native.reduce import collapse_reduced, plan_for
 from backends.native.reduce_run import run_fused_reduce_native, run_planned
+from forked import in_forked_child
 from l0ops.fused_reduce import FusedReduce, FusedReduceAttrs, Instr
 from opgraph.core.dtypes import DataType as D
 
@@ -489,3 +492,32 @@ def test_rows_from_any_lane_bits_equal_numpy(shape, dt):
     mean = rng.standard_normal(shape[1]).astype(np.float32).reshape(keep(shape))
     check_same(backward_body(shape, dt), [dy, x, mean])
     check_same(stats_body(shape), [x])
+
+
+def _before_a_guard_page(a: np.ndarray) -> np.ndarray:
+    """A copy of ``a`` whose last byte is the last of a page, the next page inaccessible."""
+    page = mmap.PAGESIZE
+    pages = -(-a.nbytes // page)
+    buf = mmap.mmap(-1, (pages + 1) * page)
+    start = ctypes.addressof(ctypes.c_char.from_buffer(buf))
+    assert ctypes.CDLL(None).mprotect(ctypes.c_void_p(start + pages * page), page, 0) == 0
+    out = np.frombuffer(buf, np.uint8, a.nbytes, pages * page - a.nbytes).view(a.dtype).reshape(a.shape)
+    out[...] = a
+    return out
+
+
+@pytest.mark.parametrize("dt", list(DTYPES))
+def test_rows_read_nothing_past_the_data(dt):
+    """The data end where an inaccessible page starts: the last row's last lanes, taken by one
+    masked vector on AVX-512 (reduce_c._masked), read nothing past them. In a forked child, so
+    that a fault fails this test rather than ending the run."""
+    shape = (6, 4, 49)
+    rng = np.random.default_rng(3)
+    dy, x = (_before_a_guard_page(rng.standard_normal(shape).astype(DTYPES[dt])) for _ in range(2))
+    mean = rng.standard_normal(shape[1]).astype(np.float32).reshape(keep(shape))
+
+    def child() -> bool:
+        check_same(backward_body(shape, dt), [dy, x, mean])
+        check_same(stats_body(shape), [x])
+        return True
+    in_forked_child(child, "reducing data that end at an inaccessible page")

@@ -77,6 +77,8 @@ V_STORE = {F32: "opg_v_st_f32(&{}[j], {});", F16: "opg_v_st_f16(&{}[j], {});",
            BF16: "opg_v_st_bf16(&{}[j], {});"}
 V_NT = {F32: "opg_v_nt_f32(&{}[j], {});", F16: "opg_v_nt_f16(&{}[j], {});",
         BF16: "opg_v_nt_bf16(&{}[j], {});"}
+# a vector of the lanes in mask m (OPG_MASKED: AVX-512) loaded from a pointer
+V_MLOAD = {F32: "opg_v_mld_f32(m, {})", F16: "opg_v_mld_f16(m, {})", BF16: "opg_v_mld_bf16(m, {})"}
 # a vector stored to a pointer (the edges of a row go through a local array, simd.vector_edge)
 V_STORE_TO = {F32: "opg_v_st_f32({}, {});", F16: "opg_v_st_f16({}, {});", BF16: "opg_v_st_bf16({}, {});"}
 # a pair of bf16 vectors stored at once (render.paired): plain, non-temporal
@@ -121,6 +123,17 @@ static inline opg_v opg_v_bf16_clear(opg_v x) {  /* the low half cleared: a bf16
 static inline opg_v opg_v_split(opg_v a, opg_v b, int64_t k) {  /* lanes below k from a, the rest from b */
     return _mm512_mask_blend_ps((__mmask16)(0xFFFFu << k), a, b);
 }
+#if defined(__AVX512BW__) && defined(__AVX512VL__)  /* lanes [lo, hi) only: loads that do not fault past them */
+#define OPG_MASKED 1
+typedef __mmask16 opg_m;
+static inline opg_m opg_m_range(int64_t lo, int64_t hi) { return (opg_m)(((1u << hi) - 1u) & ~((1u << lo) - 1u)); }
+static inline opg_v opg_v_mld_f32(opg_m m, const float *p) { return _mm512_maskz_loadu_ps(m, p); }
+static inline opg_v opg_v_mld_f16(opg_m m, const uint16_t *p) { return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p)); }
+static inline opg_v opg_v_mld_bf16(opg_m m, const uint16_t *p) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p)), 16));
+}
+static inline opg_v opg_v_madd(opg_v a, opg_m m, opg_v b) { return _mm512_mask_add_ps(a, m, a, b); }  /* a + b in m */
+#endif
 static inline opg_v opg_v_ld_bf16(const uint16_t *p) {
     const __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p));
     return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
@@ -239,4 +252,5 @@ static inline opg_v opg_v_rnd_bf16_q(opg_v x) {  /* opg_v_rnd_bf16 where no NaN 
 
 
 __all__ = ["BF16", "C_OP", "C_TYPE", "F16", "F32", "FLOATS", "HELPERS", "LOAD", "ROUND", "STORE",
-           "V_HELPERS", "V_LOAD", "V_NT", "V_NT2", "V_OP", "V_ROUND", "V_ST2", "V_STORE", "V_STORE_TO"]
+           "V_HELPERS", "V_LOAD", "V_MLOAD", "V_NT", "V_NT2", "V_OP", "V_ROUND", "V_ST2", "V_STORE",
+           "V_STORE_TO"]

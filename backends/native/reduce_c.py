@@ -35,7 +35,7 @@ from typing import Sequence
 from l0ops.ordered import BLOCK, LANES
 from l0ops.primitives import Instr
 from opgraph.core.dtypes import DataType
-from .c_text import C_OP, C_TYPE, HELPERS, LOAD, ROUND, V_HELPERS, V_LOAD, V_OP, V_ROUND
+from .c_text import C_OP, C_TYPE, HELPERS, LOAD, ROUND, V_HELPERS, V_LOAD, V_MLOAD, V_OP, V_ROUND
 from .team import C_DECL
 
 PARALLEL_MIN = 32768  # K * R below this: one thread
@@ -106,6 +106,21 @@ def _vector(big, live, sums, acc: str = "acc[{}][l]", pre: Sequence[str] = ()) -
     out += [f"opg_v_st_f32(&{acc.format(s)}, opg_v_add(opg_v_ld_f32(&{acc.format(s)}), v_{x}));"
             for s, x in enumerate(sums)]
     return out
+
+
+def _masked(big, live, sums, at: str, lane: str) -> list[str]:
+    """:func:`_vector` over the lanes in mask ``m`` only (``OPG_MASKED``): elements from
+    ``q<i>[at]`` on, added to the accumulators from lane ``lane`` (a multiple of ``OPG_W``);
+    lanes outside ``m`` are neither loaded nor added. A row's lanes up to an aligned one, and its
+    last lanes, so go without scalar steps, whose stores a vector load of the same lanes must
+    wait for (rows of 49: 30 of the 49 elements one at a time)."""
+    out = [f"const opg_v v_{r} = {V_MLOAD[d].format(f'&q{i}[{at}]')};" for i, (r, d) in enumerate(big)]
+    for dst, ins in live:
+        args = [f"v_{x}" for x in ins.args]
+        expr = args[0] if ins.op == "cast" else f"{V_OP[ins.op]}({', '.join(args)})"
+        out.append(f"const opg_v v_{dst} = {V_ROUND[ins.dtype].format(expr)};")
+    return out + [f"opg_v_st_f32(&acc[{s}][{lane}], opg_v_madd(opg_v_ld_f32(&acc[{s}][{lane}]), m, v_{x}));"
+                  for s, x in enumerate(sums)]
 
 
 def _cols_items(big, kept, live, sums) -> list[str]:
@@ -274,14 +289,24 @@ def _items(name: str, big: Sequence[tuple[str, DataType]], kept: Sequence[str],
           "                if (dense) {"]
     L += [f"                    const {C_TYPE[d]} *const q{i} = b{i} + p{i} + t0;" for i, (_, d) in enumerate(big)]
     scalar_dense = _scalar(big, live, sums, lambda i: f"q{i}[j]")
-    L += ["#if defined(OPG_VEC)",
+    L += ["#if defined(OPG_MASKED)",
+          "                    if (l & (OPG_W - 1)) {  /* up to an aligned lane: one masked vector */",
+          "                        const int64_t a = l & (OPG_W - 1), k = OPG_W - a < run ? OPG_W - a : run;",
+          "                        const opg_m m = opg_m_range(a, a + k);"]
+    L += [pad + "    " + s for s in _masked(big, live, sums, "j - a", "l - a")]
+    L += ["                        j += k;", "                        l = (l + k) & (OPG_LANES - 1);", "                    }",
+          "#endif", "#if defined(OPG_VEC)",
           "                    for (; j < run && (l & (OPG_W - 1)); ++j, l = (l + 1) & (OPG_LANES - 1)) {"]
     L += [pad + "    " + s for s in scalar_dense]
     L += ["                    }"]
     L += [pad + s for s in _chunks(big, live, sums)]
     L += ["                    for (; j + OPG_W <= run; j += OPG_W, l = (l + OPG_W) & (OPG_LANES - 1)) {"]
     L += [pad + "    " + s for s in _vector(big, live, sums)]
-    L += ["                    }", "#endif",
+    L += ["                    }", "#endif", "#if defined(OPG_MASKED)",
+          "                    if (j < run) {  /* the last lanes: one masked vector from an aligned lane */",
+          "                        const opg_m m = opg_m_range(0, run - j);"]
+    L += [pad + "    " + s for s in _masked(big, live, sums, "j", "l")]
+    L += ["                        j = run;", "                    }", "#endif",
           "                    for (; j < run; ++j, l = (l + 1) & (OPG_LANES - 1)) {"]
     L += [pad + "    " + s for s in scalar_dense]
     L += ["                    }", "                } else {"]

@@ -15,8 +15,10 @@ kernel supports; :func:`render` turns the plan into C source, its explicit SIMD 
   :mod:`.team` (serial below :data:`PARALLEL_MIN` elements), with SIMD inner loops when the
   innermost strides are 1 (data) and 0 or 1 (hoisted registers), and a generic strided loop
   otherwise; a 2-d loop whose hoisted registers are vectors along its rows (the channels
-  innermost: a [N, C] input, channels_last) takes :data:`ROWS` rows at a time; bf16 data run
-  over pairs of vectors (:func:`paired`).
+  innermost: a [N, C] input, channels_last) takes :data:`ROWS` rows at a time, and short rows
+  that follow one another in memory run as one run per claim (:func:`.simd.short_rows`); bf16
+  data run over pairs of vectors (:func:`paired`); outputs of :data:`STREAM_BYTES` and more are
+  stored non-temporally over whole cache lines.
 
     >>> import numpy as np
     >>> from l0ops.interpreter import Hoisted
@@ -136,6 +138,8 @@ def render(p: Plan) -> str:
     out += _loop(p, lambda k, r: f"q{k}[j]", [], simd=True,
                  vector=vector_loop(p, False) if needs_vector(p) else None, scalar_h=False)
     out += ["        }", "        return;", "    }"]
+    # rows of 16 to simd.SHORT_ROW elements one after another (an NCHW tensor's small maps):
+    # a claim's rows as one run, a vector's per-channel lanes split where a row ends inside it
     out += ["    " + s for s in short_rows(p, big_ops, decl)]
     # the row of item w_begin by division once; later rows by an odometer (a 64-bit division
     # costs ~40 cycles, and a row of a 2-d layout can be a few vectors of work)
