@@ -95,14 +95,22 @@ def _scalar(big, live, sums, load, acc: str = "acc[{}][l]", pre: Sequence[str] =
     return out
 
 
-def _vector(big, live, sums, acc: str = "acc[{}][l]", pre: Sequence[str] = ()) -> list[str]:
-    """Statements for ``OPG_W`` consecutive elements ``q<i>[j...]``, added to ``OPG_W``
-    consecutive accumulators from ``acc`` (lanes ``l...``, or kept indices ``j...``)."""
-    out = list(pre) + [f"const opg_v v_{r} = {V_LOAD[d].format(f'q{i}')};" for i, (r, d) in enumerate(big)]
+def _v_live(live) -> list[str]:
+    """The live instructions as vector statements on registers ``v_<name>``, each rounded to
+    its dtype."""
+    out = []
     for dst, ins in live:
         args = [f"v_{x}" for x in ins.args]
         expr = args[0] if ins.op == "cast" else f"{V_OP[ins.op]}({', '.join(args)})"
         out.append(f"const opg_v v_{dst} = {V_ROUND[ins.dtype].format(expr)};")
+    return out
+
+
+def _vector(big, live, sums, acc: str = "acc[{}][l]", pre: Sequence[str] = ()) -> list[str]:
+    """Statements for ``OPG_W`` consecutive elements ``q<i>[j...]``, added to ``OPG_W``
+    consecutive accumulators from ``acc`` (lanes ``l...``, or kept indices ``j...``)."""
+    out = list(pre) + [f"const opg_v v_{r} = {V_LOAD[d].format(f'q{i}')};" for i, (r, d) in enumerate(big)]
+    out += _v_live(live)
     out += [f"opg_v_st_f32(&{acc.format(s)}, opg_v_add(opg_v_ld_f32(&{acc.format(s)}), v_{x}));"
             for s, x in enumerate(sums)]
     return out
@@ -115,10 +123,7 @@ def _masked(big, live, sums, at: str, lane: str) -> list[str]:
     last lanes, so go without scalar steps, whose stores a vector load of the same lanes must
     wait for (rows of 49: 30 of the 49 elements one at a time)."""
     out = [f"const opg_v v_{r} = {V_MLOAD[d].format(f'&q{i}[{at}]')};" for i, (r, d) in enumerate(big)]
-    for dst, ins in live:
-        args = [f"v_{x}" for x in ins.args]
-        expr = args[0] if ins.op == "cast" else f"{V_OP[ins.op]}({', '.join(args)})"
-        out.append(f"const opg_v v_{dst} = {V_ROUND[ins.dtype].format(expr)};")
+    out += _v_live(live)
     return out + [f"opg_v_st_f32(&acc[{s}][{lane}], opg_v_madd(opg_v_ld_f32(&acc[{s}][{lane}]), m, v_{x}));"
                   for s, x in enumerate(sums)]
 
@@ -192,10 +197,7 @@ def _chunks(big, live, sums) -> list[str]:
     chunk adds to."""
     S = len(sums)
     body = [f"const opg_v v_{r} = {V_LOAD[d].format(f'(q{i} + u * OPG_W)')};" for i, (r, d) in enumerate(big)]
-    for dst, ins in live:
-        args = [f"v_{x}" for x in ins.args]
-        expr = args[0] if ins.op == "cast" else f"{V_OP[ins.op]}({', '.join(args)})"
-        body.append(f"const opg_v v_{dst} = {V_ROUND[ins.dtype].format(expr)};")
+    body += _v_live(live)
     body += [f"va[{s}][u] = opg_v_add(va[{s}][u], v_{x});" for s, x in enumerate(sums)]
     return ["if (j + OPG_LANES <= run) {  /* l is a multiple of OPG_W here */",
             f"    opg_v va[{S}][OPG_LANES / OPG_W];",
