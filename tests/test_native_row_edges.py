@@ -5,9 +5,10 @@ to the first cache line boundary, non-temporal stores over whole lines only, the
 by ordinary stores. Rows of 49 or 196 elements (7×7, 14×14 maps) start and end anywhere in a
 line, so every row exercises them. Each case must give numpy's bits, leave the memory around
 the output alone, and stay right when the output is also an input (each lane reads only its own
-elements, and the lanes a partial store leaves out are not written). Rows of 16 to
-``simd.SHORT_ROW`` elements of an NCHW tensor run as one run per claim (``simd.short_rows``),
-a vector's per-channel lanes split between two rows wherever a row ends inside it."""
+elements, and the lanes a partial store leaves out are not written). Rows of 1 to
+``simd.SHORT_ROW`` elements of an NCHW tensor run as one run per claim (``simd.short_rows``):
+a vector's per-channel lanes split between two rows wherever a row ends inside it, or, for rows
+of at most a vector, loaded from a table of the per-channel values along C rows."""
 from __future__ import annotations
 
 import numpy as np
@@ -105,12 +106,13 @@ def test_output_is_the_gradient_input(dtype, streamed):
 
 
 @pytest.mark.parametrize("dtype", list(DTYPES))
-@pytest.mark.parametrize("inner", [16, 17, 23, 31, 33, 100, simd.SHORT_ROW, simd.SHORT_ROW + 1])
+@pytest.mark.parametrize("inner", [1, 2, 4, 9, 15, 16, 17, 23, 31, 33, 100, simd.SHORT_ROW, simd.SHORT_ROW + 1])
 def test_short_rows_as_one_run(dtype, inner, threads):
-    """Row lengths that put a row's end at every lane of a vector over the run, up to and past
-    the longest row run so; enough rows for several claims on two threads, so that a claim
-    starts inside the channels (its first row's channel by division); a NaN mean and an
-    infinite invstd in two channels."""
+    """Rows of at most a vector (a vector's per-channel lanes from the table, simd.tiny_table)
+    and longer ones whose end falls at every lane of a vector (split between two rows), up to
+    and past the longest row run so; enough rows for several claims on two threads, so that a
+    claim starts inside the channels (its first row's channel by division, its place in the
+    table's period); a NaN mean and an infinite invstd in two channels."""
     dt = DTYPES[dtype]
     case = R.make_case((-(-render.GRAIN * 3 // (5 * inner)), 5, inner), dt, seed=inner)
     case.mean[0], case.invstd[1] = np.nan, np.inf
@@ -124,9 +126,10 @@ def test_short_rows_as_one_run(dtype, inner, threads):
 
 @pytest.mark.parametrize("dtype", list(DTYPES))
 def test_short_rows_of_one_image(dtype):
-    """One image ([1, C, H, W]: the kernel sees [C, H·W]) and a 3-d [N, C, L] input."""
+    """One image ([1, C, H, W]: the kernel sees [C, H·W]) and a 3-d [N, C, L] input, with rows
+    longer than a vector and not."""
     dt = DTYPES[dtype]
-    for shape in [(1, 48, 7, 7), (2, 40, 31)]:
+    for shape in [(1, 48, 7, 7), (2, 40, 31), (1, 40, 3, 3), (3, 17, 5)]:
         case = R.make_case(shape, dt, seed=sum(shape))
         out = np.zeros(case.input.shape, dt)
         _native_into(case, out)

@@ -41,7 +41,7 @@ from typing import Callable
 
 from .c_text import C_TYPE, HELPERS, V_HELPERS
 from .kernel_plan import Plan, needs_vector, paired, plan, quiet_bf16, scalar_body, store_reads_top
-from .simd import rows_block, short_rows, stream_loop, vector_loop, vector_tail
+from .simd import rows_block, short_rows, stream_loop, tiny_table, vector_loop, vector_tail
 from .team import C_DECL
 
 BLOCK = 8192          # elements of the innermost dim per work item
@@ -87,7 +87,9 @@ def render(p: Plan) -> str:
     ctypes_ = [C_TYPE[d] for _, d in p.big] + ["float"] * nh + [C_TYPE[p.out_dtype]]
     out = [HELPERS, V_HELPERS, C_DECL, f"/* {len(p.live)} live instructions; result {p.result}: "
                                        f"{p.out_dtype.short} */",
-           "struct opg_ctx { int64_t ndim, nblk, block, stream; const int64_t *shape, *st; void *const *ptrs; };",
+           "#include <stdlib.h>",
+           "struct opg_ctx { int64_t ndim, nblk, block, stream; const int64_t *shape, *st; void *const *ptrs;",
+           "                 const float *hx; };  /* hx: simd.tiny_table */",
            "",
            "static void opg_items(void *vctx, int64_t w_begin, int64_t w_end)", "{",
            "    const struct opg_ctx *const c = (const struct opg_ctx *)vctx;",
@@ -199,13 +201,16 @@ def render(p: Plan) -> str:
             "    for (int64_t d = 0; d + 1 < ndim; ++d) outer *= shape[d];",
             "    const int64_t nblk = (inner + block - 1) / block, work = outer * nblk;",
             f"    const int64_t stream = outer * inner * (int64_t)sizeof({C_TYPE[p.out_dtype]}) >= {STREAM_BYTES};",
-            "    const struct opg_ctx c = {ndim, nblk, block, stream, shape, st, ptrs};",
-            f"    if (run == 0 || work < 2 || outer * inner < {PARALLEL_MIN}) {{",
+            "    " + " ".join(f"const int64_t *const s{k} = st + {k} * ndim;" for k in range(nops))]
+    out += ["    " + s for s in tiny_table(p, big_ops)]
+    out += ["    const struct opg_ctx c = {ndim, nblk, block, stream, shape, st, ptrs, hx};",
+            f"    if (run == 0 || work < 2 || outer * inner < {PARALLEL_MIN})",
             "        opg_items((void *)&c, 0, work);",
-            "        return;",
+            "    else {",
+            "        const int64_t item = inner < block ? inner : block;",
+            f"        run(opg_items, (void *)&c, work, item >= {GRAIN} ? 1 : {GRAIN} / item);",
             "    }",
-            "    const int64_t item = inner < block ? inner : block;",
-            f"    run(opg_items, (void *)&c, work, item >= {GRAIN} ? 1 : {GRAIN} / item);",
+            "    free(hx);",
             "}", ""]
     return "\n".join(out)
 
