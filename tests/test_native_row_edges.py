@@ -134,3 +134,46 @@ def test_short_rows_of_one_image(dtype):
         out = np.zeros(case.input.shape, dt)
         _native_into(case, out)
         R.assert_bits_equal(out, _expected(case))
+
+
+def _channels_last(a: np.ndarray) -> np.ndarray:
+    """``a`` [N, C, H, W] laid out channels_last (C innermost in memory)."""
+    return np.ascontiguousarray(a.transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2)
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("C", [3, 10, 15, 17, 20, 40, 63, 64])
+def test_few_channels_innermost(dtype, C, threads):
+    """A 2-d [N, C] input (BatchNorm1d) with fewer channels than four vectors' lanes: its rows as
+    one run, each vector's per-channel lanes from a one-row table (simd.tiny_table); several
+    claims on two threads; and the output also the gradient input."""
+    dt = DTYPES[dtype]
+    case = R.make_case((-(-render.GRAIN * 3 // C), C), dt, seed=C)
+    case.mean[0] = np.nan
+    expected = _expected(case)
+    for k in (1, 2):
+        threads(k)
+        out = np.zeros(case.input.shape, dt)
+        _native_into(case, out)
+        R.assert_bits_equal(out, expected)
+    arrays = case.arrays()
+    grad = arrays[0].copy()
+    arrays[0] = grad
+    _native_into(case, grad, arrays)
+    R.assert_bits_equal(grad, expected)
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_few_channels_last_streamed(dtype):
+    """channels_last with 3 channels (a network's first layer; the kernel sees [N·H·W, 3]), an
+    output over STREAM_BYTES: the run's whole lines streamed, numpy's bits."""
+    dt = DTYPES[dtype]
+    hw = int((render.STREAM_BYTES / (2 * 3 * np.dtype(dt).itemsize)) ** 0.5) + 1
+    case = R.make_case((2, 3, hw, hw), dt, seed=4)
+    expected = _expected(case)
+    arrays = case.arrays()
+    arrays[0], arrays[1] = _channels_last(arrays[0]), _channels_last(arrays[1])
+    out = _channels_last(np.zeros(case.input.shape, dt))
+    _native_into(case, out, arrays)
+    assert out.nbytes >= render.STREAM_BYTES
+    R.assert_bits_equal(out, expected)

@@ -41,7 +41,7 @@ from typing import Callable
 
 from .c_text import C_TYPE, HELPERS, V_HELPERS
 from .kernel_plan import Plan, needs_vector, paired, plan, quiet_bf16, scalar_body, store_reads_top
-from .simd import rows_block, short_rows, stream_loop, tiny_table, vector_loop, vector_tail
+from .simd import rows_block, short_rows, stream_loop, tiny_rows, tiny_table, vector_loop, vector_tail
 from .team import C_DECL
 
 BLOCK = 8192          # elements of the innermost dim per work item
@@ -89,7 +89,7 @@ def render(p: Plan) -> str:
                                        f"{p.out_dtype.short} */",
            "#include <stdlib.h>",
            "struct opg_ctx { int64_t ndim, nblk, block, stream; const int64_t *shape, *st; void *const *ptrs;",
-           "                 const float *hx; };  /* hx: simd.tiny_table */",
+           "                 const float *hx; int64_t hp; };  /* simd.tiny_table */",
            "",
            "static void opg_items(void *vctx, int64_t w_begin, int64_t w_end)", "{",
            "    const struct opg_ctx *const c = (const struct opg_ctx *)vctx;",
@@ -116,6 +116,8 @@ def render(p: Plan) -> str:
     def row(k: int, suffix: str, index: str) -> str:  # operand k's pointer in row ``index``
         return decl(k, f"q{k}{suffix}", f"b{k} + {index} * s{k}[0]")
     hoisted_rows = " && ".join(f"s{k}[0] == 0" for k in range(nb, nb + nh)) or "1"
+    # rows of at most a vector (3×3 maps; a 2-d input of few channels): a claim's rows as one run
+    out += ["    " + s for s in tiny_rows(p, big_ops, decl)]
     out += [f"    if (ndim == 2 && nblk == 1 && vector_h && {hoisted_rows}) {{",
             "        const int64_t n = inner;",
             "        int64_t w = w_begin;",
@@ -140,8 +142,8 @@ def render(p: Plan) -> str:
     out += _loop(p, lambda k, r: f"q{k}[j]", [], simd=True,
                  vector=vector_loop(p, False) if needs_vector(p) else None, scalar_h=False)
     out += ["        }", "        return;", "    }"]
-    # rows of 16 to simd.SHORT_ROW elements one after another (an NCHW tensor's small maps):
-    # a claim's rows as one run, a vector's per-channel lanes split where a row ends inside it
+    # longer rows, up to simd.SHORT_ROW elements, one after another (an NCHW tensor's small
+    # maps): a claim's rows as one run, a vector's per-channel lanes split where a row ends
     out += ["    " + s for s in short_rows(p, big_ops, decl)]
     # the row of item w_begin by division once; later rows by an odometer (a 64-bit division
     # costs ~40 cycles, and a row of a 2-d layout can be a few vectors of work)
@@ -203,7 +205,7 @@ def render(p: Plan) -> str:
             f"    const int64_t stream = outer * inner * (int64_t)sizeof({C_TYPE[p.out_dtype]}) >= {STREAM_BYTES};",
             "    " + " ".join(f"const int64_t *const s{k} = st + {k} * ndim;" for k in range(nops))]
     out += ["    " + s for s in tiny_table(p, big_ops)]
-    out += ["    const struct opg_ctx c = {ndim, nblk, block, stream, shape, st, ptrs, hx};",
+    out += ["    const struct opg_ctx c = {ndim, nblk, block, stream, shape, st, ptrs, hx, hp};",
             f"    if (run == 0 || work < 2 || outer * inner < {PARALLEL_MIN})",
             "        opg_items((void *)&c, 0, work);",
             "    else {",

@@ -276,66 +276,91 @@ def rows_follow(p: Plan, big_ops: list[int]) -> str:
 
 
 def tiny_table(p: Plan, big_ops: list[int]) -> list[str]:
-    """``hx`` (for ``opg_kernel``, before its items run; NULL if not needed or not allocated):
-    where rows of at most a vector follow one another (:func:`rows_follow`), each per-channel
-    operand's values repeated along one period of ``C`` rows, ``C·inner`` floats and then its
-    first ``OPG_W`` again, so that a vector of lanes from any element of a period is one load
-    (:func:`short_rows`). Free it after the items."""
+    """``hx`` and its period ``hp`` (for ``opg_kernel``, before its items run; NULL and 0 where
+    not needed or not allocated): where rows of at most a vector follow one another, each
+    per-channel operand's values along one period of the data, then its first ``OPG_W`` again,
+    so that the lanes of a vector from any element are one load (:func:`tiny_rows`):
+
+    * an NCHW tensor's small maps (:func:`rows_follow`): a period of ``C`` rows, ``C·inner``
+      floats, each channel's value repeated ``inner`` times;
+    * channels innermost (a 2-d ``[N, C]`` input with fewer channels than four vectors' lanes,
+      where the rows' own loop leaves a scalar tail a row): a period of one row, the ``C`` values
+      in order ([100000, 20] bf16 0.77–0.81 → 0.27 ms, fp32 0.46 → 0.33 ms).
+
+    Free it after the items."""
     nb, nh = len(p.big), len(p.hoisted)
     if not nh:
-        return ["float *const hx = 0;"]
-    lines = ["float *hx = 0;", "#if defined(OPG_VEC)",
+        return ["float *const hx = 0;", "const int64_t hp = 0;"]
+    innermost = [f"s{k}[1] == 1 && s{k}[0] == inner" for k in big_ops]
+    innermost += [f"s{k}[1] == 1 && s{k}[0] == 0" for k in range(nb, nb + nh)]
+    lines = ["float *hx = 0;", "int64_t hp = 0, per = 1;  /* the period, and elements per value */",
+             "#if defined(OPG_VEC)",
              f"if (inner <= OPG_W && {rows_follow(p, big_ops)}) {{",
-             "    const int64_t C = shape[ndim - 2], P = C * inner;",
-             f"    hx = (float *)malloc(sizeof(float) * {nh} * (P + OPG_W));",
-             "    for (int64_t e = 0; hx && e < P + OPG_W; ++e) {",
-             "        const int64_t ch = e % P / inner;"]
-    lines += [f"        hx[{i} * (P + OPG_W) + e] = ((const float *)ptrs[{k}])[ch];"
+             "    hp = shape[ndim - 2] * inner;",
+             "    per = inner;",
+             "} else if (inner < 4 * OPG_W && ndim == 2 && " + " && ".join(f"({t})" for t in innermost) + ")",
+             "    hp = inner;",
+             "if (hp) hx = (float *)malloc(sizeof(float) * " + str(nh) + " * (hp + OPG_W));",
+             "for (int64_t e = 0; hx && e < hp + OPG_W; ++e) {",
+             "    const int64_t at = e % hp / per;"]
+    lines += [f"    hx[{i} * (hp + OPG_W) + e] = ((const float *)ptrs[{k}])[at];"
               for i, k in enumerate(range(nb, nb + nh))]
-    return lines + ["    }", "}", "#endif"]
+    return lines + ["}", "#endif"]
+
+
+def tiny_rows(p: Plan, big_ops: list[int], decl: Callable[[int, str, str], str]) -> list[str]:
+    """A claim's rows as one run where they are short and the table of :func:`tiny_table` was
+    built (``c->hx``): run by row, a row of at most a vector would go one element at a time
+    with the row's set-up (3×3 maps: 51× the floor in bf16, 185× in fp16; a 2-d [N, 10] input
+    34× and 172×). A vector spans several rows; its per-channel lanes are one load from the
+    table at the run's place in its period. See :func:`_one_run`."""
+    return _one_run(p, big_ops, decl, tiny=True) if p.hoisted else []
 
 
 def short_rows(p: Plan, big_ops: list[int], decl: Callable[[int, str, str], str]) -> list[str]:
-    """A claim's rows as one run where they are short and follow one another
-    (:func:`rows_follow`). Run by row, each would pay its set-up, a partial vector and a scalar
-    tail — rows shorter than a vector (3×3, 2×2 maps) every element one at a time. As one run:
-
-    * rows longer than a vector, up to :data:`SHORT_ROW` elements (maps of 5×5 to 22×22 on
-      AVX-512): a vector holds the end of one row and the start of the next, its per-channel
-      lanes split between the two rows' values (``opg_v_split``);
-    * rows of at most a vector (4×4 maps and smaller): a vector spans several rows, its
-      per-channel lanes one load from the table of :func:`tiny_table` (``c->hx``), at the run's
-      place in its period of ``C`` rows (on 7×7 rows the split took 0.23 ms, the table 0.26; on
-      4×4 0.32 and 0.28).
-
-    Streamed (``c->stream``), the run's whole cache lines are stored non-temporally. The
-    roundings are the NaN-tested ones. ``decl(k, name, value)`` declares operand ``k``'s
-    pointer; ``big_ops`` are the full-size operands and the output."""
-    return (_one_run(p, big_ops, decl, tiny=False) + _one_run(p, big_ops, decl, tiny=True)
-            if p.hoisted else [])
+    """A claim's rows as one run where they are longer than a vector, up to :data:`SHORT_ROW`
+    elements (maps of 5×5 to 22×22 on AVX-512), and follow one another (:func:`rows_follow`):
+    run by row, each would pay its set-up, a partial vector and a scalar tail. A vector holds
+    the end of one row and the start of the next, its per-channel lanes split between the two
+    rows' values (``opg_v_split``). (The table of :func:`tiny_rows` is slower on such rows: 0.26
+    against 0.23 ms on 7×7 bf16, 0.37 against 0.19 fp32; on 4×4 it is faster, 0.28 against
+    0.32.) See :func:`_one_run`."""
+    return _one_run(p, big_ops, decl, tiny=False) if p.hoisted else []
 
 
 def _one_run(p: Plan, big_ops: list[int], decl: Callable[[int, str, str], str], tiny: bool) -> list[str]:
-    """:func:`short_rows`' C for rows longer than a vector (``tiny`` false) or not."""
+    """The C of :func:`tiny_rows` (``tiny``) or :func:`short_rows`: the claim's rows as one run
+    of ``L`` elements from ``b<k> + w_begin * inner``. Streamed (``c->stream``), the run's whole
+    cache lines are stored non-temporally. The roundings are the NaN-tested ones.
+    ``decl(k, name, value)`` declares operand ``k``'s pointer; ``big_ops`` are the full-size
+    operands and the output."""
     nb, nh = len(p.big), len(p.hoisted)
     hoisted, q = range(nb, nb + nh), f"q{nb + nh}"
-    element = ["    const int64_t cj = (w_begin + j / inner) % C;"]  # one element, its channel by division
-    element += [f"    const float h{k} = b{k}[cj];" for k in hoisted]
+    if tiny:  # one element's per-channel values from the table too
+        element = ["    const int64_t at = (w_begin * inner + j) % P;"]
+        element += [f"    const float h{k} = hx{k}[at];" for k in hoisted]
+    else:  # its channel by division
+        element = ["    const int64_t cj = (w_begin + j / inner) % C;"]
+        element += [f"    const float h{k} = b{k}[cj];" for k in hoisted]
     element += ["    " + t for t in scalar_body(p, lambda k, r: f"h{k}" if nb <= k < nb + nh else f"q{k}[j]")]
     when = "c->hx && nblk == 1" if tiny else \
         f"nblk == 1 && inner > OPG_W && inner <= {SHORT_ROW} && {rows_follow(p, big_ops)}"
     lines = ["#if defined(OPG_VEC)", f"if ({when}) {{",
-             "    const int64_t C = shape[ndim - 2], L = (w_end - w_begin) * inner;",
-             "    " + " ".join(decl(k, f"q{k}", f"b{k} + w_begin * inner") for k in big_ops),
-             "    int64_t j = 0, nl = 0;  /* non-temporal stores below nl: the run's whole lines */",
-             "    if (c->stream) {",
-             f"        for (; j < L && ((uintptr_t)&{q}[j] & (OPG_LINE - 1)); ++j) {{"]
+             "    const int64_t L = (w_end - w_begin) * inner;",
+             "    " + " ".join(decl(k, f"q{k}", f"b{k} + w_begin * inner") for k in big_ops)]
+    if tiny:
+        lines += ["    const int64_t P = c->hp;"]
+        lines += [f"    const float *const hx{k} = c->hx + {i} * (P + OPG_W);" for i, k in enumerate(hoisted)]
+    else:
+        lines += ["    const int64_t C = shape[ndim - 2];"]
+    lines += ["    int64_t j = 0, nl = 0;  /* non-temporal stores below nl: the run's whole lines */",
+              "    if (c->stream) {",
+              f"        for (; j < L && ((uintptr_t)&{q}[j] & (OPG_LINE - 1)); ++j) {{"]
     lines += ["    " + t for t in element] + ["        }"]
     lines += [f"        nl = j + (int64_t)((((uint64_t)(L - j) * sizeof(*{q})) & ~(uint64_t)(OPG_LINE - 1)) / sizeof(*{q}));",
               "    }"]
     if tiny:  # the place in the table's period, one load a per-channel vector
-        lines += ["    const int64_t P = C * inner;", "    int64_t o = ((w_begin % C) * inner + j) % P;"]
-        lines += [f"    const float *const hx{k} = c->hx + {i} * (P + OPG_W);" for i, k in enumerate(hoisted)]
+        lines += ["    int64_t o = (w_begin * inner + j) % P;"]
         per_channel = [f"        const opg_v v_{r} = opg_v_ld_f32(&hx{k}[o]);" for k, r in zip(hoisted, p.hoisted)]
         step = ["        o += OPG_W;", "        while (o >= P) o -= P;"]
     else:  # the rows' channels, each vector's lanes split where a row ends inside it
@@ -360,5 +385,5 @@ def _one_run(p: Plan, big_ops: list[int], decl: Callable[[int, str, str], str], 
     return lines + ["    if (c->stream) _mm_sfence();", "    return;", "}", "#endif"]
 
 
-__all__ = ["SHORT_ROW", "rows_block", "rows_follow", "short_rows", "stream_loop", "tiny_table",
-           "vector_edge", "vector_loop", "vector_tail"]
+__all__ = ["SHORT_ROW", "rows_block", "rows_follow", "short_rows", "stream_loop", "tiny_rows",
+           "tiny_table", "vector_edge", "vector_loop", "vector_tail"]
