@@ -507,11 +507,11 @@ def _before_a_guard_page(a: np.ndarray) -> np.ndarray:
 
 
 @pytest.mark.parametrize("dt", list(DTYPES))
-def test_rows_read_nothing_past_the_data(dt):
-    """The data end where an inaccessible page starts: the last row's last lanes, taken by one
-    masked vector on AVX-512 (reduce_c._masked), read nothing past them. In a forked child, so
-    that a fault fails this test rather than ending the run."""
-    shape = (6, 4, 49)
+@pytest.mark.parametrize("shape", [(6, 4, 49), (300, 10)], ids=["rows", "channels-innermost"])
+def test_rows_read_nothing_past_the_data(dt, shape):
+    """The data end where an inaccessible page starts: the last row's last lanes (a 2-d input's
+    last 10 channels), taken by one masked vector on AVX-512 (reduce_c._masked), read nothing
+    past them. In a forked child, so that a fault fails this test rather than ending the run."""
     rng = np.random.default_rng(3)
     dy, x = (_before_a_guard_page(rng.standard_normal(shape).astype(DTYPES[dt])) for _ in range(2))
     mean = rng.standard_normal(shape[1]).astype(np.float32).reshape(keep(shape))

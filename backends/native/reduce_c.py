@@ -116,15 +116,16 @@ def _vector(big, live, sums, acc: str = "acc[{}][l]", pre: Sequence[str] = ()) -
     return out
 
 
-def _masked(big, live, sums, at: str, lane: str) -> list[str]:
+def _masked(big, live, sums, at: str, acc: str, pre: Sequence[str] = ()) -> list[str]:
     """:func:`_vector` over the lanes in mask ``m`` only (``OPG_MASKED``): elements from
-    ``q<i>[at]`` on, added to the accumulators from lane ``lane`` (a multiple of ``OPG_W``);
-    lanes outside ``m`` are neither loaded nor added. A row's lanes up to an aligned one, and its
-    last lanes, so go without scalar steps, whose stores a vector load of the same lanes must
-    wait for (rows of 49: 30 of the 49 elements one at a time)."""
-    out = [f"const opg_v v_{r} = {V_MLOAD[d].format(f'&q{i}[{at}]')};" for i, (r, d) in enumerate(big)]
+    ``q<i>[at]`` on, added to the accumulators ``acc`` spells for sum ``s`` (a whole vector of
+    them); lanes outside ``m`` are neither loaded nor added; ``pre`` statements come first. A
+    row's lanes up to an aligned one and its last lanes (rows of 49: 30 of the 49 elements one
+    at a time), or the last of fewer than a vector's kept indices of a channels_last row, so go
+    without scalar steps, whose stores a vector load of the same lanes must wait for."""
+    out = list(pre) + [f"const opg_v v_{r} = {V_MLOAD[d].format(f'&q{i}[{at}]')};" for i, (r, d) in enumerate(big)]
     out += _v_live(live)
-    return out + [f"opg_v_st_f32(&acc[{s}][{lane}], opg_v_madd(opg_v_ld_f32(&acc[{s}][{lane}]), m, v_{x}));"
+    return out + [f"opg_v_st_f32(&{acc.format(s)}, opg_v_madd(opg_v_ld_f32(&{acc.format(s)}), m, v_{x}));"
                   for s, x in enumerate(sums)]
 
 
@@ -173,7 +174,12 @@ def _cols_items(big, kept, live, sums) -> list[str]:
     L += ["                int64_t j = 0;", "#if defined(OPG_VEC)",
           "                for (; j + OPG_W <= kn; j += OPG_W) {"]
     L += [pad + "    " + x for x in _vector(big, live, sums, "acc[{}][l][j]", kept_v)]
-    L += ["                }", "#endif", "                for (; j < kn; ++j) {"]
+    L += ["                }", "#endif", "#if defined(OPG_MASKED)",
+          "                if (j < kn) {  /* the last kept indices (fewer than a vector's lanes): one masked vector */",
+          "                    const opg_m m = opg_m_range(0, kn - j);"]
+    kept_m = [f"const opg_v v_{r} = opg_v_mld_f32(m, &g{j}[j]);" for j, r in enumerate(kept)]
+    L += [pad + "    " + x for x in _masked(big, live, sums, "j", "acc[{}][l][j]", kept_m)]
+    L += ["                    j = kn;", "                }", "#endif", "                for (; j < kn; ++j) {"]
     L += [pad + "    " + x for x in _scalar(big, live, sums, lambda i: f"q{i}[j]", "acc[{}][l][j]", kept_s)]
     L += ["                }", "                }", "            }", "            r += run;", "        }",
           "        const int64_t len = r1 - blk * OPG_BLOCK, m = len < OPG_LANES ? len : OPG_LANES;",
@@ -295,7 +301,7 @@ def _items(name: str, big: Sequence[tuple[str, DataType]], kept: Sequence[str],
           "                    if (l & (OPG_W - 1)) {  /* up to an aligned lane: one masked vector */",
           "                        const int64_t a = l & (OPG_W - 1), k = OPG_W - a < run ? OPG_W - a : run;",
           "                        const opg_m m = opg_m_range(a, a + k);"]
-    L += [pad + "    " + s for s in _masked(big, live, sums, "j - a", "l - a")]
+    L += [pad + "    " + s for s in _masked(big, live, sums, "j - a", "acc[{}][l - a]")]
     L += ["                        j += k;", "                        l = (l + k) & (OPG_LANES - 1);", "                    }",
           "#endif", "#if defined(OPG_VEC)",
           "                    for (; j < run && (l & (OPG_W - 1)); ++j, l = (l + 1) & (OPG_LANES - 1)) {"]
@@ -307,7 +313,7 @@ def _items(name: str, big: Sequence[tuple[str, DataType]], kept: Sequence[str],
     L += ["                    }", "#endif", "#if defined(OPG_MASKED)",
           "                    if (j < run) {  /* the last lanes: one masked vector from an aligned lane */",
           "                        const opg_m m = opg_m_range(0, run - j);"]
-    L += [pad + "    " + s for s in _masked(big, live, sums, "j", "l")]
+    L += [pad + "    " + s for s in _masked(big, live, sums, "j", "acc[{}][l]")]
     L += ["                        j = run;", "                    }", "#endif",
           "                    for (; j < run; ++j, l = (l + 1) & (OPG_LANES - 1)) {"]
     L += [pad + "    " + s for s in scalar_dense]
