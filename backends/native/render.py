@@ -16,9 +16,9 @@ kernel supports; :func:`render` turns the plan into C source, its explicit SIMD 
   innermost strides are 1 (data) and 0 or 1 (hoisted registers), and a generic strided loop
   otherwise; a 2-d loop whose hoisted registers are vectors along its rows (the channels
   innermost: a [N, C] input, channels_last) takes :data:`ROWS` rows at a time, and short rows
-  that follow one another in memory run as one run per claim (:func:`.simd.short_rows`); bf16
-  data run over pairs of vectors (:func:`paired`); outputs of :data:`STREAM_BYTES` and more are
-  stored non-temporally over whole cache lines.
+  that follow one another in memory run as one run per claim (:func:`.simd.short_rows`,
+  :func:`.simd.tiny_rows`); bf16 data run over pairs of vectors (:func:`paired`); outputs of
+  :data:`STREAM_BYTES` and more are stored non-temporally over whole cache lines.
 
     >>> import numpy as np
     >>> from l0ops.interpreter import Hoisted

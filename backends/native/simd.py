@@ -4,7 +4,8 @@ reference's roundings, native fp16 lanes where the body is pure fp16 arithmetic,
 vectors (:func:`.kernel_plan.paired`), rows of a channels-innermost layout computed together,
 the non-temporal loop for outputs larger than the caches, and the edges of a row (the streamed
 loop's alignment peel and the tail past the last whole vector) as whole vectors of which only
-the lanes due are stored (:func:`vector_edge`).
+the lanes due are stored (:func:`vector_edge`); short rows that follow one another run as one
+run per claim (:func:`short_rows`, :func:`tiny_rows`).
 
     >>> import numpy as np
     >>> from l0ops.interpreter import Hoisted
