@@ -54,6 +54,24 @@ def _expected(case: R.Case) -> np.ndarray:
         return R.compute(case)
 
 
+def _on_one_and_two_threads(case: R.Case, expected: np.ndarray, threads) -> None:
+    """``case`` on native into a new output on one thread, then on two: ``expected``'s bits."""
+    for k in (1, 2):
+        threads(k)
+        out = np.zeros(case.input.shape, case.out_dtype)
+        _native_into(case, out)
+        R.assert_bits_equal(out, expected)
+
+
+def _in_place(case: R.Case, expected: np.ndarray) -> None:
+    """``case`` on native with the output the gradient input itself: ``expected``'s bits."""
+    arrays = case.arrays()
+    grad = arrays[0].copy()
+    arrays[0] = grad
+    _native_into(case, grad, arrays)
+    R.assert_bits_equal(grad, expected)
+
+
 @pytest.mark.parametrize("dtype", list(DTYPES))
 @pytest.mark.parametrize("inner", [7, 49, 196])
 @pytest.mark.parametrize("offset", [0, 3])
@@ -97,12 +115,7 @@ def test_output_is_the_gradient_input(dtype, streamed):
     dt = DTYPES[dtype]
     shape = _streamed_rows(49, dt) if streamed else (6, 5, 49)
     case = R.make_case(shape, dt, seed=11)
-    expected = _expected(case)
-    arrays = case.arrays()
-    grad = arrays[0].copy()
-    arrays[0] = grad
-    _native_into(case, grad, arrays)
-    R.assert_bits_equal(grad, expected)
+    _in_place(case, _expected(case))
 
 
 @pytest.mark.parametrize("dtype", list(DTYPES))
@@ -116,12 +129,7 @@ def test_short_rows_as_one_run(dtype, inner, threads):
     dt = DTYPES[dtype]
     case = R.make_case((-(-render.GRAIN * 3 // (5 * inner)), 5, inner), dt, seed=inner)
     case.mean[0], case.invstd[1] = np.nan, np.inf
-    expected = _expected(case)
-    for k in (1, 2):
-        threads(k)
-        out = np.zeros(case.input.shape, dt)
-        _native_into(case, out)
-        R.assert_bits_equal(out, expected)
+    _on_one_and_two_threads(case, _expected(case), threads)
 
 
 @pytest.mark.parametrize("dtype", list(DTYPES))
@@ -151,16 +159,8 @@ def test_few_channels_innermost(dtype, C, threads):
     case = R.make_case((-(-render.GRAIN * 3 // C), C), dt, seed=C)
     case.mean[0] = np.nan
     expected = _expected(case)
-    for k in (1, 2):
-        threads(k)
-        out = np.zeros(case.input.shape, dt)
-        _native_into(case, out)
-        R.assert_bits_equal(out, expected)
-    arrays = case.arrays()
-    grad = arrays[0].copy()
-    arrays[0] = grad
-    _native_into(case, grad, arrays)
-    R.assert_bits_equal(grad, expected)
+    _on_one_and_two_threads(case, expected, threads)
+    _in_place(case, expected)
 
 
 @pytest.mark.parametrize("dtype", list(DTYPES))
