@@ -22,6 +22,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import backends  # noqa: E402
 import opgraph  # noqa: E402
 from backends.aclnn.runtime import AclnnBackend  # noqa: E402
+from backends.native import team  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -111,3 +112,11 @@ def stub_backend(stub_lib):
     lib.stub_reset()
     yield lib
     lib.stub_reset()
+
+
+@pytest.fixture
+def threads():
+    """``team.set_threads`` for a test, the native team's size restored after it."""
+    before = team.threads()
+    yield team.set_threads
+    team.set_threads(before)

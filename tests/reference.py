@@ -231,6 +231,15 @@ def article_case(dtype=F32) -> Case:
                 np.array([5, 5], F32), np.dtype(dtype))
 
 
+def channels_last(a: np.ndarray) -> np.ndarray:
+    """``a`` [N, C, H, W] laid out channels_last (C innermost in memory), the same values.
+
+        >>> channels_last(np.zeros((2, 3, 4, 5), np.float32)).strides
+        (240, 4, 60, 12)
+    """
+    return np.ascontiguousarray(a.transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2)
+
+
 def strided_copy(a: np.ndarray, kind: str, rng=None):
     """An opgraph.Tensor holding ``a``'s values in layout ``kind``:
     contig / perm (permuted storage) / step (every other element) / offset (offset > 0)."""

@@ -14,6 +14,7 @@ import pytest
 
 import backends
 import opgraph
+import reference as R
 from backends import native
 from backends.native import render, team
 from l0ops.interpreter import Hoisted
@@ -160,8 +161,8 @@ def test_pairs_with_per_channel_vectors(shape, layout, threads):
     grad, inp = _patterns(shape, 7), _patterns(shape, 8)
     out_of = lambda: None  # noqa: E731
     if layout == "channels_last":  # inputs and output: the kernel walks the output's memory
-        grad, inp = (_channels_last(a) for a in (grad, inp))
-        out_of = lambda: _channels_last(np.zeros(shape, BF16))  # noqa: E731
+        grad, inp = (R.channels_last(a) for a in (grad, inp))
+        out_of = lambda: R.channels_last(np.zeros(shape, BF16))  # noqa: E731
     channel = _channel(C, np.random.default_rng(C), dirty=True)
     before = team.threads()
     team.set_threads(threads)
@@ -169,8 +170,3 @@ def test_pairs_with_per_channel_vectors(shape, layout, threads):
         _assert_numpys_bits(_backward_elemt(grad, inp, channel, out_of))
     finally:
         team.set_threads(before)
-
-
-def _channels_last(a: np.ndarray) -> np.ndarray:
-    """``a`` [N, C, H, W] laid out channels_last (C innermost in memory)."""
-    return np.ascontiguousarray(a.transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2)

@@ -19,7 +19,7 @@ import pytest
 import backends
 import opgraph
 from backends import native
-from backends.native import build, team
+from backends.native import build
 from backends.native import reduce as native_reduce
 from backends.native.reduce import collapse_reduced, plan_for
 from backends.native.reduce_run import run_fused_reduce_native, run_planned
@@ -372,12 +372,6 @@ def test_gather_with_counts_reads_the_counts_through_their_view(W, C, dt, monkey
         assert np.array_equal(bits(g), bits(r))
     assert not nat.fallbacks, dict(nat.fallbacks)
 
-
-@pytest.fixture
-def threads():
-    before = team.threads()
-    yield team.set_threads
-    team.set_threads(before)
 
 
 @pytest.mark.parametrize("n", [1, 2, 7])

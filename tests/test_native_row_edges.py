@@ -18,20 +18,13 @@ import backends
 import opgraph
 import reference as R
 from backends import native
-from backends.native import render, simd, team
+from backends.native import render, simd
 
 pytestmark = pytest.mark.skipif(not native.available(), reason=native.availability()[1])
 
 DTYPES = {"f32": R.F32, "f16": R.F16, "bf16": R.BF16}
 SENTINEL = 8  # elements of the buffer on each side of the output
 
-
-@pytest.fixture
-def threads():
-    """Restore the team size after a test changes it."""
-    before = team.threads()
-    yield team.set_threads
-    team.set_threads(before)
 
 
 def _streamed_rows(inner: int, dtype) -> tuple[int, int, int]:
@@ -144,11 +137,6 @@ def test_short_rows_of_one_image(dtype):
         R.assert_bits_equal(out, _expected(case))
 
 
-def _channels_last(a: np.ndarray) -> np.ndarray:
-    """``a`` [N, C, H, W] laid out channels_last (C innermost in memory)."""
-    return np.ascontiguousarray(a.transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2)
-
-
 @pytest.mark.parametrize("dtype", list(DTYPES))
 @pytest.mark.parametrize("C", [3, 10, 15, 17, 20, 40, 63, 64])
 def test_few_channels_innermost(dtype, C, threads):
@@ -172,8 +160,8 @@ def test_few_channels_last_streamed(dtype):
     case = R.make_case((2, 3, hw, hw), dt, seed=4)
     expected = _expected(case)
     arrays = case.arrays()
-    arrays[0], arrays[1] = _channels_last(arrays[0]), _channels_last(arrays[1])
-    out = _channels_last(np.zeros(case.input.shape, dt))
+    arrays[0], arrays[1] = R.channels_last(arrays[0]), R.channels_last(arrays[1])
+    out = R.channels_last(np.zeros(case.input.shape, dt))
     _native_into(case, out, arrays)
     assert out.nbytes >= render.STREAM_BYTES
     R.assert_bits_equal(out, expected)

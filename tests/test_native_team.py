@@ -40,13 +40,6 @@ void opg_kernel(opg_run run, int32_t *counts, int64_t n, int64_t grain) { run(co
 """
 
 
-@pytest.fixture
-def threads():
-    """Restore the team size after a test changes it."""
-    before = team.threads()
-    yield team.set_threads
-    team.set_threads(before)
-
 
 def _openmp_loaded() -> bool:
     """Map an OpenMP runtime into this process (torch's when torch is imported, else the
