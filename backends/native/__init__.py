@@ -29,7 +29,7 @@ import numpy as np
 
 from l0ops.interpreter import Hoisted
 from l0ops.primitives import FusedAttrs
-from opgraph.core.backend import Addressed, LoweringTable
+from opgraph.core.backend import Addressed, LoweringTable, data_addresses
 from opgraph.core.ir import Graph
 from opgraph.core.memory import MemoryPlan
 from opgraph.core.platform import Platform
@@ -383,7 +383,7 @@ class NativeExecutable(NumpyExecutable):
                 return False
             if ln.empty:
                 continue
-            addrs = [bindings[n].data_address for n in operands]
+            addrs = data_addresses(bindings, operands)
             last = self.pointers[i]
             if last[0] == addrs:
                 calls.append((ln, last[1]))

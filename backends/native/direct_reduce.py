@@ -38,7 +38,7 @@ import numpy as np
 
 from l0ops.fused_reduce import FusedReduceAttrs
 from opgraph.core.ir import Node
-from opgraph.core.backend import Addressed
+from opgraph.core.backend import Addressed, data_addresses
 from .reduce import plan_for
 from .reduce_run import PassRun, run_by_address, run_planned, tail_addresses
 from .unsupported import Unsupported
@@ -90,13 +90,13 @@ class DirectReduce:
         if (self.elements < small_below) != self.small:
             return False
         if self.small:
-            self._compute(bindings, [bindings[n].data_address for n in self.reads])
+            self._compute(bindings, data_addresses(bindings, self.reads))
             return True
         passes = self.passes
         if (passes is not None and passes.by_address and self.moves is not None
                 and self.lock.acquire(blocking=False)):
             try:  # C calls only: the inputs' addresses, no views
-                self._finish(bindings, run_by_address(passes, [bindings[n].data_address for n in self.names]))
+                self._finish(bindings, run_by_address(passes, data_addresses(bindings, self.names)))
             finally:
                 self.lock.release()
             return True
@@ -125,10 +125,11 @@ class DirectReduce:
     def _finish(self, bindings: Mapping[str, Addressed], addresses: Sequence[int]) -> None:
         """Run the serial call in this object's scratch (the lock held) and copy its results
         into the outputs: by byte (:attr:`moves`), else placed."""
-        if self.moves is not None:
+        moves = self.moves
+        if moves is not None:
             self.call.compute(addresses)
-            for dest, at, n in self.moves:
-                ctypes.memmove(bindings[dest].data_address, at, n)
+            for (_, at, n), to in zip(moves, data_addresses(bindings, [m[0] for m in moves])):
+                ctypes.memmove(to, at, n)
         else:
             self._place(bindings, self.call(addresses))
 

@@ -25,7 +25,7 @@ from typing import Any, Mapping, Optional, Sequence
 import numpy as np
 
 from l0ops.syncbn import FusedStatsAttrs
-from opgraph.core.backend import Addressed
+from opgraph.core.backend import Addressed, data_addresses
 from opgraph.core.dtypes import DataType, dtype_of
 from opgraph.core.ir import Node
 from . import build
@@ -189,7 +189,7 @@ class DirectGather:
     def run(self, bindings: Mapping[str, Addressed]) -> None:
         """The C call on the bound tensors (prepared)."""
         W, C = self.node.inputs[0].shape
-        addresses = [bindings[n].data_address for n in (*self.operands, *self.dests)]
+        addresses = data_addresses(bindings, (*self.operands, *self.dests))
         counts = self._counts(bindings) if self.counts_cast is not None else None
         if counts is not None:  # the cast's array, kept alive through the call
             addresses[2] = address(counts)

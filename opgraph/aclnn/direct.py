@@ -80,6 +80,7 @@ class Arrays:
 
     kinds: tuple[type, ...] = (np.ndarray,)
     bound: Callable[[Any], Any] = Bound  # a binding of an argument or output
+    address: Callable[[Any], int] = staticmethod(array_address)  # its first element's address
 
     def metadata(self, a: Any) -> Optional[Hashable]:
         """What phase 1 depends on of array ``a``: dtype, shape, strides (None: never direct)."""
@@ -114,13 +115,19 @@ class _Bindings(Mapping):
     """The graph inputs by name, each argument at its position as its kind's binding
     (:attr:`Arrays.bound`), made when the executable asks for it."""
 
-    __slots__ = ("args", "positions", "bound")
+    __slots__ = ("args", "positions", "bound", "address")
 
-    def __init__(self, args: tuple, positions: dict[str, int], bound: Callable[[Any], Any]) -> None:
-        self.args, self.positions, self.bound = args, positions, bound
+    def __init__(self, args: tuple, positions: dict[str, int], arrays: "Arrays") -> None:
+        self.args, self.positions, self.bound, self.address = args, positions, arrays.bound, arrays.address
 
     def __getitem__(self, name: str) -> Any:
         return self.bound(self.args[self.positions[name]])
+
+    def data_addresses(self, names: Sequence[str]) -> list[int]:
+        """The named bindings' addresses, read off the arguments
+        (:func:`opgraph.core.backend.data_addresses`)."""
+        args, positions, address = self.args, self.positions, self.address
+        return [address(args[positions[n]]) for n in names]
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.positions)
@@ -147,7 +154,7 @@ class _Entry:
         if exe is None or (written and not _apart([args[i] for i in written], arrays)):
             return None
         outs = [None if make is None else make() for make in self.outputs]
-        if not exe.run_direct(_Bindings((*args, *outs), self.positions, arrays.bound)):
+        if not exe.run_direct(_Bindings((*args, *outs), self.positions, arrays)):
             self.exe = None
             return None
         return outs
@@ -158,9 +165,9 @@ def _apart(written: list, arrays: Arrays) -> bool:
     two sharing memory (phase 1 compiles such a call as recorded:
     :func:`~.twophase.writes_shared_memory`, by the same rule)."""
     present = [a for a in written if a is not None]
-    if not all(arrays.writable(a) for a in present):
+    if not all(map(arrays.writable, present)):
         return False
-    return not spans_overlap(arrays.span(a) for a in present)
+    return len(present) < 2 or not spans_overlap(map(arrays.span, present))
 
 
 NOT_DIRECT = _Entry(None, {}, (), ())  # a learnt call that takes the usual path

@@ -20,7 +20,7 @@ Built-in and third-party backends are found the same way: entry points of the gr
 from __future__ import annotations
 
 from importlib import metadata
-from typing import Any, Callable, Mapping, Optional, Protocol, Union
+from typing import Any, Callable, Mapping, Optional, Protocol, Sequence, Union
 
 from .ir import Graph, Node
 from .memory import MemoryPlan, plan_memory
@@ -51,6 +51,22 @@ class Addressed(Protocol):
     def data_address(self) -> int: ...
 
     def view(self) -> Any: ...
+
+
+def data_addresses(bindings: Mapping[str, Addressed], names: Sequence[str]) -> list[int]:
+    """The ``data_address`` of each named binding: ``bindings.data_addresses(names)`` when the
+    mapping offers one (a direct call's bindings read the addresses straight off its arguments,
+    with no binding object made per name), else binding by binding.
+
+        >>> import numpy as np, opgraph
+        >>> t = opgraph.tensor(np.zeros(3, np.float32))
+        >>> data_addresses({"x": t}, ["x"]) == [t.data_address]
+        True
+    """
+    fast = getattr(bindings, "data_addresses", None)
+    if fast is not None:
+        return fast(names)
+    return [bindings[n].data_address for n in names]
 
 
 class Executable:

@@ -29,6 +29,11 @@ from .arrays import DTYPES, as_numpy
 Tensor = torch.Tensor
 
 
+def address_of(x: Any) -> int:
+    """A CPU torch tensor's or numpy array's first element's address."""
+    return x.data_ptr() if isinstance(x, Tensor) else array_address(x)
+
+
 class TorchBound:
     """A torch tensor or numpy array as the executable reads a binding (``data_address``,
     ``view()``): the protocol :class:`opgraph.core.backend.Addressed`."""
@@ -37,7 +42,7 @@ class TorchBound:
 
     def __init__(self, x: Any) -> None:
         self.x = x
-        self.data_address = x.data_ptr() if isinstance(x, Tensor) else array_address(x)
+        self.data_address = address_of(x)
 
     def view(self) -> np.ndarray:
         return as_numpy(self.x)
@@ -49,6 +54,7 @@ class TorchArrays(Arrays):
 
     kinds = (Tensor, np.ndarray)
     bound = TorchBound
+    address = staticmethod(address_of)
 
     def metadata(self, a: Any) -> Optional[Hashable]:
         """A torch tensor's or numpy array's dtype, shape and strides (None: a torch tensor off
@@ -66,6 +72,8 @@ class TorchArrays(Arrays):
         if type(a) is np.ndarray:
             return super().span(a)
         lo = a.data_ptr()
+        if a.is_contiguous():  # (the common case)
+            return lo, lo + a.nbytes
         if a.numel() == 0:
             return lo, lo
         return lo, lo + a.element_size() * (1 + sum((n - 1) * s for n, s in zip(a.shape, a.stride())))
@@ -95,4 +103,4 @@ def call_key(name: str, args: Sequence[Any]) -> Optional[tuple]:
     return DIRECT_CALLS.key(name, args)
 
 
-__all__ = ["DIRECT_CALLS", "TORCH", "TorchArrays", "TorchBound", "call_key"]
+__all__ = ["DIRECT_CALLS", "TORCH", "TorchArrays", "TorchBound", "address_of", "call_key"]
