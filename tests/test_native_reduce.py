@@ -129,9 +129,11 @@ def passes_of(a, inputs):
 @pytest.mark.parametrize("shape", [(3, 9, 33, 31), (2, 64, 28, 28), (2, 8, 40001), (1, 12, 32768 + 5)],
                          ids=lambda s: "x".join(map(str, s)))
 def test_statistics_run_channel_by_channel_with_the_bits_of_two_passes(shape, dt, half, monkeypatch):
-    """From BLOCKED_MIN_K channels the two passes run channel by channel in one C call (the
-    mean, then the squared differences while the channel is in cache): numpy's bits, and the
-    bits of the two passes run one after the other."""
+    """From BLOCKED_MIN_K channels the two passes run a group of channels at a time in one C
+    call (the mean, then the squared differences while the group is in cache; groups of 8 for
+    2×64×28×28, 3 for 1×12×32773, whose channels' bytes fill the group's budget, one at a time
+    for 9 channels and for 2×8×40001): numpy's bits, and the bits of the two passes run one
+    after the other."""
     x = (np.random.default_rng(12).standard_normal(shape) * 3 + 2).astype(DTYPES[dt])
     x.reshape(-1)[5::1009] = 3e4  # large values among small ones: a change of order shows
     a = stats_body(shape, half)
@@ -383,8 +385,10 @@ def test_channel_groups_bits_equal_numpy(shape, layout, n, threads):
     a time), a stretch of reduced elements for each of them in turn (reduce_c: OPG_KG): a last
     group of fewer, several blocks a channel, rows that are not a multiple of the 64 lanes,
     each channel's own per-channel register, strided data and any thread count keep every
-    channel's order (large values among small ones: a change of order shows); the statistics'
-    two passes, which share the item code, still run channel by channel."""
+    channel's order (large values among small ones: a change of order shows); so do the
+    statistics' two passes, which share the item code and run a group at a time (8 for the
+    first two shapes, a last group of fewer included; one at a time for the long rows of
+    2×33×32868 and for 13 channels)."""
     threads(n)
     rng = np.random.default_rng(21)
     dy = rng.standard_normal(shape).astype(np.float32)

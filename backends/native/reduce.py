@@ -106,9 +106,9 @@ class Tail:
 
 @dataclass
 class BlockedPair:
-    """Two passes run kept index by kept index in one C call (:func:`.reduce_c.render_blocked`):
-    pass ``a``, the per-index instructions between them, pass ``b`` over the same data while it
-    is in cache. ``derived``: pass b's kept registers the call computes, ``(row, register)``."""
+    """Two passes run a group of kept indices at a time in one C call
+    (:func:`.reduce_c.render_blocked`): pass ``a``, the per-index instructions between them,
+    pass ``b`` over the same data while it is in cache. ``derived``: pass b's kept registers the call computes, ``(row, register)``."""
 
     a: Pass
     b: Pass

@@ -56,6 +56,13 @@ FOLD = f"""#include <stdlib.h>
    one such item (a [6272, 64] input is one block, one chunk), else 1 */
 #define OPG_LANE_GROUPS(items) ((items) >= 2 ? 1 : 2)
 #define OPG_KG 8   /* kept indices a work item of a channel-major pass takes in lockstep */
+#define OPG_PAIR_KG 8  /* at most this many kept indices at a time in a blocked pair, */
+#define OPG_PAIR_BYTES (512 * 1024)  /* whose data fit this many bytes: still cached for pass b */
+static inline int64_t opg_pair_group(int64_t K, int64_t R, int64_t bytes) {{
+    int64_t g = OPG_PAIR_BYTES / (R * bytes > 0 ? R * bytes : 1);
+    g = g < 1 ? 1 : g > OPG_PAIR_KG ? OPG_PAIR_KG : g;
+    return K >= 4 * g ? g : 1;  /* (as OPG_GROUP: fewer indices, one at a time, more items) */
+}}
 /* the group a kernel of at most ``cap`` uses for K kept indices: 1 below 4 groups' worth */
 #define OPG_GROUP(K, cap) ((K) >= 4 * (cap) ? (cap) : 1)
 /* l0ops.ordered's tree: with n = ceil(m/2), a[j] += a[j + n] for j < m - n; m = n; ... */
@@ -244,7 +251,8 @@ def render_pass(big: Sequence[tuple[str, DataType]], kept: Sequence[str],
 _HEADER = [HELPERS, V_HELPERS, C_DECL, FOLD,
            "struct opg_rctx { int64_t K, R, nr, nblocks; const int64_t *rshape, *koff, *rstr;",
            "                  void *const *ptrs; float *blocks;",
-           "                  int64_t ng; };  /* lane groups (channels_last passes; 0: 1) */", ""]
+           "                  int64_t ng;  /* lane groups (channels_last passes; 0: 1) */",
+           "                  int64_t group; };  /* kept indices a work item takes (blocked pairs) */", ""]
 
 
 def _item_head(name: str, big: Sequence[tuple[str, DataType]], kept: Sequence[str]) -> list[str]:
@@ -264,7 +272,8 @@ def _item_head(name: str, big: Sequence[tuple[str, DataType]], kept: Sequence[st
 
 
 def _items(name: str, big: Sequence[tuple[str, DataType]], kept: Sequence[str],
-           live: Sequence[tuple[str, Instr]], sums: Sequence[str], cap: str = "OPG_KG") -> list[str]:
+           live: Sequence[tuple[str, Instr]], sums: Sequence[str], cap: str = "OPG_KG",
+           group: str = "") -> list[str]:
     """Work-item function ``name`` of a pass whose items are (group of ``OPG_GROUP(K, cap)``
     consecutive kept indices, block), group major: items ``[g * nblocks, (g + 1) * nblocks)``
     are group ``g``'s blocks. Each stretch of a block's reduced elements is taken for every
@@ -276,7 +285,7 @@ def _items(name: str, big: Sequence[tuple[str, DataType]], kept: Sequence[str],
     nb, S = len(big), len(sums)
     pad = " " * 20
     L = _item_head(name, big, kept)
-    L += [f"    const int64_t group = OPG_GROUP(K, {cap});",
+    L += [f"    const int64_t group = {group or f'OPG_GROUP(K, {cap})'};",
           "    for (int64_t w = w_begin; w < w_end; ++w) {",
           "        const int64_t k0 = (w / nblocks) * group, blk = w % nblocks;",
           "        const int64_t kn = K - k0 < group ? K - k0 : group;",
@@ -365,17 +374,24 @@ def _finish(L: list[str], S: int, work: str, lane_groups: bool = False) -> str:
 
 def render_blocked(a: tuple, b: tuple, a_regs: Sequence[tuple[str, DataType]],
                    between: Sequence[tuple[str, str, DataType]], derived: Sequence[tuple[int, str]]) -> str:
-    """C for two passes run kept index by kept index: pass ``a`` over index ``k``'s blocks, its
-    sums folded, the per-index instructions ``between`` (``(register, C expression over
-    r_<register>, dtype)``, rounded to the dtype), then pass ``b`` over the same blocks while they
-    are still in this core's cache. ``a`` and ``b`` are :func:`render_pass`'s ``(big, kept,
+    """C for two passes run a group of kept indices at a time: pass ``a`` over the group's blocks
+    (its indices in lockstep, as :func:`render_pass`'s items take them), their sums folded, the
+    per-index instructions ``between`` (``(register, C expression over r_<register>,
+    dtype)``, rounded to the dtype), then pass ``b`` over the same blocks while they are still in
+    this core's cache: up to ``OPG_PAIR_KG`` indices whose data fit ``OPG_PAIR_BYTES``
+    (``opg_pair_group``; one at a time for long rows — a channel of 32×64×56×56 fp32 is 401 KB —
+    and for fewer than 4 groups' worth). Groups of 8 against one index at a time, one process
+    alternating: BatchNormStats 32×1024×14×14 fp16 0.71×, 512×64×7×7 fp32 0.79×,
+    2048×64×3×3 fp32 0.60×. ``a`` and ``b`` are :func:`render_pass`'s ``(big, kept,
     live, sums)``; ``a_regs`` names the registers pass a's sums become (rounded to their dtype);
     ``derived`` lists ``(j, register)``: pass b's kept register ``j`` is computed here. Each
     block's sum and each fold are those of the two passes run one after the other, so the bits
     are too. Entry: ``int opg_kernel(K, R, nblocks, nr_a, rshape_a, ptrs_a, koff_a, rstr_a,
     out_a, nr_b, rshape_b, ptrs_b, koff_b, rstr_b, out_b, run)``."""
     SA, SB, nbb = len(a[3]), len(b[3]), len(b[0])
-    L = _HEADER + _items("opg_items_a", *a, cap="1") + _items("opg_items_b", *b, cap="1")
+    bytes = max(sum(d.np.itemsize for _, d in p[0]) for p in (a, b))  # a reduced element, every input
+    L = _HEADER + _items("opg_items_a", *a, "OPG_PAIR_KG", "c->group") + \
+        _items("opg_items_b", *b, "OPG_PAIR_KG", "c->group")
     L += ["struct opg_bctx { struct opg_rctx a, b; float *out_a, *out_b; };", "",
           "static void opg_fold_out(const struct opg_rctx *r, int S, int64_t k, float *out)", "{",
           "    for (int s = 0; s < S; ++s) {",
@@ -383,19 +399,22 @@ def render_blocked(a: tuple, b: tuple, a_regs: Sequence[tuple[str, DataType]],
           "        opg_fold(bl, r->nblocks, 1);",
           "        out[s * r->K + k] = bl[0];",
           "    }", "}", "",
-          "static void opg_channels(void *vctx, int64_t k0, int64_t k1)", "{",
+          "static void opg_channels(void *vctx, int64_t g0, int64_t g1)", "{",
           "    const struct opg_bctx *const c = (const struct opg_bctx *)vctx;",
-          "    const int64_t K = c->a.K, nb = c->a.nblocks;"]
+          "    const int64_t K = c->a.K, nb = c->a.nblocks, G = c->a.group;"]
     L += [f"    float *const d{j} = (float *)c->b.ptrs[{nbb + j}];" for j, _ in derived]
-    L += ["    for (int64_t k = k0; k < k1; ++k) {",
-          "        opg_items_a((void *)&c->a, k * nb, (k + 1) * nb);",
-          f"        opg_fold_out(&c->a, {SA}, k, c->out_a);"]
-    L += [f"        const float r_{r} = {ROUND[d].format(f'c->out_a[{s} * K + k]')};"
+    L += ["    for (int64_t gi = g0; gi < g1; ++gi) {  /* G kept indices at a time */",
+          "        const int64_t k0 = gi * G, k1 = k0 + G < K ? k0 + G : K;",
+          "        opg_items_a((void *)&c->a, gi * nb, (gi + 1) * nb);",
+          "        for (int64_t k = k0; k < k1; ++k) {",
+          f"            opg_fold_out(&c->a, {SA}, k, c->out_a);"]
+    L += [f"            const float r_{r} = {ROUND[d].format(f'c->out_a[{s} * K + k]')};"
           for s, (r, d) in enumerate(a_regs)]
-    L += [f"        const float r_{r} = {ROUND[d].format(expr)};" for r, expr, d in between]
-    L += [f"        d{j}[k] = r_{r};" for j, r in derived]
-    L += ["        opg_items_b((void *)&c->b, k * nb, (k + 1) * nb);",
-          f"        opg_fold_out(&c->b, {SB}, k, c->out_b);",
+    L += [f"            const float r_{r} = {ROUND[d].format(expr)};" for r, expr, d in between]
+    L += [f"            d{j}[k] = r_{r};" for j, r in derived]
+    L += ["        }",
+          "        opg_items_b((void *)&c->b, gi * nb, (gi + 1) * nb);",
+          f"        for (int64_t k = k0; k < k1; ++k) opg_fold_out(&c->b, {SB}, k, c->out_b);",
           "    }", "}", "",
           "int opg_kernel(int64_t K, int64_t R, int64_t nblocks,",
           "               int64_t nr_a, const int64_t *rshape_a, void *const *ptrs_a,",
@@ -404,11 +423,12 @@ def render_blocked(a: tuple, b: tuple, a_regs: Sequence[tuple[str, DataType]],
           "               const int64_t *koff_b, const int64_t *rstr_b, float *out_b, opg_run run)", "{",
           f"    float *const blocks = (float *)malloc(sizeof(float) * {SA + SB} * K * nblocks);",
           "    if (blocks == 0) return 1;",
+          f"    const int64_t G = opg_pair_group(K, R, {bytes});",
           "    const struct opg_bctx c = {",
-          "        {K, R, nr_a, nblocks, rshape_a, koff_a, rstr_a, ptrs_a, blocks},",
-          f"        {{K, R, nr_b, nblocks, rshape_b, koff_b, rstr_b, ptrs_b, blocks + {SA} * K * nblocks}},",
+          "        {K, R, nr_a, nblocks, rshape_a, koff_a, rstr_a, ptrs_a, blocks, 0, G},",
+          f"        {{K, R, nr_b, nblocks, rshape_b, koff_b, rstr_b, ptrs_b, blocks + {SA} * K * nblocks, 0, G}},",
           "        out_a, out_b};",
-          *_share("opg_channels", "&c", "K"),
+          *_share("opg_channels", "&c", "(K + G - 1) / G"),
           "    free(blocks);",
           "    return 0;",
           "}", ""]
