@@ -131,9 +131,9 @@ def passes_of(a, inputs):
 def test_statistics_run_channel_by_channel_with_the_bits_of_two_passes(shape, dt, half, monkeypatch):
     """From BLOCKED_MIN_K channels the two passes run a group of channels at a time in one C
     call (the mean, then the squared differences while the group is in cache; groups of 8 for
-    2×64×28×28, 3 for 1×12×32773, whose channels' bytes fill the group's budget, one at a time
-    for 9 channels and for 2×8×40001): numpy's bits, and the bits of the two passes run one
-    after the other."""
+    2×64×28×28, 3 for 1×12×32773, whose channels' bytes fill the group's budget, 2 for 9
+    channels, one at a time for 2×8×40001): numpy's bits, and the bits of the two passes run
+    one after the other."""
     x = (np.random.default_rng(12).standard_normal(shape) * 3 + 2).astype(DTYPES[dt])
     x.reshape(-1)[5::1009] = 3e4  # large values among small ones: a change of order shows
     a = stats_body(shape, half)
@@ -378,17 +378,18 @@ def test_gather_with_counts_reads_the_counts_through_their_view(W, C, dt, monkey
 
 @pytest.mark.parametrize("n", [1, 2, 7])
 @pytest.mark.parametrize("layout", ["dense", "transposed"])
-@pytest.mark.parametrize("shape", [(3, 37, 20, 150), (5, 45, 7, 9), (2, 33, 32768 + 100), (4, 13, 50)],
-                         ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("shape", [(2, 70, 9, 11), (3, 37, 20, 150), (5, 45, 7, 9), (2, 33, 32768 + 100),
+                                   (4, 13, 50)], ids=lambda s: "x".join(map(str, s)))
 def test_channel_groups_bits_equal_numpy(shape, layout, n, threads):
-    """A channel-major pass takes its kept indices 8 at a time (from 32 of them; fewer: one at
-    a time), a stretch of reduced elements for each of them in turn (reduce_c: OPG_KG): a last
+    """A channel-major pass takes its kept indices up to 16 at a time (16 from 64 of them, 8
+    from 32, 2 from 8: four groups' worth), a stretch of reduced elements for each of them in
+    turn (reduce_c: OPG_KG, opg_group): a last
     group of fewer, several blocks a channel, rows that are not a multiple of the 64 lanes,
     each channel's own per-channel register, strided data and any thread count keep every
     channel's order (large values among small ones: a change of order shows); so do the
-    statistics' two passes, which share the item code and run a group at a time (8 for the
-    first two shapes, a last group of fewer included; one at a time for the long rows of
-    2×33×32868 and for 13 channels)."""
+    statistics' two passes, which share the item code and run a group at a time (up to 8: 8
+    for the first three shapes, a last group of fewer included; 2 for 13 channels; one at a time
+    for the long rows of 2×33×32868)."""
     threads(n)
     rng = np.random.default_rng(21)
     dy = rng.standard_normal(shape).astype(np.float32)
