@@ -53,8 +53,10 @@ FOLD = f"""#include <stdlib.h>
 #define OPG_BLOCK {BLOCK}
 #define OPG_KC 64  /* kept indices per work item of a channels_last pass */
 /* lane groups per (block, kept chunk) of a channels_last pass run in parallel: 2 when there is
-   one such item (a [6272, 64] input is one block, one chunk), else 1 */
-#define OPG_LANE_GROUPS(items) ((items) >= 2 ? 1 : 2)
+   one such item (a [6272, 64] input is one block, one chunk), or fewer than 8 over several
+   blocks, the last of which is shorter (32x64x56x56: blocks of 32768, 32768, 32768 and 2048
+   rows, two threads taking two each), else 1 */
+#define OPG_LANE_GROUPS(items, nblocks) ((items) >= 8 || ((items) >= 2 && (nblocks) == 1) ? 1 : 2)
 #define OPG_KG 16  /* kept indices a work item of a channel-major pass takes in lockstep, at most */
 /* the group a kernel of at most cap indices uses for K of them: the largest of cap, cap/2, ...
    that leaves four groups' worth (so that a few indices still make several items), else 1 */
@@ -360,10 +362,10 @@ def _items(name: str, big: Sequence[tuple[str, DataType]], kept: Sequence[str],
 
 def _finish(L: list[str], S: int, work: str, lane_groups: bool = False) -> str:
     """The entry point after the work items: share them out, fold the blocks. ``lane_groups``:
-    run in parallel, the ``work`` items are each split into ``OPG_LANE_GROUPS(work)`` groups of
+    run in parallel, the ``work`` items are each split into ``OPG_LANE_GROUPS`` groups of
     lanes, which leave every block's lanes unfolded (64 per block): folded here first, by the
     same tree."""
-    ng = f"{_PARALLEL} ? OPG_LANE_GROUPS(items) : 1" if lane_groups else "1"
+    ng = f"{_PARALLEL} ? OPG_LANE_GROUPS(items, nblocks) : 1" if lane_groups else "1"
     L = L + ["int opg_kernel(int64_t K, int64_t R, int64_t nr, const int64_t *rshape,",
           "               void *const *ptrs, const int64_t *koff, const int64_t *rstr,",
           "               int64_t nblocks, float *out, opg_run run)", "{",
@@ -460,7 +462,7 @@ def render_cols_pair(a: tuple, b: tuple, a_regs: Sequence[tuple[str, DataType]],
           "               const int64_t *koff_b, const int64_t *rstr_b, float *out_b, opg_run run)", "{",
           f"    const int par = {_PARALLEL};",
           "    const int64_t items = ((K + OPG_KC - 1) / OPG_KC) * nblocks;",
-          "    const int64_t ng = par ? OPG_LANE_GROUPS(items) : 1, work = items * ng;",
+          "    const int64_t ng = par ? OPG_LANE_GROUPS(items, nblocks) : 1, work = items * ng;",
           "    const int64_t per_block = ng > 1 ? OPG_LANES : 1, size = K * nblocks * per_block;",
           f"    float *const blocks = (float *)malloc(sizeof(float) * {SA + SB} * size);",
           "    if (blocks == 0) return 1;",
