@@ -390,7 +390,8 @@ def render_blocked(a: tuple, b: tuple, a_regs: Sequence[tuple[str, DataType]],
     dtype)``, rounded to the dtype), then pass ``b`` over the same blocks while they are still in
     this core's cache: up to ``OPG_PAIR_KG`` indices whose data fit ``OPG_PAIR_BYTES``
     (``opg_pair_group``; one at a time for long rows — a channel of 32×64×56×56 fp32 is 401 KB —
-    and for fewer than 4 groups' worth). Groups of 8 against one index at a time, one process
+    and halved, as ``opg_group``, until 4 groups' worth remain). Groups of 8 against one index at
+    a time, one process
     alternating: BatchNormStats 32×1024×14×14 fp16 0.71×, 512×64×7×7 fp32 0.79×,
     2048×64×3×3 fp32 0.60×. ``a`` and ``b`` are :func:`render_pass`'s ``(big, kept,
     live, sums)``; ``a_regs`` names the registers pass a's sums become (rounded to their dtype);
@@ -399,7 +400,7 @@ def render_blocked(a: tuple, b: tuple, a_regs: Sequence[tuple[str, DataType]],
     are too. Entry: ``int opg_kernel(K, R, nblocks, nr_a, rshape_a, ptrs_a, koff_a, rstr_a,
     out_a, nr_b, rshape_b, ptrs_b, koff_b, rstr_b, out_b, run)``."""
     SA, SB, nbb = len(a[3]), len(b[3]), len(b[0])
-    bytes = max(sum(d.np.itemsize for _, d in p[0]) for p in (a, b))  # a reduced element, every input
+    elem_bytes = max(sum(d.np.itemsize for _, d in p[0]) for p in (a, b))  # every input's, a pass's
     L = _HEADER + _items("opg_items_a", *a, "OPG_PAIR_KG", "c->group") + \
         _items("opg_items_b", *b, "OPG_PAIR_KG", "c->group")
     L += ["struct opg_bctx { struct opg_rctx a, b; float *out_a, *out_b; };", "",
@@ -433,7 +434,7 @@ def render_blocked(a: tuple, b: tuple, a_regs: Sequence[tuple[str, DataType]],
           "               const int64_t *koff_b, const int64_t *rstr_b, float *out_b, opg_run run)", "{",
           f"    float *const blocks = (float *)malloc(sizeof(float) * {SA + SB} * K * nblocks);",
           "    if (blocks == 0) return 1;",
-          f"    const int64_t G = opg_pair_group(K, R, {bytes});",
+          f"    const int64_t G = opg_pair_group(K, R, {elem_bytes});",
           "    const struct opg_bctx c = {",
           "        {K, R, nr_a, nblocks, rshape_a, koff_a, rstr_a, ptrs_a, blocks, 0, G},",
           f"        {{K, R, nr_b, nblocks, rshape_b, koff_b, rstr_b, ptrs_b, blocks + {SA} * K * nblocks, 0, G}},",

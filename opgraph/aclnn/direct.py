@@ -113,7 +113,8 @@ NUMPY = Arrays()
 
 class _Bindings(Mapping):
     """The graph inputs by name, each argument at its position as its kind's binding
-    (:attr:`Arrays.bound`), made when the executable asks for it."""
+    (:attr:`Arrays.bound`), made when the executable asks for it — or only the arguments'
+    addresses (:meth:`data_addresses`), with no binding made."""
 
     __slots__ = ("args", "positions", "bound", "address")
 

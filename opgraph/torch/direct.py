@@ -30,7 +30,12 @@ Tensor = torch.Tensor
 
 
 def address_of(x: Any) -> int:
-    """A CPU torch tensor's or numpy array's first element's address."""
+    """A CPU torch tensor's or numpy array's first element's address.
+
+    >>> t = torch.zeros(2, 3)
+    >>> address_of(t[1]) - address_of(t) == 3 * t.element_size()
+    True
+    """
     return x.data_ptr() if isinstance(x, Tensor) else array_address(x)
 
 
