@@ -225,14 +225,15 @@ def test_channels_last_kernel_bits_equal_numpy(shape, dt):
 
 
 @pytest.mark.parametrize("n", [1, 2, 7])
-@pytest.mark.parametrize("shape", [(6272, 64), (600, 60), (20000, 2), (40000, 64), (3000, 70), (33000, 100)],
+@pytest.mark.parametrize("shape", [(6272, 64), (600, 60), (20000, 2), (40000, 64), (3000, 70), (33000, 100),
+                                   (12000, 200)],
                          ids=lambda s: "x".join(map(str, s)))
 def test_channels_last_pass_of_one_item_splits_its_lanes(shape, n, threads):
     """A 2-d input is channels_last: its channels are the kept indices. With one block and one
     chunk of them (the first three shapes), or fewer than 8 such items over several blocks
-    (40000×64 and 33000×100: two blocks, the second shorter; 100 channels are one chunk), a
-    parallel pass splits each block's 64 lanes into groups, one item each, and folds them after
-    the run (reduce_c: OPG_LANE_GROUPS); one thread keeps one item. Every channel's order, and so its bits, stays numpy's; large values among
+    (40000×64 and 33000×100: two blocks, the second shorter; 100 channels are one chunk, and
+    so are 200 over 9.6 MB), a parallel pass splits each block's 64 lanes into groups, one item
+    each, and folds them after the run (reduce_c: OPG_LANE_GROUPS); one thread keeps one item. Every channel's order, and so its bits, stays numpy's; large values among
     small ones make a change of order show."""
     threads(n)
     rng = np.random.default_rng(31)

@@ -13,14 +13,12 @@ team of :mod:`.team` (``run``; NULL or fewer than :data:`PARALLEL_MIN` elements:
 alone); each kept index has its own 64 lane accumulators, folded by its item, so the order
 never depends on the threads or the grouping. An item takes each stretch of its block for
 every index of its group in turn, so channel-major data is read several channels' rows at a
-time: BatchNormReduceBackward at 32×64×56×56 bf16 0.91–0.98 → 0.52–0.80 ms, fp16 0.64–1.10 →
-0.46–0.54 ms (one index at a time, each of its N rows a short stream 401 KB from the next). Where every big input
-is contiguous along the innermost reduced dim the lanes are updated ``OPG_W`` at a time (AVX2: 8,
-AVX-512: 16), whole 64-lane chunks with the accumulators in registers — lane ``l`` still adds
-its elements one after another, as the order requires. When the kept indices are the contiguous
-ones (channels_last), items are (block, chunk of ``opg_kc(K)`` kept indices) and run across them
-instead.
-The caller folds the blocks.
+time (one index at a time, each of its N rows was a short stream 401 KB from the next; HISTORY).
+Where every big input is contiguous along the innermost reduced dim the lanes are updated
+``OPG_W`` at a time (AVX2: 8, AVX-512: 16), whole 64-lane chunks with the accumulators in
+registers — lane ``l`` still adds its elements one after another, as the order requires. When
+the kept indices are the contiguous ones (channels_last), items are (block, chunk of
+``opg_kc`` kept indices) and run across them instead. The caller folds the blocks.
 
     >>> from l0ops.primitives import Instr
     >>> from opgraph.core.dtypes import DataType as D
@@ -52,10 +50,12 @@ def _share(body: str, ctx: str, work: str, parallel: str = _PARALLEL) -> list[st
 FOLD = f"""#include <stdlib.h>
 #define OPG_LANES {LANES}
 #define OPG_BLOCK {BLOCK}
-#define OPG_KC 64  /* kept indices per work item of a channels_last pass, */
-#define OPG_KC_MAX 128  /* or all of them up to this many: a row read by one item, not two */
-static inline int64_t opg_kc(int64_t K) {{
-    return K > OPG_KC && K <= OPG_KC_MAX ? (K + 15) / 16 * 16 : OPG_KC;
+#define OPG_KC 64  /* kept indices per work item of a channels_last pass, or all of them */
+#define OPG_KC_MAX 256  /* up to this many (128 for less data): a row read by one item, not two */
+#define OPG_KC_LARGE (8 << 20)  /* bytes of data from which a chunk takes up to OPG_KC_MAX */
+static inline int64_t opg_kc(int64_t K, int64_t R, int64_t bytes) {{
+    const int64_t most = R * K * bytes >= OPG_KC_LARGE ? OPG_KC_MAX : 128;
+    return K > OPG_KC && K <= most ? (K + 15) / 16 * 16 : OPG_KC;
 }}
 /* lane groups per (block, kept chunk) of a channels_last pass run in parallel: 2 when there is
    one such item (a [6272, 64] input is one block, one chunk), or fewer than 8 over several
@@ -148,19 +148,24 @@ def _masked(big, live, sums, at: str, acc: str, pre: Sequence[str] = ()) -> list
                   for s, x in enumerate(sums)]
 
 
-def _cols_items(big, kept, live, sums) -> list[str]:
+def _elem_bytes(big: Sequence[tuple[str, DataType]]) -> int:
+    """The bytes a reduced element takes in all the big inputs together."""
+    return sum(d.np.itemsize for _, d in big)
+
+
+def _cols_items(big, kept, live, sums, elem_bytes: int) -> list[str]:
     """The work items of a pass whose kept indices are contiguous in every big input (and the
     reduced dims strided: channels_last): item (block, chunk of ``opg_kc(K)`` kept indices)
     walks the block's rows in order; each row adds ``OPG_W`` kept indices at a time to their own
     lane ``l`` (lanes are per kept index, so each still adds its elements one after another). A
-    chunk is 64 kept indices, or all of them up to 128: two items reading halves of the same
-    rows read each row twice (BatchNormReduceBackward channels_last 32×128×56×56 fp16 4.2 →
-    2.1–2.2 ms, one process alternating)."""
+    chunk is 64 kept indices, or all of them up to 128 (256 from 8 MB of data: ``opg_kc``), so
+    that one item reads a row, not two its halves (HISTORY)."""
     nb, S = len(big), len(sums)
     pad = " " * 16
     kept_s = [f"const float r_{r} = g{j}[j];" for j, r in enumerate(kept)]
     kept_v = [f"const opg_v v_{r} = opg_v_ld_f32(&g{j}[j]);" for j, r in enumerate(kept)]
-    L = ["    const int64_t kc = opg_kc(K), nkc = (K + kc - 1) / kc, ng = c->ng > 1 ? c->ng : 1;",
+    L = [f"    const int64_t kc = opg_kc(K, R, {elem_bytes}), nkc = (K + kc - 1) / kc;",
+         "    const int64_t ng = c->ng > 1 ? c->ng : 1;",
          "    const int64_t lg = OPG_LANES / ng;",
          "    for (int64_t w = w_begin; w < w_end; ++w) {",
          "        const int64_t blk = w / (nkc * ng), k0 = (w / ng % nkc) * kc, l0 = w % ng * lg;",
@@ -224,8 +229,7 @@ def _chunks(big, live, sums) -> list[str]:
     starts at lane 16 after one of 784): the lane accumulators held in registers, register
     ``u`` holding lanes ``(l + u·OPG_W) mod 64``, which element ``j + u·OPG_W`` of every
     chunk adds to. The loops that fill and empty them are unrolled too: as loops they kept the
-    registers on the stack, and each row's copy in waited on the stores before it (rows of
-    64–784 elements: BatchNormStats at 32×1024×14×14 fp16 1.45 → 1.03 ms)."""
+    registers on the stack, each row's copy waiting on the stores before it (HISTORY)."""
     S = len(sums)
     body = [f"const opg_v v_{r} = {V_LOAD[d].format(f'(q{i} + u * OPG_W)')};" for i, (r, d) in enumerate(big)]
     body += _v_live(live)
@@ -258,8 +262,10 @@ def render_pass(big: Sequence[tuple[str, DataType]], kept: Sequence[str],
     float32 values (``ptrs[len(big) + j][k]``). ``cols``: every big input's kept indices are
     contiguous (``koff[i*K + k] = koff[i*K] + k``); the items run across them (channels_last)."""
     if cols:
-        return _finish(_HEADER + _item_head("opg_items", big, kept) + _cols_items(big, kept, live, sums),
-                       len(sums), "((K + opg_kc(K) - 1) / opg_kc(K)) * nblocks", lane_groups=True)
+        nb = _elem_bytes(big)
+        return _finish(_HEADER + _item_head("opg_items", big, kept) + _cols_items(big, kept, live, sums, nb),
+                       len(sums), f"((K + opg_kc(K, R, {nb}) - 1) / opg_kc(K, R, {nb})) * nblocks",
+                       lane_groups=True)
     return _finish(_HEADER + _items("opg_items", big, kept, live, sums), len(sums),
                    "((K + OPG_GROUP(K, OPG_KG) - 1) / OPG_GROUP(K, OPG_KG)) * nblocks")
 
@@ -298,9 +304,7 @@ def _items(name: str, big: Sequence[tuple[str, DataType]], kept: Sequence[str],
     group's rows at a time (N rows of 784 elements a channel, 401 KB apart in a 32×64×56×56
     tensor, read one channel at a time cost a short stream per row). The group is the largest
     of ``cap``, its half, ... that leaves 4 groups' worth of kept indices (``opg_group``), so
-    that a few channels still make several items; groups of up to 16 against up to 8, one
-    process alternating: BatchNormReduceBackward 32×512×28×28 bf16 0.72×, 512×64×7×7 fp32 0.84×,
-    32×16×56×56 fp32 0.82×, the rest 0.97–1.01×."""
+    that a few channels still make several items."""
     nb, S = len(big), len(sums)
     pad = " " * 20
     L = _item_head(name, big, kept)
@@ -399,17 +403,15 @@ def render_blocked(a: tuple, b: tuple, a_regs: Sequence[tuple[str, DataType]],
     dtype)``, rounded to the dtype), then pass ``b`` over the same blocks while they are still in
     this core's cache: up to ``OPG_PAIR_KG`` indices whose data fit ``OPG_PAIR_BYTES``
     (``opg_pair_group``; one at a time for long rows — a channel of 32×64×56×56 fp32 is 401 KB —
-    and halved, as ``opg_group``, until 4 groups' worth remain). Groups of 8 against one index at
-    a time, one process
-    alternating: BatchNormStats 32×1024×14×14 fp16 0.71×, 512×64×7×7 fp32 0.79×,
-    2048×64×3×3 fp32 0.60×. ``a`` and ``b`` are :func:`render_pass`'s ``(big, kept,
-    live, sums)``; ``a_regs`` names the registers pass a's sums become (rounded to their dtype);
+    and halved, as ``opg_group``, until 4 groups' worth remain; HISTORY). ``a`` and ``b`` are
+    :func:`render_pass`'s ``(big, kept, live, sums)``; ``a_regs`` names the registers pass a's
+    sums become (rounded to their dtype);
     ``derived`` lists ``(j, register)``: pass b's kept register ``j`` is computed here. Each
     block's sum and each fold are those of the two passes run one after the other, so the bits
     are too. Entry: ``int opg_kernel(K, R, nblocks, nr_a, rshape_a, ptrs_a, koff_a, rstr_a,
     out_a, nr_b, rshape_b, ptrs_b, koff_b, rstr_b, out_b, run)``."""
     SA, SB, nbb = len(a[3]), len(b[3]), len(b[0])
-    elem_bytes = max(sum(d.np.itemsize for _, d in p[0]) for p in (a, b))  # every input's, a pass's
+    elem_bytes = max(_elem_bytes(a[0]), _elem_bytes(b[0]))
     L = _HEADER + _items("opg_items_a", *a, "OPG_PAIR_KG", "c->group") + \
         _items("opg_items_b", *b, "OPG_PAIR_KG", "c->group")
     L += ["struct opg_bctx { struct opg_rctx a, b; float *out_a, *out_b; };", "",
@@ -463,15 +465,16 @@ def render_cols_pair(a: tuple, b: tuple, a_regs: Sequence[tuple[str, DataType]],
     between the passes. Each pass's items, lane groups and folds are those of
     :func:`render_pass`'s ``cols`` kernel, so the bits are too."""
     SA, SB, nbb = len(a[3]), len(b[3]), len(b[0])
-    L = _HEADER + _item_head("opg_items_a", *a[:2]) + _cols_items(*a)
-    L += _item_head("opg_items_b", *b[:2]) + _cols_items(*b)
+    nb = max(_elem_bytes(a[0]), _elem_bytes(b[0]))  # one chunk size for both passes' items
+    L = _HEADER + _item_head("opg_items_a", *a[:2]) + _cols_items(*a, nb)
+    L += _item_head("opg_items_b", *b[:2]) + _cols_items(*b, nb)
     L += ["int opg_kernel(int64_t K, int64_t R, int64_t nblocks,",
           "               int64_t nr_a, const int64_t *rshape_a, void *const *ptrs_a,",
           "               const int64_t *koff_a, const int64_t *rstr_a, float *out_a,",
           "               int64_t nr_b, const int64_t *rshape_b, void *const *ptrs_b,",
           "               const int64_t *koff_b, const int64_t *rstr_b, float *out_b, opg_run run)", "{",
           f"    const int par = {_PARALLEL};",
-          "    const int64_t items = ((K + opg_kc(K) - 1) / opg_kc(K)) * nblocks;",
+          f"    const int64_t items = ((K + opg_kc(K, R, {nb}) - 1) / opg_kc(K, R, {nb})) * nblocks;",
           "    const int64_t ng = par ? OPG_LANE_GROUPS(items, nblocks) : 1, work = items * ng;",
           "    const int64_t per_block = ng > 1 ? OPG_LANES : 1, size = K * nblocks * per_block;",
           f"    float *const blocks = (float *)malloc(sizeof(float) * {SA + SB} * size);",
