@@ -165,3 +165,31 @@ def test_few_channels_last_streamed(dtype):
     _native_into(case, out, arrays)
     assert out.nbytes >= render.STREAM_BYTES
     R.assert_bits_equal(out, expected)
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("C", [64, 100, 256])
+@pytest.mark.parametrize("offset", [0, 1])
+def test_channels_innermost_rows_streamed(dtype, C, offset, threads):
+    """A 2-d [N, C] input whose output reaches STREAM_BYTES: where the output starts on a cache
+    line and a row is whole lines (64 and 256 channels at offset 0) the rows, four at a time, are
+    stored non-temporally (render: ``lines``); otherwise (100 channels, or an output one element
+    into its buffer) by ordinary stores. N leaves rows past the last four for the one-row loop.
+    numpy's bits, the sentinels around the output untouched, on 1 and 2 threads."""
+    dt = DTYPES[dtype]
+    size = np.dtype(dt).itemsize
+    N = -(-render.STREAM_BYTES // (C * size)) + 3
+    case = R.make_case((N, C), dt, seed=C + offset)
+    expected = _expected(case)
+    per_line = 64 // size
+    for k in (1, 2):
+        threads(k)
+        buf = np.full(N * C + 3 * per_line + 1, 7, dt)
+        start = (-buf.ctypes.data % 64) // size + per_line + offset  # a line of sentinels first
+        out = buf[start:start + N * C].reshape(N, C)
+        assert (out.ctypes.data % 64 == 0) == (offset == 0)
+        _native_into(case, out)
+        assert out.nbytes >= render.STREAM_BYTES
+        R.assert_bits_equal(out, expected)
+        outside = np.concatenate([buf[:start], buf[start + out.size:]])
+        assert np.array_equal(R.bits(outside), R.bits(np.full(outside.size, 7, dt)))

@@ -118,15 +118,21 @@ def render(p: Plan) -> str:
     hoisted_rows = " && ".join(f"s{k}[0] == 0" for k in range(nb, nb + nh)) or "1"
     # rows of at most a vector (3×3 maps; a 2-d input of few channels): a claim's rows as one run
     out += ["    " + s for s in tiny_rows(p, big_ops, decl)]
+    o = nops - 1  # the output
     out += [f"    if (ndim == 2 && nblk == 1 && vector_h && {hoisted_rows}) {{",
             "        const int64_t n = inner;",
             "        int64_t w = w_begin;",
             "#if defined(OPG_VEC)",
+            f"        const size_t row_bytes = (size_t)s{o}[0] * sizeof(*b{o}), n_bytes = (size_t)n * sizeof(*b{o});",
+            f"        const int lines = c->stream && row_bytes % OPG_LINE == 0 && n_bytes % OPG_LINE == 0"
+            f" && ((uintptr_t)b{o} & (OPG_LINE - 1)) == 0;",
             f"        for (; w + {ROWS} <= w_end; w += {ROWS}) {{",
             "            " + " ".join(row(k, f"_{i}", f"(w + {i})") for i in range(ROWS) for k in big_ops),
             "            " + " ".join(f"const float *const q{k} = b{k};" for k in range(nb, nb + nh)),
             "            int64_t jv = 0;",
-            "            {"]
+            f"            if (lines) {{  /* streamed, every row whole cache lines: non-temporal stores */"]
+    out += ["                " + s for s in rows_block(p, ROWS, streamed=True)]
+    out += ["            } else {"]
     out += ["                " + s for s in rows_block(p, ROWS)]
     out += ["            }"]
     for i in range(ROWS):  # each row's tail past the last whole vector

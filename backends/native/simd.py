@@ -131,17 +131,20 @@ def _vector_live(p: Plan, vtype: str, v: Callable[[str], str], op, rnd,
     return lines
 
 
-def rows_block(p: Plan, rows: int) -> list[str]:
+def rows_block(p: Plan, rows: int, streamed: bool = False) -> list[str]:
     """Explicit SIMD over ``rows`` rows at once (operand pointers ``q<k>_<row>``; the hoisted
     registers ``q<k>`` are the same in every row, so each of their vectors is loaded once for
-    all of them): per row the statements of :func:`_simd_block`, in the same order."""
+    all of them): per row the statements of :func:`_simd_block`, in the same order.
+    ``streamed``: the stores non-temporal (for rows of whole cache lines only: a row's end and
+    the next row's start then never share a line)."""
     nb, nh = len(p.big), len(p.hoisted)
     hoisted = set(p.hoisted)
+    store, store2 = (V_NT, V_NT2) if streamed else (V_STORE, V_ST2)
     lines = ["int64_t j = 0;"]
     if paired(p):  # pairs of vectors first, each per-channel pair loaded once for all the rows
         lines += ["#if defined(OPG_PAIR)", "for (; j + OPG_PW <= n; j += OPG_PW) {"] + _pair_hoisted(p)
         for i in range(rows):
-            lines += _pair_statements(p, "opg_v", _v_op, _v_round, frozenset(), V_ST2,
+            lines += _pair_statements(p, "opg_v", _v_op, _v_round, frozenset(), store2,
                                       f"_{i}", _pair_half)
         lines += ["}", "#endif"]
     lines.append("for (; j + OPG_W <= n; j += OPG_W) {")
@@ -151,7 +154,7 @@ def rows_block(p: Plan, rows: int) -> list[str]:
             return f"v_{r}" if r in hoisted else f"v_{r}_{i}"
         lines += [f"    const opg_v {v(r)} = {V_LOAD[d].format(f'q{k}_{i}')};" for k, (r, d) in enumerate(p.big)]
         lines += _vector_live(p, "opg_v", v, _v_op, _v_round)
-        lines.append("    " + V_STORE[p.out_dtype].format(f"q{nb + nh}_{i}", v(p.result)))
+        lines.append("    " + store[p.out_dtype].format(f"q{nb + nh}_{i}", v(p.result)))
     return lines + ["}", "jv = j;"]
 
 
