@@ -130,7 +130,7 @@ def render(p: Plan) -> str:
             "            " + " ".join(row(k, f"_{i}", f"(w + {i})") for i in range(ROWS) for k in big_ops),
             "            " + " ".join(f"const float *const q{k} = b{k};" for k in range(nb, nb + nh)),
             "            int64_t jv = 0;",
-            f"            if (lines) {{  /* streamed, every row whole cache lines: non-temporal stores */"]
+            "            if (lines) {  /* streamed, every row whole cache lines: non-temporal stores */"]
     out += ["                " + s for s in rows_block(p, ROWS, streamed=True)]
     out += ["            } else {"]
     out += ["                " + s for s in rows_block(p, ROWS)]
