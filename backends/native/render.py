@@ -147,7 +147,11 @@ def render(p: Plan) -> str:
             "            " + " ".join(row(k, "", "w") for k in range(nops))]
     out += _loop(p, lambda k, r: f"q{k}[j]", [], simd=True,
                  vector=vector_loop(p, False) if needs_vector(p) else None, scalar_h=False)
-    out += ["        }", "        return;", "    }"]
+    out += ["        }",
+            "#if defined(OPG_VEC)",
+            "        if (c->stream) _mm_sfence();  /* the rows' non-temporal stores (lines) */",
+            "#endif",
+            "        return;", "    }"]
     # longer rows, up to simd.SHORT_ROW elements, one after another (an NCHW tensor's small
     # maps): a claim's rows as one run, a vector's per-channel lanes split where a row ends
     out += ["    " + s for s in short_rows(p, big_ops, decl)]
