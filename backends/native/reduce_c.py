@@ -57,6 +57,9 @@ static inline int64_t opg_kc(int64_t K, int64_t R, int64_t bytes) {{
     const int64_t most = R * K * bytes >= OPG_KC_LARGE ? OPG_KC_MAX : 128;
     return K > OPG_KC && K <= most ? (K + 15) / 16 * 16 : OPG_KC;
 }}
+static inline int64_t opg_nkc(int64_t K, int64_t R, int64_t bytes) {{  /* chunks: items and kernel */
+    return (K + opg_kc(K, R, bytes) - 1) / opg_kc(K, R, bytes);
+}}
 /* lane groups per (block, kept chunk) of a channels_last pass run in parallel: 2 when there is
    one such item (a [6272, 64] input is one block, one chunk), or fewer than 8 over several
    blocks, the last of which is shorter (32x64x56x56: blocks of 32768, 32768, 32768 and 2048
@@ -65,7 +68,6 @@ static inline int64_t opg_kc(int64_t K, int64_t R, int64_t bytes) {{
 #define OPG_KG 16  /* kept indices a work item of a channel-major pass takes in lockstep, at most */
 /* the group a kernel of at most cap indices uses for K of them: the largest of cap, cap/2, ...
    that leaves four groups' worth (so that a few indices still make several items), else 1 */
-#define OPG_GROUP(K, cap) opg_group(K, cap)
 static inline int64_t opg_group(int64_t K, int64_t cap) {{
     int64_t g = cap;
     while (g > 1 && K < 4 * g) g /= 2;
@@ -75,7 +77,7 @@ static inline int64_t opg_group(int64_t K, int64_t cap) {{
 #define OPG_PAIR_BYTES (512 * 1024)  /* whose data fit this many bytes: still cached for pass b */
 static inline int64_t opg_pair_group(int64_t K, int64_t R, int64_t bytes) {{
     int64_t g = OPG_PAIR_BYTES / (R * bytes > 0 ? R * bytes : 1);
-    return OPG_GROUP(K, g < 1 ? 1 : g > OPG_PAIR_KG ? OPG_PAIR_KG : g);
+    return opg_group(K, g < 1 ? 1 : g > OPG_PAIR_KG ? OPG_PAIR_KG : g);
 }}
 /* l0ops.ordered's tree: with n = ceil(m/2), a[j] += a[j + n] for j < m - n; m = n; ... */
 static void opg_fold(float *a, int64_t m, int64_t stride) {{
@@ -149,13 +151,12 @@ def _masked(big, live, sums, at: str, acc: str, pre: Sequence[str] = ()) -> list
 
 
 def _elem_bytes(big: Sequence[tuple[str, DataType]]) -> int:
-    """The bytes a reduced element takes in all the big inputs together."""
-    return sum(d.np.itemsize for _, d in big)
+    return sum(d.np.itemsize for _, d in big)  # a reduced element's bytes, every big input
 
 
 def _cols_items(big, kept, live, sums, elem_bytes: int) -> list[str]:
     """The work items of a pass whose kept indices are contiguous in every big input (and the
-    reduced dims strided: channels_last): item (block, chunk of ``opg_kc(K)`` kept indices)
+    reduced dims strided: channels_last): item (block, chunk of ``opg_kc`` kept indices)
     walks the block's rows in order; each row adds ``OPG_W`` kept indices at a time to their own
     lane ``l`` (lanes are per kept index, so each still adds its elements one after another). A
     chunk is 64 kept indices, or all of them up to 128 (256 from 8 MB of data: ``opg_kc``), so
@@ -164,7 +165,7 @@ def _cols_items(big, kept, live, sums, elem_bytes: int) -> list[str]:
     pad = " " * 16
     kept_s = [f"const float r_{r} = g{j}[j];" for j, r in enumerate(kept)]
     kept_v = [f"const opg_v v_{r} = opg_v_ld_f32(&g{j}[j]);" for j, r in enumerate(kept)]
-    L = [f"    const int64_t kc = opg_kc(K, R, {elem_bytes}), nkc = (K + kc - 1) / kc;",
+    L = [f"    const int64_t kc = opg_kc(K, R, {elem_bytes}), nkc = opg_nkc(K, R, {elem_bytes});",
          "    const int64_t ng = c->ng > 1 ? c->ng : 1;",
          "    const int64_t lg = OPG_LANES / ng;",
          "    for (int64_t w = w_begin; w < w_end; ++w) {",
@@ -262,12 +263,11 @@ def render_pass(big: Sequence[tuple[str, DataType]], kept: Sequence[str],
     float32 values (``ptrs[len(big) + j][k]``). ``cols``: every big input's kept indices are
     contiguous (``koff[i*K + k] = koff[i*K] + k``); the items run across them (channels_last)."""
     if cols:
-        nb = _elem_bytes(big)
-        return _finish(_HEADER + _item_head("opg_items", big, kept) + _cols_items(big, kept, live, sums, nb),
-                       len(sums), f"((K + opg_kc(K, R, {nb}) - 1) / opg_kc(K, R, {nb})) * nblocks",
-                       lane_groups=True)
+        eb = _elem_bytes(big)
+        return _finish(_HEADER + _item_head("opg_items", big, kept) + _cols_items(big, kept, live, sums, eb),
+                       len(sums), f"opg_nkc(K, R, {eb}) * nblocks", lane_groups=True)
     return _finish(_HEADER + _items("opg_items", big, kept, live, sums), len(sums),
-                   "((K + OPG_GROUP(K, OPG_KG) - 1) / OPG_GROUP(K, OPG_KG)) * nblocks")
+                   "((K + opg_group(K, OPG_KG) - 1) / opg_group(K, OPG_KG)) * nblocks")
 
 
 _HEADER = [HELPERS, V_HELPERS, C_DECL, FOLD,
@@ -296,7 +296,7 @@ def _item_head(name: str, big: Sequence[tuple[str, DataType]], kept: Sequence[st
 def _items(name: str, big: Sequence[tuple[str, DataType]], kept: Sequence[str],
            live: Sequence[tuple[str, Instr]], sums: Sequence[str], cap: str = "OPG_KG",
            group: str = "") -> list[str]:
-    """Work-item function ``name`` of a pass whose items are (group of ``OPG_GROUP(K, cap)``
+    """Work-item function ``name`` of a pass whose items are (group of ``opg_group(K, cap)``
     consecutive kept indices, block), group major: items ``[g * nblocks, (g + 1) * nblocks)``
     are group ``g``'s blocks. Each stretch of a block's reduced elements is taken for every
     kept index of the group in turn, each into its own lane accumulators (the same additions in
@@ -308,7 +308,7 @@ def _items(name: str, big: Sequence[tuple[str, DataType]], kept: Sequence[str],
     nb, S = len(big), len(sums)
     pad = " " * 20
     L = _item_head(name, big, kept)
-    L += [f"    const int64_t group = {group or f'OPG_GROUP(K, {cap})'};",
+    L += [f"    const int64_t group = {group or f'opg_group(K, {cap})'};",
           "    for (int64_t w = w_begin; w < w_end; ++w) {",
           "        const int64_t k0 = (w / nblocks) * group, blk = w % nblocks;",
           "        const int64_t kn = K - k0 < group ? K - k0 : group;",
@@ -465,16 +465,16 @@ def render_cols_pair(a: tuple, b: tuple, a_regs: Sequence[tuple[str, DataType]],
     between the passes. Each pass's items, lane groups and folds are those of
     :func:`render_pass`'s ``cols`` kernel, so the bits are too."""
     SA, SB, nbb = len(a[3]), len(b[3]), len(b[0])
-    nb = max(_elem_bytes(a[0]), _elem_bytes(b[0]))  # one chunk size for both passes' items
-    L = _HEADER + _item_head("opg_items_a", *a[:2]) + _cols_items(*a, nb)
-    L += _item_head("opg_items_b", *b[:2]) + _cols_items(*b, nb)
+    eb = max(_elem_bytes(a[0]), _elem_bytes(b[0]))  # one chunk size for both passes' items
+    L = _HEADER + _item_head("opg_items_a", *a[:2]) + _cols_items(*a, eb)
+    L += _item_head("opg_items_b", *b[:2]) + _cols_items(*b, eb)
     L += ["int opg_kernel(int64_t K, int64_t R, int64_t nblocks,",
           "               int64_t nr_a, const int64_t *rshape_a, void *const *ptrs_a,",
           "               const int64_t *koff_a, const int64_t *rstr_a, float *out_a,",
           "               int64_t nr_b, const int64_t *rshape_b, void *const *ptrs_b,",
           "               const int64_t *koff_b, const int64_t *rstr_b, float *out_b, opg_run run)", "{",
           f"    const int par = {_PARALLEL};",
-          f"    const int64_t items = ((K + opg_kc(K, R, {nb}) - 1) / opg_kc(K, R, {nb})) * nblocks;",
+          f"    const int64_t items = opg_nkc(K, R, {eb}) * nblocks;",
           "    const int64_t ng = par ? OPG_LANE_GROUPS(items, nblocks) : 1, work = items * ng;",
           "    const int64_t per_block = ng > 1 ? OPG_LANES : 1, size = K * nblocks * per_block;",
           f"    float *const blocks = (float *)malloc(sizeof(float) * {SA + SB} * size);",

@@ -149,7 +149,7 @@ def render(p: Plan) -> str:
                  vector=vector_loop(p, False) if needs_vector(p) else None, scalar_h=False)
     out += ["        }",
             "#if defined(OPG_VEC)",
-            "        if (c->stream) _mm_sfence();  /* the rows' non-temporal stores (lines) */",
+            "        if (lines) _mm_sfence();  /* the rows' non-temporal stores */",
             "#endif",
             "        return;", "    }"]
     # longer rows, up to simd.SHORT_ROW elements, one after another (an NCHW tensor's small
