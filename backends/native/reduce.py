@@ -43,7 +43,8 @@ from opgraph.core.dtypes import DataType, dtype_of
 from opgraph.core.types import TensorType
 from . import build
 from .build import PointerArray
-from .reduce_c import render_blocked, render_cols_pair, render_pass
+from .pair_c import render_blocked, render_cols_pair
+from .reduce_c import render_pass
 from .c_text import C_OP, FLOATS
 from .small import SmallPlan, compile_body
 from .unsupported import Unsupported, planned
@@ -107,7 +108,7 @@ class Tail:
 @dataclass
 class BlockedPair:
     """Two passes run a group of kept indices at a time in one C call
-    (:func:`.reduce_c.render_blocked`): pass ``a``, the per-index instructions between them,
+    (:func:`.pair_c.render_blocked`): pass ``a``, the per-index instructions between them,
     pass ``b`` over the same data while it is in cache. ``derived``: pass b's kept registers the call computes, ``(row, register)``."""
 
     a: Pass
@@ -268,7 +269,7 @@ def _blocked(steps: list, body: Sequence[Instr], types: dict, consts: dict, K: i
     """``steps`` with its first two passes and the instructions between them as one
     ("blocked", :class:`BlockedPair`) step where that applies — both passes kept-index major
     with at least :data:`BLOCKED_MIN_K` kept indices (run index by index), or both channels_last
-    (run whole, one after the other: :func:`.reduce_c.render_cols_pair`), every instruction between
+    (run whole, one after the other: :func:`.pair_c.render_cols_pair`), every instruction between
     them a float add/sub/mul/div/sqrt/cast/view of pass a's sums, one-element constants or each
     other, with one value per kept index or one for all — else ``steps`` unchanged. The
     instructions stay as numpy steps after it too: they give the registers later steps read."""

@@ -38,10 +38,10 @@ from .c_text import C_OP, C_TYPE, HELPERS, LOAD, ROUND, V_HELPERS, V_LOAD, V_MLO
 from .team import C_DECL
 
 PARALLEL_MIN = 32768  # K * R below this: one thread
-_PARALLEL = f"run != 0 && K * R >= {PARALLEL_MIN}"  # (C) whether a kernel shares its items out
+PARALLEL = f"run != 0 && K * R >= {PARALLEL_MIN}"  # (C) whether a kernel shares its items out
 
 
-def _share(body: str, ctx: str, work: str, parallel: str = _PARALLEL) -> list[str]:
+def share(body: str, ctx: str, work: str, parallel: str = PARALLEL) -> list[str]:
     """C running work items ``[0, work)`` of ``body`` on ``ctx``: on the team when
     ``parallel`` holds and there are two or more, else on the calling thread."""
     return [f"    if (!({parallel}) || {work} < 2) {body}((void *){ctx}, 0, {work});",
@@ -150,11 +150,11 @@ def _masked(big, live, sums, at: str, acc: str, pre: Sequence[str] = ()) -> list
                   for s, x in enumerate(sums)]
 
 
-def _elem_bytes(big: Sequence[tuple[str, DataType]]) -> int:
+def elem_bytes(big: Sequence[tuple[str, DataType]]) -> int:
     return sum(d.np.itemsize for _, d in big)  # a reduced element's bytes, every big input
 
 
-def _cols_items(big, kept, live, sums, elem_bytes: int) -> list[str]:
+def render_cols_items(big, kept, live, sums, eb: int) -> list[str]:
     """The work items of a pass whose kept indices are contiguous in every big input (and the
     reduced dims strided: channels_last): item (block, chunk of ``opg_kc`` kept indices)
     walks the block's rows in order; each row adds ``OPG_W`` kept indices at a time to their own
@@ -165,7 +165,7 @@ def _cols_items(big, kept, live, sums, elem_bytes: int) -> list[str]:
     pad = " " * 16
     kept_s = [f"const float r_{r} = g{j}[j];" for j, r in enumerate(kept)]
     kept_v = [f"const opg_v v_{r} = opg_v_ld_f32(&g{j}[j]);" for j, r in enumerate(kept)]
-    L = [f"    const int64_t kc = opg_kc(K, R, {elem_bytes}), nkc = opg_nkc(K, R, {elem_bytes});",
+    L = [f"    const int64_t kc = opg_kc(K, R, {eb}), nkc = opg_nkc(K, R, {eb});",
          "    const int64_t ng = c->ng > 1 ? c->ng : 1;",
          "    const int64_t lg = OPG_LANES / ng;",
          "    for (int64_t w = w_begin; w < w_end; ++w) {",
@@ -263,21 +263,21 @@ def render_pass(big: Sequence[tuple[str, DataType]], kept: Sequence[str],
     float32 values (``ptrs[len(big) + j][k]``). ``cols``: every big input's kept indices are
     contiguous (``koff[i*K + k] = koff[i*K] + k``); the items run across them (channels_last)."""
     if cols:
-        eb = _elem_bytes(big)
-        return _finish(_HEADER + _item_head("opg_items", big, kept) + _cols_items(big, kept, live, sums, eb),
+        eb = elem_bytes(big)
+        return _finish(HEADER + render_item_head("opg_items", big, kept) + render_cols_items(big, kept, live, sums, eb),
                        len(sums), f"opg_nkc(K, R, {eb}) * nblocks", lane_groups=True)
-    return _finish(_HEADER + _items("opg_items", big, kept, live, sums), len(sums),
+    return _finish(HEADER + render_items("opg_items", big, kept, live, sums), len(sums),
                    "((K + opg_group(K, OPG_KG) - 1) / opg_group(K, OPG_KG)) * nblocks")
 
 
-_HEADER = [HELPERS, V_HELPERS, C_DECL, FOLD,
+HEADER = [HELPERS, V_HELPERS, C_DECL, FOLD,
            "struct opg_rctx { int64_t K, R, nr, nblocks; const int64_t *rshape, *koff, *rstr;",
            "                  void *const *ptrs; float *blocks;",
            "                  int64_t ng;  /* lane groups (channels_last passes; 0: 1) */",
            "                  int64_t group; };  /* kept indices a work item takes (blocked pairs) */", ""]
 
 
-def _item_head(name: str, big: Sequence[tuple[str, DataType]], kept: Sequence[str]) -> list[str]:
+def render_item_head(name: str, big: Sequence[tuple[str, DataType]], kept: Sequence[str]) -> list[str]:
     """The opening of work-item function ``name``: the context's fields and operand pointers."""
     nb = len(big)
     L = [f"static void {name}(void *vctx, int64_t w_begin, int64_t w_end)", "{",
@@ -293,7 +293,7 @@ def _item_head(name: str, big: Sequence[tuple[str, DataType]], kept: Sequence[st
     return L
 
 
-def _items(name: str, big: Sequence[tuple[str, DataType]], kept: Sequence[str],
+def render_items(name: str, big: Sequence[tuple[str, DataType]], kept: Sequence[str],
            live: Sequence[tuple[str, Instr]], sums: Sequence[str], cap: str = "OPG_KG",
            group: str = "") -> list[str]:
     """Work-item function ``name`` of a pass whose items are (group of ``opg_group(K, cap)``
@@ -307,7 +307,7 @@ def _items(name: str, big: Sequence[tuple[str, DataType]], kept: Sequence[str],
     that a few channels still make several items."""
     nb, S = len(big), len(sums)
     pad = " " * 20
-    L = _item_head(name, big, kept)
+    L = render_item_head(name, big, kept)
     L += [f"    const int64_t group = {group or f'opg_group(K, {cap})'};",
           "    for (int64_t w = w_begin; w < w_end; ++w) {",
           "        const int64_t k0 = (w / nblocks) * group, blk = w % nblocks;",
@@ -378,7 +378,7 @@ def _finish(L: list[str], S: int, work: str, lane_groups: bool = False) -> str:
     run in parallel, the ``work`` items are each split into ``OPG_LANE_GROUPS`` groups of
     lanes, which leave every block's lanes unfolded (64 per block): folded here first, by the
     same tree."""
-    ng = f"{_PARALLEL} ? OPG_LANE_GROUPS(items, nblocks) : 1" if lane_groups else "1"
+    ng = f"{PARALLEL} ? OPG_LANE_GROUPS(items, nblocks) : 1" if lane_groups else "1"
     L = L + ["int opg_kernel(int64_t K, int64_t R, int64_t nr, const int64_t *rshape,",
           "               void *const *ptrs, const int64_t *koff, const int64_t *rstr,",
           "               int64_t nblocks, float *out, opg_run run)", "{",
@@ -387,7 +387,7 @@ def _finish(L: list[str], S: int, work: str, lane_groups: bool = False) -> str:
           f"    float *const blocks = (float *)malloc(sizeof(float) * {S} * K * nblocks * per_block);",
           "    if (blocks == 0) return 1;",
           "    const struct opg_rctx c = {K, R, nr, nblocks, rshape, koff, rstr, ptrs, blocks, ng};",
-          *_share("opg_items", "&c", "work"),
+          *share("opg_items", "&c", "work"),
           f"    opg_fold_blocks(blocks, {S}, K, R, nblocks, per_block, out);",
           "    free(blocks);",
           "    return 0;",
@@ -395,107 +395,5 @@ def _finish(L: list[str], S: int, work: str, lane_groups: bool = False) -> str:
     return "\n".join(L)
 
 
-def render_blocked(a: tuple, b: tuple, a_regs: Sequence[tuple[str, DataType]],
-                   between: Sequence[tuple[str, str, DataType]], derived: Sequence[tuple[int, str]]) -> str:
-    """C for two passes run a group of kept indices at a time: pass ``a`` over the group's blocks
-    (its indices in lockstep, as :func:`render_pass`'s items take them), their sums folded, the
-    per-index instructions ``between`` (``(register, C expression over r_<register>,
-    dtype)``, rounded to the dtype), then pass ``b`` over the same blocks while they are still in
-    this core's cache: up to ``OPG_PAIR_KG`` indices whose data fit ``OPG_PAIR_BYTES``
-    (``opg_pair_group``; one at a time for long rows — a channel of 32×64×56×56 fp32 is 401 KB —
-    and halved, as ``opg_group``, until 4 groups' worth remain; HISTORY). ``a`` and ``b`` are
-    :func:`render_pass`'s ``(big, kept, live, sums)``; ``a_regs`` names the registers pass a's
-    sums become (rounded to their dtype);
-    ``derived`` lists ``(j, register)``: pass b's kept register ``j`` is computed here. Each
-    block's sum and each fold are those of the two passes run one after the other, so the bits
-    are too. Entry: ``int opg_kernel(K, R, nblocks, nr_a, rshape_a, ptrs_a, koff_a, rstr_a,
-    out_a, nr_b, rshape_b, ptrs_b, koff_b, rstr_b, out_b, run)``."""
-    SA, SB, nbb = len(a[3]), len(b[3]), len(b[0])
-    elem_bytes = max(_elem_bytes(a[0]), _elem_bytes(b[0]))
-    L = _HEADER + _items("opg_items_a", *a, "OPG_PAIR_KG", "c->group") + \
-        _items("opg_items_b", *b, "OPG_PAIR_KG", "c->group")
-    L += ["struct opg_bctx { struct opg_rctx a, b; float *out_a, *out_b; };", "",
-          "static void opg_fold_out(const struct opg_rctx *r, int S, int64_t k, float *out)", "{",
-          "    for (int s = 0; s < S; ++s) {",
-          "        float *const bl = r->blocks + (s * r->K + k) * r->nblocks;",
-          "        opg_fold(bl, r->nblocks, 1);",
-          "        out[s * r->K + k] = bl[0];",
-          "    }", "}", "",
-          "static void opg_channels(void *vctx, int64_t g0, int64_t g1)", "{",
-          "    const struct opg_bctx *const c = (const struct opg_bctx *)vctx;",
-          "    const int64_t K = c->a.K, nb = c->a.nblocks, G = c->a.group;"]
-    L += [f"    float *const d{j} = (float *)c->b.ptrs[{nbb + j}];" for j, _ in derived]
-    L += ["    for (int64_t gi = g0; gi < g1; ++gi) {  /* G kept indices at a time */",
-          "        const int64_t k0 = gi * G, k1 = k0 + G < K ? k0 + G : K;",
-          "        opg_items_a((void *)&c->a, gi * nb, (gi + 1) * nb);",
-          "        for (int64_t k = k0; k < k1; ++k) {",
-          f"            opg_fold_out(&c->a, {SA}, k, c->out_a);"]
-    L += [f"            const float r_{r} = {ROUND[d].format(f'c->out_a[{s} * K + k]')};"
-          for s, (r, d) in enumerate(a_regs)]
-    L += [f"            const float r_{r} = {ROUND[d].format(expr)};" for r, expr, d in between]
-    L += [f"            d{j}[k] = r_{r};" for j, r in derived]
-    L += ["        }",
-          "        opg_items_b((void *)&c->b, gi * nb, (gi + 1) * nb);",
-          f"        for (int64_t k = k0; k < k1; ++k) opg_fold_out(&c->b, {SB}, k, c->out_b);",
-          "    }", "}", "",
-          "int opg_kernel(int64_t K, int64_t R, int64_t nblocks,",
-          "               int64_t nr_a, const int64_t *rshape_a, void *const *ptrs_a,",
-          "               const int64_t *koff_a, const int64_t *rstr_a, float *out_a,",
-          "               int64_t nr_b, const int64_t *rshape_b, void *const *ptrs_b,",
-          "               const int64_t *koff_b, const int64_t *rstr_b, float *out_b, opg_run run)", "{",
-          f"    float *const blocks = (float *)malloc(sizeof(float) * {SA + SB} * K * nblocks);",
-          "    if (blocks == 0) return 1;",
-          f"    const int64_t G = opg_pair_group(K, R, {elem_bytes});",
-          "    const struct opg_bctx c = {",
-          "        {K, R, nr_a, nblocks, rshape_a, koff_a, rstr_a, ptrs_a, blocks, 0, G},",
-          f"        {{K, R, nr_b, nblocks, rshape_b, koff_b, rstr_b, ptrs_b, blocks + {SA} * K * nblocks, 0, G}},",
-          "        out_a, out_b};",
-          *_share("opg_channels", "&c", "(K + G - 1) / G"),
-          "    free(blocks);",
-          "    return 0;",
-          "}", ""]
-    return "\n".join(L)
-
-
-def render_cols_pair(a: tuple, b: tuple, a_regs: Sequence[tuple[str, DataType]],
-                     between: Sequence[tuple[str, str, DataType]], derived: Sequence[tuple[int, str]]) -> str:
-    """:func:`render_blocked` for two channels_last passes (``cols``): pass ``a``'s items over
-    all the data, its sums folded, the instructions ``between`` for every kept index, then pass
-    ``b``'s items — one C call with the entry of :func:`render_blocked`, so no Python runs
-    between the passes. Each pass's items, lane groups and folds are those of
-    :func:`render_pass`'s ``cols`` kernel, so the bits are too."""
-    SA, SB, nbb = len(a[3]), len(b[3]), len(b[0])
-    eb = max(_elem_bytes(a[0]), _elem_bytes(b[0]))  # one chunk size for both passes' items
-    L = _HEADER + _item_head("opg_items_a", *a[:2]) + _cols_items(*a, eb)
-    L += _item_head("opg_items_b", *b[:2]) + _cols_items(*b, eb)
-    L += ["int opg_kernel(int64_t K, int64_t R, int64_t nblocks,",
-          "               int64_t nr_a, const int64_t *rshape_a, void *const *ptrs_a,",
-          "               const int64_t *koff_a, const int64_t *rstr_a, float *out_a,",
-          "               int64_t nr_b, const int64_t *rshape_b, void *const *ptrs_b,",
-          "               const int64_t *koff_b, const int64_t *rstr_b, float *out_b, opg_run run)", "{",
-          f"    const int par = {_PARALLEL};",
-          f"    const int64_t items = opg_nkc(K, R, {eb}) * nblocks;",
-          "    const int64_t ng = par ? OPG_LANE_GROUPS(items, nblocks) : 1, work = items * ng;",
-          "    const int64_t per_block = ng > 1 ? OPG_LANES : 1, size = K * nblocks * per_block;",
-          f"    float *const blocks = (float *)malloc(sizeof(float) * {SA + SB} * size);",
-          "    if (blocks == 0) return 1;",
-          "    const struct opg_rctx ca = {K, R, nr_a, nblocks, rshape_a, koff_a, rstr_a, ptrs_a, blocks, ng};",
-          f"    const struct opg_rctx cb = {{K, R, nr_b, nblocks, rshape_b, koff_b, rstr_b, ptrs_b, blocks + {SA} * size, ng}};",
-          *_share("opg_items_a", "&ca", "work", "par"),
-          f"    opg_fold_blocks(ca.blocks, {SA}, K, R, nblocks, per_block, out_a);"]
-    L += [f"    float *const d{j} = (float *)ptrs_b[{nbb + j}];" for j, _ in derived]
-    L += ["    for (int64_t k = 0; k < K; ++k) {"]
-    L += [f"        const float r_{r} = {ROUND[d].format(f'out_a[{s} * K + k]')};"
-          for s, (r, d) in enumerate(a_regs)]
-    L += [f"        const float r_{r} = {ROUND[d].format(expr)};" for r, expr, d in between]
-    L += [f"        d{j}[k] = r_{r};" for j, r in derived]
-    L += ["    }",
-          *_share("opg_items_b", "&cb", "work", "par"),
-          f"    opg_fold_blocks(cb.blocks, {SB}, K, R, nblocks, per_block, out_b);",
-          "    free(blocks);",
-          "    return 0;",
-          "}", ""]
-    return "\n".join(L)
-
-
-__all__ = ["render_blocked", "render_cols_pair", "render_pass"]
+__all__ = ["HEADER", "PARALLEL", "elem_bytes", "render_cols_items", "render_item_head",
+           "render_items", "render_pass", "share"]
