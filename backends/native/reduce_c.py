@@ -79,6 +79,11 @@ static inline int64_t opg_pair_group(int64_t K, int64_t R, int64_t bytes) {{
     int64_t g = OPG_PAIR_BYTES / (R * bytes > 0 ? R * bytes : 1);
     return opg_group(K, g < 1 ? 1 : g > OPG_PAIR_KG ? OPG_PAIR_KG : g);
 }}
+/* the lanes a block of len rows adds into, rounded up to 16 (no vector reads a lane left unset):
+   only these are cleared (at R = 1, 2048 channels, clearing all 64 was most of a pass) */
+static inline int64_t opg_lanes_used(int64_t len) {{
+    return len < OPG_LANES ? (len + 15) / 16 * 16 : OPG_LANES;
+}}
 /* l0ops.ordered's tree: with n = ceil(m/2), a[j] += a[j + n] for j < m - n; m = n; ... */
 static void opg_fold(float *a, int64_t m, int64_t stride) {{
     while (m > 1) {{
@@ -173,9 +178,10 @@ def render_cols_items(big, kept, live, sums, eb: int) -> list[str]:
          "        const int64_t kn = K - k0 < kc ? K - k0 : kc;",
          f"        float accbuf[{S} * OPG_LANES * OPG_KC_MAX] __attribute__((aligned(64)));",
          "        float (*const acc)[OPG_LANES][kc] = (float (*)[OPG_LANES][kc])accbuf;",
-         f"        for (int s = 0; s < {S}; ++s) for (int l = 0; l < OPG_LANES; ++l)",
-         "            for (int e = 0; e < kc; ++e) acc[s][l][e] = -0.0f;",
-         "        const int64_t r1 = (blk + 1) * OPG_BLOCK < R ? (blk + 1) * OPG_BLOCK : R;"]
+         "        const int64_t r1 = (blk + 1) * OPG_BLOCK < R ? (blk + 1) * OPG_BLOCK : R;",
+         "        const int64_t used = opg_lanes_used(r1 - blk * OPG_BLOCK);",
+         f"        for (int s = 0; s < {S}; ++s) for (int64_t l = 0; l < used; ++l)",
+         "            for (int e = 0; e < kc; ++e) acc[s][l][e] = -0.0f;"]
     L += [f"        const float *const g{j} = h{j} + k0;" for j in range(len(kept))]
     L += ["        int64_t r = blk * OPG_BLOCK;",
           "        while (r < r1) {",
@@ -215,7 +221,7 @@ def render_cols_items(big, kept, live, sums, eb: int) -> list[str]:
           f"        for (int s = 0; s < {S}; ++s) for (int64_t e = 0; e < kn; ++e) {{",
           "            float *const to = c->blocks + ((s * K + k0 + e) * nblocks + blk) * (ng > 1 ? OPG_LANES : 1);",
           "            if (ng > 1) {  /* the group's lanes: the kernel folds them */",
-          "                for (int64_t l = l0; l < l0 + lg; ++l) to[l] = acc[s][l][e];",
+          "                for (int64_t l = l0; l < l0 + lg && l < used; ++l) to[l] = acc[s][l][e];",
           "                continue;",
           "            }",
           "            opg_fold(&acc[s][0][e], m, kc);",
@@ -313,9 +319,10 @@ def render_items(name: str, big: Sequence[tuple[str, DataType]], kept: Sequence[
           "        const int64_t k0 = (w / nblocks) * group, blk = w % nblocks;",
           "        const int64_t kn = K - k0 < group ? K - k0 : group;",
           f"        float accs[{cap}][{S}][OPG_LANES] __attribute__((aligned(64)));",
-          f"        for (int64_t g = 0; g < kn; ++g) for (int s = 0; s < {S}; ++s)",
-          "            for (int l = 0; l < OPG_LANES; ++l) accs[g][s][l] = -0.0f;",
           "        const int64_t r1 = (blk + 1) * OPG_BLOCK < R ? (blk + 1) * OPG_BLOCK : R;",
+          "        const int64_t len = r1 - blk * OPG_BLOCK, used = opg_lanes_used(len);",
+          f"        for (int64_t g = 0; g < kn; ++g) for (int s = 0; s < {S}; ++s)",
+          "            for (int64_t l = 0; l < used; ++l) accs[g][s][l] = -0.0f;",
           "        int64_t r = blk * OPG_BLOCK;",
           "        while (r < r1) {",
           "            int64_t rest = r / inner;",
@@ -364,7 +371,6 @@ def render_items(name: str, big: Sequence[tuple[str, DataType]], kept: Sequence[
     L += ["                    for (; j < run; ++j, l = (l + 1) & (OPG_LANES - 1)) {"]
     L += [pad + "    " + s for s in _scalar(big, live, sums, lambda i: f"b{i}[p{i} + (t0 + j) * s{i}]")]
     L += ["                    }", "                }", "            }", "            r += run;", "        }",
-          "        const int64_t len = r1 - blk * OPG_BLOCK;",
           f"        for (int64_t g = 0; g < kn; ++g) for (int s = 0; s < {S}; ++s) {{",
           "            opg_fold(accs[g][s], len < OPG_LANES ? len : OPG_LANES, 1);",
           "            c->blocks[(s * K + k0 + g) * nblocks + blk] = accs[g][s][0];",
