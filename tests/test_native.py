@@ -53,8 +53,10 @@ def both(case: R.Case, soc: str, layouts=None, out_factory=None):
 
 @pytest.fixture(autouse=True)
 def kernels_of_any_size(monkeypatch):
-    """Run even tiny kernels in C, so small test shapes test the C code."""
+    """Run even tiny kernels in C, so small test shapes test the C code (the reduction passes
+    too, where the serial call would take them)."""
     monkeypatch.setattr(native.NativeBackend, "min_elements", 0)
+    monkeypatch.setattr(native.NativeBackend, "min_short_elements", 0)
 
 
 @pytest.fixture

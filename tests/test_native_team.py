@@ -68,6 +68,7 @@ def runtime(request):
 @pytest.fixture(autouse=True)
 def kernels_of_any_size(monkeypatch):
     monkeypatch.setattr(native.NativeBackend, "min_elements", 0)
+    monkeypatch.setattr(native.NativeBackend, "min_short_elements", 0)
 
 
 def _counter():

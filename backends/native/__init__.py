@@ -42,7 +42,7 @@ from .direct_reduce import DirectReduce
 from .gather_fused import DirectGather, run_gather_fused
 from .launch import Launch, collapse, fused_operands, fused_pointers, new_launch, run_fused_native
 from .reduce_run import run_fused_reduce_native
-from .small import run_small_reduce_native
+from .small import run_small_reduce_native, serial_below, short_sums
 from .unsupported import Unsupported
 
 def available() -> bool:
@@ -69,10 +69,10 @@ def _lower_fused(exe: Any, node: Any, args: list, out: Optional[np.ndarray] = No
 
 def _lower_reduce(exe: Any, node: Any, args: list) -> list:
     """FusedReduce with its reductions in C; bodies the C pass does not cover run on numpy.
-    Below ``min_elements`` the whole body is one serial C call (:mod:`.small`) when the
-    prologue renderer covers it, else numpy."""
+    Below the backend's threshold (:func:`.small.serial_below`) the whole body is one serial C
+    call (:mod:`.small`) when the prologue renderer covers it, else numpy."""
     backend: NativeBackend = exe.backend
-    if sum(np.asarray(x).size for x in args) < backend.min_elements:
+    if sum(np.asarray(x).size for x in args) < serial_below(short_sums(node.attrs), *backend.limits()):
         try:
             return run_small_reduce_native(node.attrs, args)
         except Unsupported:
@@ -303,10 +303,10 @@ class NativeExecutable(NumpyExecutable):
             if self.direct_reduce is None:  # prepared once, on first run
                 with np.errstate(all="ignore"):
                     self.direct_reduce = DirectReduce.prepare(
-                        self.reduce[0], bindings, self.backend.min_elements, *self.reduce[1:])
+                        self.reduce[0], bindings, self.backend.limits(), *self.reduce[1:])
                 self.reduce = None if self.direct_reduce is None else self.reduce
             if self.direct_reduce is not None:
-                return self.direct_reduce.run(bindings, self.backend.min_elements)
+                return self.direct_reduce.run(bindings, self.backend.limits())
         gather = self.gather
         if gather is not None:
             if gather.fn is None and not gather.prepare(bindings):  # once, on the first run
@@ -402,14 +402,19 @@ class NativeExecutable(NumpyExecutable):
 
 class NativeBackend(NumpyBackend):
     """NumpyBackend with FusedElementwise lowered to compiled C; ``fallbacks`` counts the fused
-    nodes that ran on numpy, by reason. FusedReduce kernels smaller than ``min_elements`` run as
-    one serial C call, or on numpy when the prologue renderer does not cover their body; those
+    nodes that ran on numpy, by reason. FusedReduce kernels smaller than ``min_elements`` (or
+    ``min_short_elements`` where each sum adds at most 64 elements) run as one serial C call, or on numpy when the prologue renderer does not cover their body; those
     and FusedElementwise kernels smaller than ``min_fused_elements`` run on numpy (the same
     bits) and are counted in ``small``. A FusedElementwise call is cheaper in C at any size (its
     launch is cached and its per-channel part runs in C too), hence 0."""
 
     name = "native"
     min_elements = 4096
+    # a body whose sums each add at most 64 elements (a sum over the ranks) runs as the serial
+    # call up to here: BatchNormGatherStatsWithCounts over 1-8 ranks of 2048 channels took
+    # 38-116 µs so, 106-153 µs as the passes; around 65K elements the two are even (1024
+    # channels over 32 ranks: 286 against 282 µs) and past it the passes win (HISTORY)
+    min_short_elements = 49152
     min_fused_elements = 0
     lowerings = NATIVE_LOWERINGS
 
@@ -422,6 +427,11 @@ class NativeBackend(NumpyBackend):
 
     def availability(self) -> tuple[bool, str]:
         return availability()
+
+    def limits(self) -> tuple[int, int]:
+        """``(min_elements, min_short_elements)``: the FusedReduce thresholds
+        (:func:`.small.serial_below`), read per run so that a change applies at once."""
+        return self.min_elements, self.min_short_elements
 
 
 def emit_c(node: Any) -> str:

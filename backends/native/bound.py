@@ -14,12 +14,13 @@ same bindings, node by node, with the same lowerings and the same bits:
 * a FusedElementwise kernel the C renderer covers with its per-channel prologue becomes one C
   call on fixed pointers (its destination: the user tensor or arena slot the plan gives it, else
   a buffer of the binding's own);
-* a FusedReduce keeps its C plan (one serial C call below ``min_elements``, else the passes);
+* a FusedReduce keeps its C plan (one serial C call below the threshold, else the passes);
 * any other node runs its lowering on the fixed arrays; every result is copied into the array
   that holds it (its slot, or a buffer of the binding's own), so later kernels find it there.
 
-The backend's size thresholds (``min_elements``, ``min_fused_elements``) are read when binding:
-they choose between implementations with the same bits, and a rebinding reads them again.
+The backend's size thresholds (``min_elements``, ``min_short_elements``,
+``min_fused_elements``) are read when binding: they choose between implementations with the
+same bits, and a rebinding reads them again.
 
     >>> import numpy as np, opgraph
     >>> from opgraph.core.ir import Graph, TensorType
@@ -56,7 +57,7 @@ from .build import address
 from .launch import fused_operands, fused_pointers, launch_for
 from .reduce import plan_for
 from .reduce_run import run_planned
-from .small import plan_small, prepared_small
+from .small import plan_small, prepared_small, serial_below, short_sums
 from .unsupported import Unsupported
 
 Step = Callable[[int, dict], None]  # one step of a bound run: (the team runner, the arrays by name)
@@ -278,10 +279,11 @@ def _kernel(exe: Any, a: FusedAttrs, args: list, dst: np.ndarray,
 def _reduce(exe: Any, a: Any, args: list, inputs: tuple, outputs: tuple,
             like: Optional[Step] = None) -> Optional[Step]:
     """A FusedReduce with its C plan made once, or None (its lowering then runs): one serial
-    C call (its pointers and scratch made once) below ``min_elements``, else the passes.
+    C call (its pointers and scratch made once) below the backend's threshold
+    (:func:`.small.serial_below`), else the passes.
     ``like``: this node's step in a Bound of the same layouts, whose plan is taken."""
     names = [name for name, _ in outputs]
-    serial = sum(x.size for x in args) < exe.backend.min_elements
+    serial = sum(x.size for x in args) < serial_below(short_sums(a), *exe.backend.limits())
     record = getattr(like, "record", None)
     plan = record[1] if record is not None and record[0] == serial else None
     try:

@@ -99,6 +99,7 @@ typedef __m512 opg_v;
 #define opg_v_sub _mm512_sub_ps
 #define opg_v_mul _mm512_mul_ps
 #define opg_v_div _mm512_div_ps
+#define opg_v_sqrt _mm512_sqrt_ps
 #define opg_v_set1 _mm512_set1_ps
 #define opg_v_ld_f32 _mm512_loadu_ps
 #define opg_v_st_f32 _mm512_storeu_ps
@@ -173,6 +174,7 @@ typedef __m256 opg_v;
 #define opg_v_sub _mm256_sub_ps
 #define opg_v_mul _mm256_mul_ps
 #define opg_v_div _mm256_div_ps
+#define opg_v_sqrt _mm256_sqrt_ps
 #define opg_v_set1 _mm256_set1_ps
 #define opg_v_ld_f32 _mm256_loadu_ps
 #define opg_v_st_f32 _mm256_storeu_ps

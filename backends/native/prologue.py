@@ -12,9 +12,13 @@ to their dtype after every instruction like the numpy reference, ``cast`` of an 
 input to f32 is C's (round to nearest even, as numpy), ``max``/``fma``/``eq``/``where`` are
 numpy's (the arch35 kernels' reciprocal square root refinement), ``pow`` by a constant
 exponent the 950 kernel special-cases is computed as it does (−0.5: 1/sqrt), and ``sum`` follows
-:mod:`l0ops.ordered` (64 lanes, 32768-element blocks, tree folds). Sizes and strides are run-time values in ``tab``
-(:attr:`Prologue.table`): a new size of the same structure reuses the compiled code. Anything
-else raises :class:`Unsupported` and the backend evaluates the hoisted part in numpy instead.
+:mod:`l0ops.ordered` (64 lanes, 32768-element blocks, tree folds; a sum over at most 64
+elements, one in each lane, is folded for 64 kept indices at a time). An instruction's loop
+leaves out its size-1 dims and takes each row ``OPG_W`` elements at a time where the operands
+are rows or constants (the same correctly rounded operation on every lane). Sizes and strides
+are run-time values in ``tab`` (:attr:`Prologue.table`): a new size of the same structure
+reuses the compiled code. Anything else raises :class:`Unsupported` and the backend evaluates
+the hoisted part in numpy instead.
 
     >>> import numpy as np
     >>> from l0ops.interpreter import program
@@ -31,7 +35,7 @@ else raises :class:`Unsupported` and the backend evaluates the hoisted part in n
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 
@@ -39,7 +43,7 @@ from l0ops.ordered import BLOCK, LANES
 from l0ops.primitives import Instr
 from opgraph.core.dtypes import DataType
 from opgraph.core.tensor import row_major_strides
-from .c_text import C_OP, FLOATS, LOAD, ROUND
+from .c_text import C_OP, FLOATS, LOAD, ROUND, V_OP, V_ROUND
 from .render import Plan, render
 from .unsupported import Unsupported
 
@@ -96,6 +100,37 @@ static void opg_osum(int r, const float *x, const int64_t *ksh, const int64_t *r
     int64_t kidx[r > 0 ? r : 1], ko = 0;
     for (int d = 0; d < r; ++d) kidx[d] = 0;
     const int64_t *kst[1] = {{xs}}, *rst[1] = {{rt}};
+    if (R >= 1 && R <= {LANES}) {{  /* each element in a lane of its own: the sum is the lanes'
+        tree, folded for 64 kept indices at a time in vector registers (not a tree per index) */
+        float a[{LANES}][64];
+        int64_t roff[{LANES}], ridx[r > 0 ? r : 1], ro = 0, g = 0;
+        for (int d = 0; d < nr; ++d) ridx[d] = 0;
+        while (g < R) {{  /* the reduced elements' offsets, in the order the lanes take them */
+            for (int64_t j = 0; j < m; ++j) roff[g++] = ro + j * t;
+            opg_step(nr > 1 ? nr - 1 : 0, rs, ridx, 1, &ro, rst);
+        }}
+        for (int64_t k0 = 0; k0 < K; k0 += 64) {{
+            const int64_t kn = K - k0 < 64 ? K - k0 : 64;
+            for (int64_t c = 0; c < 64; ++c) {{
+                for (int64_t i = 0; i < R; ++i) a[i][c] = c < kn ? x[ko + roff[i]] : 0.0f;
+                if (c < kn) opg_step(r, ksh, kidx, 1, &ko, kst);
+            }}
+            for (int64_t w = R; w > 1; ) {{  /* opg_tree on every kept index's lanes */
+                const int64_t n = (w + 1) / 2;
+                for (int64_t i = 0; i < w - n; ++i)
+#if defined(OPG_VEC)
+                    for (int64_t c = 0; c < 64; c += OPG_W)
+                        opg_v_st_f32(&a[i][c], opg_v_add(opg_v_ld_f32(&a[i][c]), opg_v_ld_f32(&a[i + n][c])));
+#else
+                    for (int64_t c = 0; c < 64; ++c) a[i][c] += a[i + n][c];
+#endif
+                w = n;
+            }}
+            for (int64_t c = 0; c < kn; ++c)
+                out[k0 + c] = rnd == 1 ? opg_rnd_f16(a[0][c]) : rnd == 2 ? opg_rnd_bf16(a[0][c]) : a[0][c];
+        }}
+        return;
+    }}
     for (int64_t k = 0; k < K; ++k) {{
         int64_t ridx[r > 0 ? r : 1], ro = ko, i = 0, b = 0;
         for (int d = 0; d < nr; ++d) ridx[d] = 0;
@@ -184,36 +219,57 @@ class Prologue:
             raise Unsupported(f"per-channel input {name} is {dtype.short}")
         k = len(self.small)
         self.small += (int(name[2:]),)
-        st = self._put([s // x.itemsize for s in x.strides])
+        st = [s // x.itemsize for s in x.strides]
         if dtype in INT_C:
             self._ints[name] = (k, dtype, st)
             return []
         at = self._alloc(name, tuple(shape))
-        sh = self._put(shape)
         return [f"{{ /* {name}: {dtype.short}{list(shape)} */",
                 f"    const {IN_C[dtype]} *x = (const {IN_C[dtype]} *)small[{k}];",
                 f"    float *o = scr + tab[{at}];",
-                *self._loop(len(shape), sh, [st], f"o[e] = {LOAD[dtype].format(f'x[{_at(0)}]')};"),
+                *self._loop(shape, [st], f"o[e] = {LOAD[dtype].format(f'x[{_at(0)}]')};"),
                 "}"]
 
-    def _loop(self, r: int, sh: int, strides: list[int], stmt: str) -> list[str]:
-        """A loop over the ``r`` sizes at ``tab[sh]`` writing ``o[e]`` row-major; operand k (at
-        ``tab[strides[k]]``) is read at :func:`_at` ``(k)``. The last dim is a plain inner loop
-        (``j``, operand k moving by ``qk``); an odometer steps the outer dims once per row."""
+    def _loop(self, shape: Sequence[int], views: Sequence[Sequence[int]], stmt: str,
+              vector: Optional[tuple[Sequence[int], str]] = None) -> list[str]:
+        """A loop over ``shape`` writing ``o[e]`` row-major; operand k (element strides
+        ``views[k]``) is read at :func:`_at` ``(k)``. Its size-1 dims are left out (this code
+        runs only where they are 1: a plan is per layout, and a resized launch keeps every size
+        of the prologue's registers), so a [1, C, 1, 1] register is one run of C. The sizes and
+        strides go in the table; the last dim left is a plain inner loop (``j``, operand k
+        moving by ``qk``); an odometer steps the outer dims once per row.
+        ``vector``: ``(scratch offsets' table slots, statement)`` — where every operand's inner
+        stride is 0 or 1 (a per-channel row, a constant), the rows go ``OPG_W`` at a time with
+        operand k as vector ``a<k>`` (loaded, or one element broadcast) and the statement
+        storing ``o[e...]``: the same correctly rounded operation on every lane, so the same bits
+        (BatchNormGatherStatsWithCounts' body runs ~30 instructions on [W, C] rows)."""
+        keep = [d for d, n in enumerate(shape) if n != 1]
+        r, sh = len(keep), self._put([shape[d] for d in keep])
+        strides = [self._put([v[d] for d in keep]) for v in views]
         nk = max(len(strides), 1)
         st = ", ".join(f"tab + {s}" for s in strides) or "tab"
         inner = f"tab[{sh} + {r - 1}]" if r else "1"
         steps = " ".join(f"const int64_t q{k} = {f'st[{k}][{r - 1}]' if r else '0'};" for k in range(nk))
-        return [f"    int64_t n = 1, idx[{max(r, 1)}] = {{0}}, p[{nk}] = {{0}};",
-                f"    const int64_t *const st[{nk}] = {{{st}}};",
-                f"    for (int d = 0; d < {r}; ++d) n *= tab[{sh} + d];",
-                f"    const int64_t m = {inner}; {steps}",
-                "    for (int64_t e = 0; e < n; ) {",
-                "        for (int64_t j = 0; j < m; ++j, ++e) {",
-                f"            {stmt}",
-                "        }",
-                f"        opg_step({max(r - 1, 0)}, tab + {sh}, idx, {nk}, p, st);",
-                "    }"]
+        L = [f"    int64_t n = 1, idx[{max(r, 1)}] = {{0}}, p[{nk}] = {{0}};",
+             f"    const int64_t *const st[{nk}] = {{{st}}};",
+             f"    for (int d = 0; d < {r}; ++d) n *= tab[{sh} + d];",
+             f"    const int64_t m = {inner}; {steps}"]
+        if vector is not None:
+            slots, vstmt = vector
+            unit = " && ".join(f"(uint64_t)q{k} <= 1u" for k in range(len(slots))) or "1"
+            L += ["#if defined(OPG_VEC)", f"    const int unit = {unit};", "#endif"]
+        L += ["    for (int64_t e = 0; e < n; ) {", "        int64_t j = 0;"]
+        if vector is not None:
+            L += ["#if defined(OPG_VEC)",
+                  "        for (; unit && j + OPG_W <= m; j += OPG_W, e += OPG_W) {"]
+            L += [f"            const opg_v a{k} = q{k} ? opg_v_ld_f32(&scr[tab[{at}] + p[{k}] + j]) "
+                  f": opg_v_set1(scr[tab[{at}] + p[{k}]]);" for k, at in enumerate(slots)]
+            L += [f"            {vstmt}", "        }", "#endif"]
+        return L + ["        for (; j < m; ++j, ++e) {",
+                    f"            {stmt}",
+                    "        }",
+                    f"        opg_step({max(r - 1, 0)}, tab + {sh}, idx, {nk}, p, st);",
+                    "    }"]
 
     def _instr(self, name: str, ins: Instr, types: dict) -> list[str]:
         dtype, shape = types[name]
@@ -255,11 +311,10 @@ class Prologue:
             if dtype != DataType.FLOAT:
                 raise Unsupported(f"{ins.render(name)}: integer cast to {dtype.short}")
             at = self._alloc(name, shape)
-            sh = self._put(shape)
             return [f"{{ /* {ins.render(name)} */",
                     f"    const {INT_C[src]} *x = (const {INT_C[src]} *)small[{k}];",
                     f"    float *o = scr + tab[{at}];",
-                    *self._loop(len(shape), sh, [st], f"o[e] = (float)x[{_at(0)}];"), "}"]
+                    *self._loop(shape, [st], f"o[e] = (float)x[{_at(0)}];"), "}"]
         if any(r not in self.regs for r in ins.args):
             raise Unsupported(f"{ins.render(name)}: operand not in the prologue")
         if ins.op == "sum":
@@ -270,16 +325,19 @@ class Prologue:
         if ins.op == "pow" and self._const.get(ins.args[1]) not in _POW:
             raise Unsupported(f"{ins.render(name)}: pow other than by a constant " + ", ".join(map(str, _POW)))
         at = self._alloc(name, shape)
-        sh = self._put(shape)
-        sts = [self._put(self._view(r, shape)) for r in ins.args]
-        loads = [f"scr[tab[{self._put([self.regs[r][0]])}] + {_at(k)}]" for k, r in enumerate(ins.args)]
-        expr = (_POW[self._const[ins.args[1]]].format(loads[0]) if ins.op == "pow"
+        slots = [self._put([self.regs[r][0]]) for r in ins.args]
+        loads = [f"scr[tab[{slot}] + {_at(k)}]" for k, slot in enumerate(slots)]
+        power = self._const[ins.args[1]] if ins.op == "pow" else None
+        expr = (_POW[power].format(loads[0]) if ins.op == "pow"
                 else _SCALAR[ins.op].format(*loads) if ins.op in _SCALAR else f" {C_OP[ins.op]} ".join(loads))
+        vexpr = _vector_expr(ins.op, power)
         if ins.op not in ("eq", "where"):  # where picks values that already have the dtype
             expr = ROUND[dtype].format(expr)
+            vexpr = vexpr and V_ROUND[dtype].format(vexpr)
+        vector = (slots, f"opg_v_st_f32(&o[e], {vexpr});") if vexpr else None
         return [f"{{ /* {ins.render(name)} */",
                 f"    float *o = scr + tab[{at}];",
-                *self._loop(len(shape), sh, sts, f"o[e] = {expr};"), "}"]
+                *self._loop(shape, [self._view(r, shape) for r in ins.args], f"o[e] = {expr};", vector), "}"]
 
     def _sum(self, name: str, ins: Instr, types: dict, dtype: DataType, shape: tuple) -> list[str]:
         src = tuple(ins.over) if ins.over is not None else tuple(types[ins.args[0]][1])
@@ -301,6 +359,24 @@ class Prologue:
 def _at(k: int) -> str:
     """The element index of operand ``k`` in :meth:`Prologue._loop`'s inner loop."""
     return f"(p[{k}] + j * q{k})"
+
+
+# the vector forms of the instructions :meth:`Prologue._loop` runs OPG_W elements at a time, on
+# operands a0, a1 (each correctly rounded, as the scalar forms); pow by the 950's constants
+_V_SCALAR = {"cast": "a0", "sqrt": "opg_v_sqrt(a0)"}
+_V_POW = {-0.5: "opg_v_div(opg_v_set1(1.0f), opg_v_sqrt(a0))", 0.5: "opg_v_sqrt(a0)",
+          2.0: "opg_v_mul(a0, a0)", -1.0: "opg_v_div(opg_v_set1(1.0f), a0)", 1.0: "a0",
+          0.0: "opg_v_set1(1.0f)"}
+
+
+def _vector_expr(op: str, power: Optional[float]) -> str:
+    """The vector form of instruction ``op`` (``power``: pow's exponent), or "" (scalar only:
+    max, fma, eq, where keep numpy's scalar semantics)."""
+    if op == "pow":
+        return _V_POW.get(power, "")
+    if op in V_OP:
+        return f"{V_OP[op]}(a0, a1)"
+    return _V_SCALAR.get(op, "")
 
 
 def _closure(body: Sequence[Instr], needed: Sequence[str]) -> set[str]:

@@ -29,12 +29,13 @@ import numpy as np
 
 from l0ops.expansion import array_types
 from l0ops.fused_reduce import FusedReduceAttrs, as_output
+from l0ops.ordered import LANES
 from l0ops.primitives import IdentityMemo, Instr, body_types
 from opgraph.core.dtypes import DataType
 from . import build
 from .build import PointerArray, address, int64_array
 from .prologue import HELPERS as SUM_HELPERS, Prologue
-from .c_text import F32, HELPERS
+from .c_text import F32, HELPERS, V_HELPERS
 from .unsupported import Unsupported, planned
 
 _ARGTYPES = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
@@ -70,7 +71,7 @@ def compile_body(body: Sequence[Instr], types: dict, inputs: Sequence[np.ndarray
     pro = Prologue(body, types, inputs, needed)
     if any(r not in pro.regs for r in needed):
         raise Unsupported("a result is not a float register")
-    source = "\n".join([HELPERS, SUM_HELPERS, pro.source,
+    source = "\n".join([HELPERS, V_HELPERS, SUM_HELPERS, pro.source,
                         "int opg_small(const int64_t *tab, void *const *small, float *scr)",
                         "{", "    opg_prologue(tab, small, scr);", "    return 0;", "}", ""])
     fn = build.load(source, symbol="opg_small").fn
@@ -79,6 +80,33 @@ def compile_body(body: Sequence[Instr], types: dict, inputs: Sequence[np.ndarray
     regs = tuple((pro.regs[r][0], tuple(pro.regs[r][1]), tuple(4 * s for s in pro.regs[r][2]),
                   types[r][0]) for r in results)
     return SmallPlan(fn, int64_array(pro.table), pro.small, pro.scratch, regs)
+
+
+def short_sums(a: FusedReduceAttrs) -> bool:
+    """Whether every sum of ``a``'s body adds at most 64 elements (by its ``over`` shape), each
+    then in a lane of its own: the serial call folds them for 64 kept indices at a time, in
+    vector registers (BatchNormGatherStatsWithCounts: a sum over the ranks).
+
+        >>> from l0ops.fused_reduce import Instr
+        >>> s = Instr(op="sum", args=("in0",), dtype=F32, shape=(1, 2048), over=(8, 2048))
+        >>> short_sums(FusedReduceAttrs(body=(s,), results=("t0",), out_shapes=((2048,),)))
+        True
+    """
+    for ins in a.body:
+        if ins.op == "sum":
+            if ins.over is None:
+                return False
+            reduced = ins.over if ins.shape is None else [n for o, n in zip(ins.shape, ins.over) if o != n]
+            if math.prod(reduced) > LANES:
+                return False
+    return True
+
+
+def serial_below(short: bool, min_elements: int, min_short_elements: int) -> int:
+    """The input elements below which a FusedReduce runs as the one serial C call rather than
+    the reduction passes: ``min_elements``, or, for a body of :func:`short_sums`, the larger of
+    it and ``min_short_elements`` (the native backend's thresholds)."""
+    return max(min_elements, min_short_elements) if short else min_elements
 
 
 _PLANS = IdentityMemo(limit=256)
@@ -165,4 +193,4 @@ def run_small_reduce_native(a: FusedReduceAttrs, inputs: Sequence[np.ndarray]) -
 
 
 __all__ = ["SmallCall", "SmallPlan", "call_small", "compile_body", "plan_small", "prepared_small",
-           "run_small_reduce_native"]
+           "run_small_reduce_native", "serial_below", "short_sums"]
