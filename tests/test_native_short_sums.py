@@ -87,6 +87,23 @@ def test_short_sums_in_other_layouts_and_dtypes(layout, dt):
     R.assert_bits_equal(small.run_small_reduce_native(a, [x])[0], FusedReduce.compute([x], a)[0])
 
 
+@pytest.mark.parametrize("dt", [D.FLOAT, D.FLOAT16, D.BF16])
+def test_inputs_copied_in_a_vector_at_a_time(dt):
+    """The body's inputs widened into the call's registers: a row read in place (inner stride
+    1), a value repeated along the row (a broadcast view, inner stride 0) and a strided one
+    (element by element), each over rows of 40 (two or five vectors and a tail)."""
+    rng = np.random.default_rng(13)
+    K, n = 6, 40
+    col = spread(rng, (K, 1), 2, NP[dt])
+    inputs = [spread(rng, (K, n), 2, NP[dt]), np.broadcast_to(col, (K, n)),
+              spread(rng, (K, 3 * n), 2, NP[dt])[:, ::3]]
+    body = (I("mul", "in0", "in1", dtype=dt), I("add", "t0", "in2", dtype=dt),
+            I("sum", "t1", dtype=dt, shape=(K, 1), over=(K, n)))
+    a = FusedReduceAttrs(body=body, results=("t1", "t2"), out_shapes=((K, n), (K,)))
+    for got, want in zip(small.run_small_reduce_native(a, inputs), FusedReduce.compute(inputs, a)):
+        R.assert_bits_equal(got, want)
+
+
 def test_a_gather_like_body_with_a_broadcast_count():
     """Σ_w mean[w, c] · count[w] / Σ count, the counts viewed [W, 1]: rows whose operands are a
     per-channel row and a per-rank constant (inner strides 1 and 0)."""

@@ -403,18 +403,20 @@ class NativeExecutable(NumpyExecutable):
 class NativeBackend(NumpyBackend):
     """NumpyBackend with FusedElementwise lowered to compiled C; ``fallbacks`` counts the fused
     nodes that ran on numpy, by reason. FusedReduce kernels smaller than ``min_elements`` (or
-    ``min_short_elements`` where each sum adds at most 64 elements) run as one serial C call, or on numpy when the prologue renderer does not cover their body; those
-    and FusedElementwise kernels smaller than ``min_fused_elements`` run on numpy (the same
-    bits) and are counted in ``small``. A FusedElementwise call is cheaper in C at any size (its
+    ``min_short_elements`` where each sum adds at most 64 elements) run as one serial C call,
+    or on numpy when the prologue renderer does not cover their body; those and
+    FusedElementwise kernels smaller than ``min_fused_elements`` run on numpy (the same bits)
+    and are counted in ``small``. A FusedElementwise call is cheaper in C at any size (its
     launch is cached and its per-channel part runs in C too), hence 0."""
 
     name = "native"
     min_elements = 4096
-    # a body whose sums each add at most 64 elements (a sum over the ranks) runs as the serial
-    # call up to here: BatchNormGatherStatsWithCounts over 1-8 ranks of 2048 channels took
-    # 38-116 µs so, 106-153 µs as the passes; around 65K elements the two are even (1024
-    # channels over 32 ranks: 286 against 282 µs) and past it the passes win (HISTORY)
-    min_short_elements = 49152
+    # a body whose sums each add at most 64 elements (a sum over the ranks, a BatchNorm1d of
+    # up to 64 rows) runs as the serial call up to here: BatchNormGatherStatsWithCounts over
+    # 16-32 ranks of 1024-2048 channels 90-158 µs against 273-462 µs as the passes (their numpy
+    # steps between the sweeps); BatchNormStats on [8, 2048] 24 against 47 µs, even on
+    # [32, 8192], while on [64, 16384] the passes' two threads take 0.57x (HISTORY)
+    min_short_elements = 1 << 18
     min_fused_elements = 0
     lowerings = NATIVE_LOWERINGS
 

@@ -43,7 +43,7 @@ from l0ops.ordered import BLOCK, LANES
 from l0ops.primitives import Instr
 from opgraph.core.dtypes import DataType
 from opgraph.core.tensor import row_major_strides
-from .c_text import C_OP, FLOATS, LOAD, ROUND, V_OP, V_ROUND
+from .c_text import C_OP, FLOATS, LOAD, ROUND, V_LOAD, V_OP, V_ROUND
 from .render import Plan, render
 from .unsupported import Unsupported
 
@@ -109,9 +109,21 @@ static void opg_osum(int r, const float *x, const int64_t *ksh, const int64_t *r
             for (int64_t j = 0; j < m; ++j) roff[g++] = ro + j * t;
             opg_step(nr > 1 ? nr - 1 : 0, rs, ridx, 1, &ro, rst);
         }}
+        int64_t run = 1, unit = 1;  /* whether the kept indices are one run of stride 1 */
+        for (int d = r - 1; d >= 0; --d)
+            if (ksh[d] > 1) {{ unit &= xs[d] == run; run *= ksh[d]; }}
         for (int64_t k0 = 0; k0 < K; k0 += 64) {{
             const int64_t kn = K - k0 < 64 ? K - k0 : 64;
-            for (int64_t c = 0; c < 64; ++c) {{
+            for (int64_t i = 0; unit && i < R; ++i) {{  /* a row of the chunk at a time */
+                const float *const xi = x + k0 + roff[i];
+                int64_t c = 0;
+#if defined(OPG_VEC)
+                for (; c + OPG_W <= kn; c += OPG_W) opg_v_st_f32(&a[i][c], opg_v_ld_f32(xi + c));
+#endif
+                for (; c < kn; ++c) a[i][c] = xi[c];
+                for (; c < 64; ++c) a[i][c] = 0.0f;
+            }}
+            for (int64_t c = 0; !unit && c < 64; ++c) {{  /* else index by index */
                 for (int64_t i = 0; i < R; ++i) a[i][c] = c < kn ? x[ko + roff[i]] : 0.0f;
                 if (c < kn) opg_step(r, ksh, kidx, 1, &ko, kst);
             }}
@@ -224,25 +236,28 @@ class Prologue:
             self._ints[name] = (k, dtype, st)
             return []
         at = self._alloc(name, tuple(shape))
+        vector = ([(V_LOAD[dtype].format("(x + p[0])"), f"opg_v_set1({LOAD[dtype].format('x[p[0]]')})")],
+                  "opg_v_st_f32(&o[e], a0);")
         return [f"{{ /* {name}: {dtype.short}{list(shape)} */",
                 f"    const {IN_C[dtype]} *x = (const {IN_C[dtype]} *)small[{k}];",
                 f"    float *o = scr + tab[{at}];",
-                *self._loop(shape, [st], f"o[e] = {LOAD[dtype].format(f'x[{_at(0)}]')};"),
+                *self._loop(shape, [st], f"o[e] = {LOAD[dtype].format(f'x[{_at(0)}]')};", vector),
                 "}"]
 
     def _loop(self, shape: Sequence[int], views: Sequence[Sequence[int]], stmt: str,
-              vector: Optional[tuple[Sequence[int], str]] = None) -> list[str]:
+              vector: Optional[tuple[Sequence[tuple[str, str]], str]] = None) -> list[str]:
         """A loop over ``shape`` writing ``o[e]`` row-major; operand k (element strides
         ``views[k]``) is read at :func:`_at` ``(k)``. Its size-1 dims are left out (this code
         runs only where they are 1: a plan is per layout, and a resized launch keeps every size
         of the prologue's registers), so a [1, C, 1, 1] register is one run of C. The sizes and
         strides go in the table; the last dim left is a plain inner loop (``j``, operand k
         moving by ``qk``); an odometer steps the outer dims once per row.
-        ``vector``: ``(scratch offsets' table slots, statement)`` — where every operand's inner
-        stride is 0 or 1 (a per-channel row, a constant), the rows go ``OPG_W`` at a time with
-        operand k as vector ``a<k>`` (loaded, or one element broadcast) and the statement
-        storing ``o[e...]``: the same correctly rounded operation on every lane, so the same bits
-        (BatchNormGatherStatsWithCounts' body runs ~30 instructions on [W, C] rows)."""
+        ``vector``: ``(operands, statement)`` — where every operand's inner stride is 0 or 1 (a
+        per-channel row, a constant), the rows go ``OPG_W`` at a time with operand k as vector
+        ``a<k>``: ``operands[k]`` = (its C vector at ``j`` for stride 1, the one for stride 0),
+        and the statement storing ``o[e...]``: the same correctly rounded operation on every
+        lane, so the same bits (BatchNormGatherStatsWithCounts' body runs ~30 instructions on
+        [W, C] rows)."""
         keep = [d for d, n in enumerate(shape) if n != 1]
         r, sh = len(keep), self._put([shape[d] for d in keep])
         strides = [self._put([v[d] for d in keep]) for v in views]
@@ -255,15 +270,14 @@ class Prologue:
              f"    for (int d = 0; d < {r}; ++d) n *= tab[{sh} + d];",
              f"    const int64_t m = {inner}; {steps}"]
         if vector is not None:
-            slots, vstmt = vector
-            unit = " && ".join(f"(uint64_t)q{k} <= 1u" for k in range(len(slots))) or "1"
+            operands, vstmt = vector
+            unit = " && ".join(f"(uint64_t)q{k} <= 1u" for k in range(len(operands))) or "1"
             L += ["#if defined(OPG_VEC)", f"    const int unit = {unit};", "#endif"]
         L += ["    for (int64_t e = 0; e < n; ) {", "        int64_t j = 0;"]
         if vector is not None:
             L += ["#if defined(OPG_VEC)",
                   "        for (; unit && j + OPG_W <= m; j += OPG_W, e += OPG_W) {"]
-            L += [f"            const opg_v a{k} = q{k} ? opg_v_ld_f32(&scr[tab[{at}] + p[{k}] + j]) "
-                  f": opg_v_set1(scr[tab[{at}] + p[{k}]]);" for k, at in enumerate(slots)]
+            L += [f"            const opg_v a{k} = q{k} ? {row} : {one};" for k, (row, one) in enumerate(operands)]
             L += [f"            {vstmt}", "        }", "#endif"]
         return L + ["        for (; j < m; ++j, ++e) {",
                     f"            {stmt}",
@@ -326,7 +340,7 @@ class Prologue:
             raise Unsupported(f"{ins.render(name)}: pow other than by a constant " + ", ".join(map(str, _POW)))
         at = self._alloc(name, shape)
         slots = [self._put([self.regs[r][0]]) for r in ins.args]
-        loads = [f"scr[tab[{slot}] + {_at(k)}]" for k, slot in enumerate(slots)]
+        loads = [f"v{k}[{_at(k)}]" for k in range(len(slots))]  # v<k>: operand k's register
         power = self._const[ins.args[1]] if ins.op == "pow" else None
         expr = (_POW[power].format(loads[0]) if ins.op == "pow"
                 else _SCALAR[ins.op].format(*loads) if ins.op in _SCALAR else f" {C_OP[ins.op]} ".join(loads))
@@ -334,9 +348,11 @@ class Prologue:
         if ins.op not in ("eq", "where"):  # where picks values that already have the dtype
             expr = ROUND[dtype].format(expr)
             vexpr = vexpr and V_ROUND[dtype].format(vexpr)
-        vector = (slots, f"opg_v_st_f32(&o[e], {vexpr});") if vexpr else None
+        vector = ([(f"opg_v_ld_f32(&v{k}[p[{k}] + j])", f"opg_v_set1(v{k}[p[{k}]])") for k in range(len(slots))],
+                  f"opg_v_st_f32(&o[e], {vexpr});") if vexpr else None
         return [f"{{ /* {ins.render(name)} */",
                 f"    float *o = scr + tab[{at}];",
+                *[f"    const float *const v{k} = scr + tab[{slot}];" for k, slot in enumerate(slots)],
                 *self._loop(shape, [self._view(r, shape) for r in ins.args], f"o[e] = {expr};", vector), "}"]
 
     def _sum(self, name: str, ins: Instr, types: dict, dtype: DataType, shape: tuple) -> list[str]:
