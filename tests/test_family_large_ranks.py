@@ -64,6 +64,7 @@ def test_no_op_api_falls_back_to_numpy_on_native(name, shape, monkeypatch):
     monkeypatch.setattr(native.NativeBackend, "min_fused_elements", 0)
     monkeypatch.setattr(native.NativeBackend, "min_elements", 0)
     monkeypatch.setattr(native.NativeBackend, "min_short_elements", 0)
+    monkeypatch.setattr(native.NativeBackend, "min_stepped_elements", 0)
     nat = B.get("native")
     spec = op_api_specs()[name]
     for platform in ("Ascend910B", "Ascend950"):

@@ -57,6 +57,7 @@ def kernels_of_any_size(monkeypatch):
     too, where the serial call would take them)."""
     monkeypatch.setattr(native.NativeBackend, "min_elements", 0)
     monkeypatch.setattr(native.NativeBackend, "min_short_elements", 0)
+    monkeypatch.setattr(native.NativeBackend, "min_stepped_elements", 0)
 
 
 @pytest.fixture

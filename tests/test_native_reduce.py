@@ -326,6 +326,7 @@ def op_calls(x, dy):
 def test_family_op_apis_bits_equal_numpy(shape, dt, soc, monkeypatch):
     monkeypatch.setattr(native.NativeBackend, "min_elements", 0)
     monkeypatch.setattr(native.NativeBackend, "min_short_elements", 0)
+    monkeypatch.setattr(native.NativeBackend, "min_stepped_elements", 0)
     rng = np.random.default_rng(9)
     x = (rng.standard_normal(shape) * 2 + 1).astype(DTYPES[dt])
     dy = rng.standard_normal(shape).astype(DTYPES[dt])
@@ -359,6 +360,7 @@ def test_gather_with_counts_reads_the_counts_through_their_view(W, C, dt, monkey
     from opgraph.aclnn.batch_norm_gather_stats_with_counts import batch_norm_gather_stats_with_counts
     monkeypatch.setattr(native.NativeBackend, "min_elements", 0)  # the passes, not the serial call
     monkeypatch.setattr(native.NativeBackend, "min_short_elements", 0)
+    monkeypatch.setattr(native.NativeBackend, "min_stepped_elements", 0)
     rng = np.random.default_rng(15)
     t = DTYPES[dt]
     x = np.zeros((2, C, 3), t)

@@ -1,9 +1,10 @@
 """The native backend's serial call on per-channel work (backends/native/prologue.py, small.py):
 sums over at most 64 elements (each in a lane of its own, folded 64 kept indices at a time),
 per-channel instructions ``OPG_W`` elements at a time with their size-1 dims left out, and the
-threshold that sends a body of such sums (BatchNormGatherStatsWithCounts: a sum over the
-ranks) to the serial call up to ``min_short_elements``. Expected values: the l0ops numpy
-reference and, for the sums, a tree fold written out here."""
+thresholds that send a body of such sums to the serial call (``min_short_elements`` where the
+passes would run in C alone: the statistics of a [N <= 64, C] input; ``min_stepped_elements``
+where they would stop for numpy: BatchNormGatherStatsWithCounts). Expected values: the l0ops
+numpy reference and, for the sums, a tree fold written out here."""
 from __future__ import annotations
 
 import ml_dtypes
@@ -11,9 +12,10 @@ import numpy as np
 import pytest
 
 import opgraph
+from opgraph import ops
 import reference as R
 from backends import native
-from backends.native import small
+from backends.native import reduce, small
 from backends.native.direct_reduce import DirectReduce
 from l0ops.fused_reduce import FusedReduce, FusedReduceAttrs
 from l0ops.interpreter import run_fused
@@ -124,8 +126,9 @@ def test_what_makes_a_body_short():
     assert not small.short_sums(sum_attrs((8, 16, 9), (1, 16, 1)))      # 72
     assert not small.short_sums(FusedReduceAttrs(body=(I("sum", "in0", shape=(1, 3)),),
                                                  results=("t0",), out_shapes=((3,),)))  # no over
-    assert small.serial_below(True, 4096, 49152) == 49152 and small.serial_below(False, 4096, 49152) == 4096
-    assert small.serial_below(True, 10 ** 6, 49152) == 10 ** 6
+    limits = (4096, 1 << 16, 1 << 20)
+    assert [small.serial_below(k, *limits) for k in (small.LONG, small.SHORT, small.STEPPED)] == [4096, 1 << 16, 1 << 20]
+    assert small.serial_below(small.SHORT, 10 ** 6, 1 << 16, 1 << 20) == 10 ** 6
 
 
 SPECIAL = [np.nan, -0.0, 0.0, np.inf, -np.inf, -2, 1e-45, 3e-39, 0.1, 7, 1e30, 65504, 70000, 1 / 3]
@@ -171,27 +174,73 @@ def direct_sides(monkeypatch):
     return sides
 
 
-def test_a_gather_over_eight_ranks_runs_the_serial_call(direct_sides, monkeypatch):
-    """8 ranks × 512 channels (9224 elements: over min_elements, under min_short_elements) is
-    the serial call; with min_short_elements 0 the passes; numpy's bits both ways."""
+def test_the_kind_of_a_body_picks_its_threshold():
+    """Statistics over 8 rows are short sums whose passes run in C alone; the gather over 8
+    ranks stops for numpy between its passes; statistics over 100 rows are long."""
+    x8, x100 = np.zeros((8, 512), np.float32), np.zeros((100, 512), np.float32)
+    stats = sum_attrs((8, 512), (1, 512))
+    assert reduce.serial_kind(stats, [x8]) == small.SHORT
+    assert reduce.serial_kind(sum_attrs((100, 512), (1, 512)), [x100]) == small.LONG
+    body = (I("view", "in1", shape=(8, 1)), I("mul", "in0", "t0"),
+            I("sum", "t1", shape=(1, 512), over=(8, 512)), I("sum", "t0", shape=(1, 1), over=(8, 1)),
+            I("div", "t2", "t3"), I("sub", "in0", "t4"), I("sum", "t5", shape=(1, 512), over=(8, 512)))
+    stepped = FusedReduceAttrs(body=body, results=("t6",), out_shapes=((512,),))
+    assert reduce.serial_kind(stepped, [x8, np.ones(8, np.float32)]) == small.STEPPED
+
+
+@pytest.mark.parametrize("case", ["gather over 8 ranks", "stats over 8 rows"])
+def test_a_short_body_over_min_elements_runs_the_serial_call(case, direct_sides, monkeypatch):
+    """Over ``min_elements`` (4096) but under its threshold — the gather of 8 ranks × 512
+    channels (9224 elements; stepped), the statistics of [8, 1024] (8192; short) — the serial
+    call; with the thresholds at 0 the passes; numpy's bits both ways."""
     rng = np.random.default_rng(5)
     W, C = 8, 512
     mean, invstd = rng.standard_normal((W, C)).astype(np.float32), rng.uniform(0.5, 2, (W, C)).astype(np.float32)
     counts = rng.integers(1, 50, W).astype(np.float32)
+    x = (rng.standard_normal((8, 1024)) * 3 + 1).astype(np.float32)
     results = {}
-    for name, backend, short in (("numpy", "numpy", None), ("serial", "native", None), ("passes", "native", 0)):
-        if short is not None:
-            monkeypatch.setattr(native.NativeBackend, "min_short_elements", short)
+    for name, backend, limit in (("numpy", "numpy", None), ("serial", "native", None), ("passes", "native", 0)):
+        if limit is not None:
+            monkeypatch.setattr(native.NativeBackend, "min_short_elements", limit)
+            monkeypatch.setattr(native.NativeBackend, "min_stepped_elements", limit)
         EXECUTOR_CACHE.clear()  # prepared anew, on this side of the threshold
         NUMPY_CALLS.entries.clear()
         rm, rv = np.zeros(C, np.float32), np.ones(C, np.float32)
         with opgraph.use_backend(backend), opgraph.opt_level(2):
             for _ in range(2):  # the second call runs the prepared direct path
-                m, s = gather.batch_norm_gather_stats_with_counts(
-                    np.zeros((2, C, 3), np.float32), mean, invstd, rm, rv, 0.1, 1e-5, counts)
-        results[name] = [m, s, rm, rv]
+                if case == "stats over 8 rows":
+                    got = list(ops.batch_norm_stats(x, 1e-5))
+                else:
+                    got = list(gather.batch_norm_gather_stats_with_counts(
+                        np.zeros((2, C, 3), np.float32), mean, invstd, rm, rv, 0.1, 1e-5, counts)) + [rm, rv]
+        results[name] = got
         if backend == "native":
             assert direct_sides and direct_sides[-1] == name
     for side in ("serial", "passes"):
         for got, want in zip(results[side], results["numpy"]):
             R.assert_bits_equal(got, want)
+
+
+@pytest.mark.parametrize("rows", [5, 37, 63, 100])
+@pytest.mark.parametrize("layout", ["2-d", "channels_last"])
+def test_passes_over_few_rows_fold_every_channel_alike(rows, layout, monkeypatch):
+    """A channels_last pass over fewer than 64 rows (an odd number: the lanes' tree halves
+    unevenly) folds the lanes of all its channels at once (``opg_fold_cols``): the statistics
+    and the backward sums on the passes (the thresholds at 0), numpy's bits."""
+    for limit in ("min_elements", "min_short_elements", "min_stepped_elements"):
+        monkeypatch.setattr(native.NativeBackend, limit, 0)
+    rng = np.random.default_rng(rows)
+    C = 80
+    shape = (rows, C) if layout == "2-d" else (1, C, 1, rows)
+    x = spread(rng, shape)
+    dy = spread(rng, shape)
+    if layout == "channels_last":  # channels innermost in memory
+        x, dy = (np.moveaxis(np.ascontiguousarray(np.moveaxis(a, 1, -1)), -1, 1) for a in (x, dy))
+    mean, invstd, w = (rng.uniform(0.5, 2, C).astype(np.float32) for _ in range(3))
+    results = {}
+    for backend in ("numpy", "native"):
+        with opgraph.use_backend(backend), opgraph.opt_level(2), np.errstate(all="ignore"):
+            results[backend] = [*ops.batch_norm_stats(x, 1e-5),
+                                *ops.batch_norm_backward_reduce(dy, x, mean, invstd, w, True, True, True)]
+    for got, want in zip(results["native"], results["numpy"]):
+        R.assert_bits_equal(got, want)

@@ -137,6 +137,7 @@ def test_a_threshold_moved_across_the_size_runs_node_by_node(shape, moved, monke
     assert direct_of(ex).small == (shape == SMALL) and done[-1] is True
     monkeypatch.setattr(native.NativeBackend, "min_elements", moved)
     monkeypatch.setattr(native.NativeBackend, "min_short_elements", moved)  # SMALL's sums are short
+    monkeypatch.setattr(native.NativeBackend, "min_stepped_elements", moved)
     got, _ = run("native", "stats", x)  # the prepared direct run does not apply any more
     assert len(done) == 2 and done[-1] is False
     want, _ = run("numpy", "stats", x)

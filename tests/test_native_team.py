@@ -69,6 +69,7 @@ def runtime(request):
 def kernels_of_any_size(monkeypatch):
     monkeypatch.setattr(native.NativeBackend, "min_elements", 0)
     monkeypatch.setattr(native.NativeBackend, "min_short_elements", 0)
+    monkeypatch.setattr(native.NativeBackend, "min_stepped_elements", 0)
 
 
 def _counter():

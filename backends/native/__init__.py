@@ -41,8 +41,9 @@ from .build import NativeBuildError, availability
 from .direct_reduce import DirectReduce
 from .gather_fused import DirectGather, run_gather_fused
 from .launch import Launch, collapse, fused_operands, fused_pointers, new_launch, run_fused_native
+from .reduce import serial_kind
 from .reduce_run import run_fused_reduce_native
-from .small import run_small_reduce_native, serial_below, short_sums
+from .small import run_small_reduce_native, serial_below
 from .unsupported import Unsupported
 
 def available() -> bool:
@@ -72,7 +73,7 @@ def _lower_reduce(exe: Any, node: Any, args: list) -> list:
     Below the backend's threshold (:func:`.small.serial_below`) the whole body is one serial C
     call (:mod:`.small`) when the prologue renderer covers it, else numpy."""
     backend: NativeBackend = exe.backend
-    if sum(np.asarray(x).size for x in args) < serial_below(short_sums(node.attrs), *backend.limits()):
+    if sum(np.asarray(x).size for x in args) < serial_below(serial_kind(node.attrs, args), *backend.limits()):
         try:
             return run_small_reduce_native(node.attrs, args)
         except Unsupported:
@@ -402,8 +403,9 @@ class NativeExecutable(NumpyExecutable):
 
 class NativeBackend(NumpyBackend):
     """NumpyBackend with FusedElementwise lowered to compiled C; ``fallbacks`` counts the fused
-    nodes that ran on numpy, by reason. FusedReduce kernels smaller than ``min_elements`` (or
-    ``min_short_elements`` where each sum adds at most 64 elements) run as one serial C call,
+    nodes that ran on numpy, by reason. FusedReduce kernels smaller than ``min_elements`` (or,
+    where each sum adds at most 64 elements, ``min_short_elements`` or ``min_stepped_elements``:
+    :func:`.reduce.serial_kind`) run as one serial C call,
     or on numpy when the prologue renderer does not cover their body; those and
     FusedElementwise kernels smaller than ``min_fused_elements`` run on numpy (the same bits)
     and are counted in ``small``. A FusedElementwise call is cheaper in C at any size (its
@@ -411,12 +413,16 @@ class NativeBackend(NumpyBackend):
 
     name = "native"
     min_elements = 4096
-    # a body whose sums each add at most 64 elements (a sum over the ranks, a BatchNorm1d of
-    # up to 64 rows) runs as the serial call up to here: BatchNormGatherStatsWithCounts over
-    # 16-32 ranks of 1024-2048 channels 90-158 µs against 273-462 µs as the passes (their numpy
-    # steps between the sweeps); BatchNormStats on [8, 2048] 24 against 47 µs, even on
-    # [32, 8192], while on [64, 16384] the passes' two threads take 0.57x (HISTORY)
-    min_short_elements = 1 << 18
+    # a body whose sums each add at most 64 elements (a BatchNorm1d of up to 64 rows, a sum
+    # over the ranks) runs as the serial call up to here where the passes would run in C alone
+    # (BatchNormStats on [8, 2048] 23 against 34 µs as the passes, even on [16, 4096], the
+    # passes ahead on [32, 4096]: 76 against 113 µs) ...
+    min_short_elements = 1 << 16
+    # ... and up to here where they would stop for numpy instructions between them
+    # (BatchNormGatherStatsWithCounts, 2048 channels over 4-64 ranks: 43-283 µs serial, 128-645
+    # µs as the passes; HISTORY); the serial call's scratch, ~30 registers of W x C, stays
+    # under ~128 MB
+    min_stepped_elements = 1 << 20
     min_fused_elements = 0
     lowerings = NATIVE_LOWERINGS
 
@@ -430,10 +436,10 @@ class NativeBackend(NumpyBackend):
     def availability(self) -> tuple[bool, str]:
         return availability()
 
-    def limits(self) -> tuple[int, int]:
-        """``(min_elements, min_short_elements)``: the FusedReduce thresholds
-        (:func:`.small.serial_below`), read per run so that a change applies at once."""
-        return self.min_elements, self.min_short_elements
+    def limits(self) -> tuple[int, int, int]:
+        """``(min_elements, min_short_elements, min_stepped_elements)``: the FusedReduce
+        thresholds (:func:`.small.serial_below`), read per run so that a change applies at once."""
+        return self.min_elements, self.min_short_elements, self.min_stepped_elements
 
 
 def emit_c(node: Any) -> str:

@@ -19,7 +19,7 @@ same bindings, node by node, with the same lowerings and the same bits:
   that holds it (its slot, or a buffer of the binding's own), so later kernels find it there.
 
 The backend's size thresholds (``min_elements``, ``min_short_elements``,
-``min_fused_elements``) are read when binding: they choose between implementations with the
+``min_stepped_elements``, ``min_fused_elements``) are read when binding: they choose between implementations with the
 same bits, and a rebinding reads them again.
 
     >>> import numpy as np, opgraph
@@ -55,9 +55,9 @@ from opgraph.core.tensor import Tensor
 from . import render, team
 from .build import address
 from .launch import fused_operands, fused_pointers, launch_for
-from .reduce import plan_for
+from .reduce import plan_for, serial_kind
 from .reduce_run import run_planned
-from .small import plan_small, prepared_small, serial_below, short_sums
+from .small import plan_small, prepared_small, serial_below
 from .unsupported import Unsupported
 
 Step = Callable[[int, dict], None]  # one step of a bound run: (the team runner, the arrays by name)
@@ -283,7 +283,7 @@ def _reduce(exe: Any, a: Any, args: list, inputs: tuple, outputs: tuple,
     (:func:`.small.serial_below`), else the passes.
     ``like``: this node's step in a Bound of the same layouts, whose plan is taken."""
     names = [name for name, _ in outputs]
-    serial = sum(x.size for x in args) < serial_below(short_sums(a), *exe.backend.limits())
+    serial = sum(x.size for x in args) < serial_below(serial_kind(a, args), *exe.backend.limits())
     record = getattr(like, "record", None)
     plan = record[1] if record is not None and record[0] == serial else None
     try:

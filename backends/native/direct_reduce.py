@@ -5,8 +5,9 @@ without the node-by-node interpreter — no environment of views, no per-node lo
 no placement — computing exactly what the node's lowering computes and copying each result
 into its tensor as the interpreter's placement does, so the bits are the same:
 
-* below the backend's threshold (``min_elements``, or ``min_short_elements`` for a body whose
-  sums are over at most 64 elements: :func:`.small.serial_below`), the serial C call of
+* below the backend's threshold (``min_elements``, or for a body whose sums are over at most
+  64 elements ``min_short_elements`` or ``min_stepped_elements``: :func:`.reduce.serial_kind`),
+  the serial C call of
   :mod:`.small` on the bound tensors' addresses, its results read from the call's scratch;
 * from there on, the reduction passes of :mod:`.reduce` on the bound tensors' views, then
   their epilogue as one C call into the call's scratch (:attr:`.reduce.Plan.tail`; where the
@@ -40,24 +41,24 @@ import numpy as np
 from l0ops.fused_reduce import FusedReduceAttrs
 from opgraph.core.ir import Node
 from opgraph.core.backend import Addressed, data_addresses
-from .reduce import plan_for
+from .reduce import plan_for, serial_kind
 from .reduce_run import PassRun, run_by_address, run_planned, tail_addresses
 from .unsupported import Unsupported
-from .small import SmallCall, call_small, plan_small, serial_below, short_sums
+from .small import SmallCall, call_small, plan_small, serial_below
 
 
 class DirectReduce:
     """The direct run of one FusedReduce program for its bound tensors' layouts. ``dests``: per
     result, the output tensor's binding name and the result's shape there; ``outputs``: the
     graph's outputs as ``(value name, binding name)``; ``small``: whether it was prepared for
-    the serial C call (below the threshold) or for the reduction passes; ``short``: whether the
-    body's sums are short (:func:`.small.short_sums`), which picks the threshold."""
+    the serial C call (below the threshold) or for the reduction passes; ``kind``: which
+    threshold applies (:func:`.reduce.serial_kind`)."""
 
-    def __init__(self, node: Node, small: bool, short: bool, plan: Any, elements: int,
+    def __init__(self, node: Node, small: bool, kind: int, plan: Any, elements: int,
                  dests: Sequence[tuple[str, tuple[int, ...]]], outputs: Sequence[tuple[str, str]]):
         self.attrs: FusedReduceAttrs = node.attrs
         self.names = tuple(v.name for v in node.inputs)
-        self.small, self.short, self.plan, self.elements = small, short, plan, elements
+        self.small, self.kind, self.plan, self.elements = small, kind, plan, elements
         self.reads = tuple(self.names[k] for k in plan.small) if small else ()
         self.dests, self.outputs = tuple(dests), tuple(outputs)
         tail = plan.tail.call if not small and plan.tail is not None else None
@@ -69,29 +70,29 @@ class DirectReduce:
         self.moves: Optional[tuple[tuple[str, int, int], ...]] = None
 
     @classmethod
-    def prepare(cls, node: Node, bindings: Mapping[str, Addressed], limits: tuple[int, int],
+    def prepare(cls, node: Node, bindings: Mapping[str, Addressed], limits: tuple[int, int, int],
                 dests: Sequence[tuple[str, tuple[int, ...]]],
                 outputs: Sequence[tuple[str, str]]) -> "Optional[DirectReduce]":
         """The direct run of ``node`` for these bindings' layouts, or None."""
         elements = sum(math.prod(v.shape) for v in node.inputs)
-        short = short_sums(node.attrs)
-        small = elements < serial_below(short, *limits)  # as the node's lowering decides
         views = [bindings[v.name].view() for v in node.inputs]
+        kind = serial_kind(node.attrs, views)
+        small = elements < serial_below(kind, *limits)  # as the node's lowering decides
         try:
             plan = plan_small(node.attrs, views) if small else plan_for(node.attrs, views)
         except Unsupported:
             return None
-        made = cls(node, small, short, plan, elements, dests, outputs)
+        made = cls(node, small, kind, plan, elements, dests, outputs)
         spans = made.call.spans(made.attrs) if made.call is not None else None
         if spans is not None and all(_row_major(bindings[d].view(), np.float32) for d, _ in dests):
             made.moves = tuple((dest, at, n) for (dest, _), (at, n) in zip(made.dests, spans))
         return made
 
-    def run(self, bindings: Mapping[str, Addressed], limits: tuple[int, int]) -> bool:
+    def run(self, bindings: Mapping[str, Addressed], limits: tuple[int, int, int]) -> bool:
         """Compute into the bound output tensors; False (nothing done) when the size is no
-        longer on the prepared side of the threshold (``limits``: the backend's ``min_elements``,
-        ``min_short_elements``)."""
-        if (self.elements < serial_below(self.short, *limits)) != self.small:
+        longer on the prepared side of the threshold (``limits``: the backend's
+        :meth:`~backends.native.NativeBackend.limits`)."""
+        if (self.elements < serial_below(self.kind, *limits)) != self.small:
             return False
         if self.small:
             self._compute(bindings, data_addresses(bindings, self.reads))

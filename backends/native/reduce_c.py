@@ -92,6 +92,24 @@ static void opg_fold(float *a, int64_t m, int64_t stride) {{
         m = n;
     }}
 }}
+/* opg_fold on every column of a [m][kc] block of lanes (kc a multiple of 16), the columns side
+   by side: a channels_last item's lanes, folded for all its kept indices at once (one at a
+   time, the folds of 2048 channels over 64 rows were most of the pass) */
+static inline void opg_fold_cols(float *a, int64_t m, int64_t kc) {{
+    while (m > 1) {{
+        const int64_t n = (m + 1) / 2;
+        for (int64_t j = 0; j < m - n; ++j) {{
+            float *const x = a + j * kc;
+            const float *const y = a + (j + n) * kc;
+#if defined(OPG_VEC)
+            for (int64_t e = 0; e < kc; e += OPG_W) opg_v_st_f32(x + e, opg_v_add(opg_v_ld_f32(x + e), opg_v_ld_f32(y + e)));
+#else
+            for (int64_t e = 0; e < kc; ++e) x[e] += y[e];
+#endif
+        }}
+        m = n;
+    }}
+}}
 /* S*K sums into out from their blocks; with per_block = OPG_LANES each block's lanes were left
    unfolded by lane-group items (channels_last passes): folded first, in place (j <= 64 j) */
 static inline void opg_fold_blocks(float *blocks, int64_t S, int64_t K, int64_t R, int64_t nblocks,
@@ -218,13 +236,13 @@ def render_cols_items(big, kept, live, sums, eb: int) -> list[str]:
     L += [pad + "    " + x for x in _scalar(big, live, sums, lambda i: f"q{i}[j]", "acc[{}][l][j]", kept_s)]
     L += ["                }", "                }", "            }", "            r += run;", "        }",
           "        const int64_t len = r1 - blk * OPG_BLOCK, m = len < OPG_LANES ? len : OPG_LANES;",
+          f"        for (int s = 0; ng == 1 && s < {S}; ++s) opg_fold_cols(&acc[s][0][0], m, kc);",
           f"        for (int s = 0; s < {S}; ++s) for (int64_t e = 0; e < kn; ++e) {{",
           "            float *const to = c->blocks + ((s * K + k0 + e) * nblocks + blk) * (ng > 1 ? OPG_LANES : 1);",
           "            if (ng > 1) {  /* the group's lanes: the kernel folds them */",
           "                for (int64_t l = l0; l < l0 + lg && l < used; ++l) to[l] = acc[s][l][e];",
           "                continue;",
           "            }",
-          "            opg_fold(&acc[s][0][e], m, kc);",
           "            *to = acc[s][0][e];",
           "        }",
           "    }", "}", ""]

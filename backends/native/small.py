@@ -102,11 +102,21 @@ def short_sums(a: FusedReduceAttrs) -> bool:
     return True
 
 
-def serial_below(short: bool, min_elements: int, min_short_elements: int) -> int:
+LONG, SHORT, STEPPED = 0, 1, 2  # which threshold a FusedReduce takes (:func:`serial_below`)
+
+
+def serial_below(kind: int, min_elements: int, min_short_elements: int,
+                 min_stepped_elements: int) -> int:
     """The input elements below which a FusedReduce runs as the one serial C call rather than
-    the reduction passes: ``min_elements``, or, for a body of :func:`short_sums`, the larger of
-    it and ``min_short_elements`` (the native backend's thresholds)."""
-    return max(min_elements, min_short_elements) if short else min_elements
+    the reduction passes (the native backend's thresholds): ``min_elements`` for a ``LONG``
+    body; for a body of :func:`short_sums` the larger of it and ``min_short_elements``
+    (``SHORT``: the passes would run in C alone) or ``min_stepped_elements`` (``STEPPED``: the
+    passes would stop for numpy instructions between them, or do not cover the body).
+
+        >>> serial_below(LONG, 4096, 1 << 16, 1 << 20), serial_below(STEPPED, 4096, 1 << 16, 1 << 20)
+        (4096, 1048576)
+    """
+    return max(min_elements, (0, min_short_elements, min_stepped_elements)[kind])
 
 
 _PLANS = IdentityMemo(limit=256)
@@ -193,4 +203,4 @@ def run_small_reduce_native(a: FusedReduceAttrs, inputs: Sequence[np.ndarray]) -
 
 
 __all__ = ["SmallCall", "SmallPlan", "call_small", "compile_body", "plan_small", "prepared_small",
-           "run_small_reduce_native", "serial_below", "short_sums"]
+           "run_small_reduce_native", "serial_below", "short_sums", "LONG", "SHORT", "STEPPED"]
