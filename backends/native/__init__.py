@@ -420,8 +420,8 @@ class NativeBackend(NumpyBackend):
     min_short_elements = 1 << 16
     # ... and up to here where they would stop for numpy instructions between them
     # (BatchNormGatherStatsWithCounts, 2048 channels over 4-64 ranks: 43-283 µs serial, 128-645
-    # µs as the passes; HISTORY); the serial call's scratch, ~30 registers of W x C, stays
-    # under ~128 MB
+    # µs as the passes; HISTORY); the serial call's scratch, ~6 floats per input element
+    # there, stays under ~25 MB
     min_stepped_elements = 1 << 20
     min_fused_elements = 0
     lowerings = NATIVE_LOWERINGS
