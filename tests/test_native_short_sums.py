@@ -15,7 +15,7 @@ import opgraph
 from opgraph import ops
 import reference as R
 from backends import native
-from backends.native import reduce, small
+from backends.native import build, small
 from backends.native.direct_reduce import DirectReduce
 from l0ops.fused_reduce import FusedReduce, FusedReduceAttrs
 from l0ops.interpreter import run_fused
@@ -175,17 +175,21 @@ def direct_sides(monkeypatch):
 
 
 def test_the_kind_of_a_body_picks_its_threshold():
-    """Statistics over 8 rows are short sums whose passes run in C alone; the gather over 8
-    ranks stops for numpy between its passes; statistics over 100 rows are long."""
-    x8, x100 = np.zeros((8, 512), np.float32), np.zeros((100, 512), np.float32)
-    stats = sum_attrs((8, 512), (1, 512))
-    assert reduce.serial_kind(stats, [x8]) == small.SHORT
-    assert reduce.serial_kind(sum_attrs((100, 512), (1, 512)), [x100]) == small.LONG
+    """Statistics over 8 rows are short sums two on a chain (their passes run as one C call);
+    the gather's three on a chain would stop for numpy between passes; statistics over 100
+    rows are long. Told from the body alone: nothing is compiled."""
+    before = build.stats["compiles"]
+    stats = (I("sum", "in0", shape=(1, 512), over=(8, 512)), I("sub", "in0", "t0"),
+             I("mul", "t1", "t1"), I("sum", "t2", shape=(1, 512), over=(8, 512)))
+    assert small.serial_kind(FusedReduceAttrs(body=stats, results=("t3",), out_shapes=((512,),))) == small.SHORT
+    assert small.serial_kind(sum_attrs((100, 512), (1, 512))) == small.LONG
     body = (I("view", "in1", shape=(8, 1)), I("mul", "in0", "t0"),
-            I("sum", "t1", shape=(1, 512), over=(8, 512)), I("sum", "t0", shape=(1, 1), over=(8, 1)),
-            I("div", "t2", "t3"), I("sub", "in0", "t4"), I("sum", "t5", shape=(1, 512), over=(8, 512)))
-    stepped = FusedReduceAttrs(body=body, results=("t6",), out_shapes=((512,),))
-    assert reduce.serial_kind(stepped, [x8, np.ones(8, np.float32)]) == small.STEPPED
+            I("sum", "t0", shape=(1, 1), over=(8, 1)), I("div", "t1", "t2"),
+            I("sum", "t3", shape=(1, 512), over=(8, 512)), I("sub", "in0", "t4"),
+            I("sum", "t5", shape=(1, 512), over=(8, 512)))
+    assert small.sum_chain(body) == 3
+    assert small.serial_kind(FusedReduceAttrs(body=body, results=("t6",), out_shapes=((512,),))) == small.STEPPED
+    assert build.stats["compiles"] == before
 
 
 @pytest.mark.parametrize("case", ["gather over 8 ranks", "stats over 8 rows"])

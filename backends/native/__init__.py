@@ -41,9 +41,8 @@ from .build import NativeBuildError, availability
 from .direct_reduce import DirectReduce
 from .gather_fused import DirectGather, run_gather_fused
 from .launch import Launch, collapse, fused_operands, fused_pointers, new_launch, run_fused_native
-from .reduce import serial_kind
 from .reduce_run import run_fused_reduce_native
-from .small import run_small_reduce_native, serial_below
+from .small import run_small_reduce_native, serial_below, serial_kind
 from .unsupported import Unsupported
 
 def available() -> bool:
@@ -73,7 +72,7 @@ def _lower_reduce(exe: Any, node: Any, args: list) -> list:
     Below the backend's threshold (:func:`.small.serial_below`) the whole body is one serial C
     call (:mod:`.small`) when the prologue renderer covers it, else numpy."""
     backend: NativeBackend = exe.backend
-    if sum(np.asarray(x).size for x in args) < serial_below(serial_kind(node.attrs, args), *backend.limits()):
+    if sum(np.asarray(x).size for x in args) < serial_below(serial_kind(node.attrs), *backend.limits()):
         try:
             return run_small_reduce_native(node.attrs, args)
         except Unsupported:
@@ -405,7 +404,7 @@ class NativeBackend(NumpyBackend):
     """NumpyBackend with FusedElementwise lowered to compiled C; ``fallbacks`` counts the fused
     nodes that ran on numpy, by reason. FusedReduce kernels smaller than ``min_elements`` (or,
     where each sum adds at most 64 elements, ``min_short_elements`` or ``min_stepped_elements``:
-    :func:`.reduce.serial_kind`) run as one serial C call,
+    :func:`.small.serial_kind`) run as one serial C call,
     or on numpy when the prologue renderer does not cover their body; those and
     FusedElementwise kernels smaller than ``min_fused_elements`` run on numpy (the same bits)
     and are counted in ``small``. A FusedElementwise call is cheaper in C at any size (its

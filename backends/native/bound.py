@@ -55,9 +55,9 @@ from opgraph.core.tensor import Tensor
 from . import render, team
 from .build import address
 from .launch import fused_operands, fused_pointers, launch_for
-from .reduce import plan_for, serial_kind
+from .reduce import plan_for
 from .reduce_run import run_planned
-from .small import plan_small, prepared_small, serial_below
+from .small import plan_small, prepared_small, serial_below, serial_kind
 from .unsupported import Unsupported
 
 Step = Callable[[int, dict], None]  # one step of a bound run: (the team runner, the arrays by name)
@@ -283,7 +283,7 @@ def _reduce(exe: Any, a: Any, args: list, inputs: tuple, outputs: tuple,
     (:func:`.small.serial_below`), else the passes.
     ``like``: this node's step in a Bound of the same layouts, whose plan is taken."""
     names = [name for name, _ in outputs]
-    serial = sum(x.size for x in args) < serial_below(serial_kind(a, args), *exe.backend.limits())
+    serial = sum(x.size for x in args) < serial_below(serial_kind(a), *exe.backend.limits())
     record = getattr(like, "record", None)
     plan = record[1] if record is not None and record[0] == serial else None
     try:

@@ -6,7 +6,7 @@ no placement — computing exactly what the node's lowering computes and copying
 into its tensor as the interpreter's placement does, so the bits are the same:
 
 * below the backend's threshold (``min_elements``, or for a body whose sums are over at most
-  64 elements ``min_short_elements`` or ``min_stepped_elements``: :func:`.reduce.serial_kind`),
+  64 elements ``min_short_elements`` or ``min_stepped_elements``: :func:`.small.serial_kind`),
   the serial C call of
   :mod:`.small` on the bound tensors' addresses, its results read from the call's scratch;
 * from there on, the reduction passes of :mod:`.reduce` on the bound tensors' views, then
@@ -41,10 +41,10 @@ import numpy as np
 from l0ops.fused_reduce import FusedReduceAttrs
 from opgraph.core.ir import Node
 from opgraph.core.backend import Addressed, data_addresses
-from .reduce import plan_for, serial_kind
+from .reduce import plan_for
 from .reduce_run import PassRun, run_by_address, run_planned, tail_addresses
 from .unsupported import Unsupported
-from .small import SmallCall, call_small, plan_small, serial_below
+from .small import SmallCall, call_small, plan_small, serial_below, serial_kind
 
 
 class DirectReduce:
@@ -52,7 +52,7 @@ class DirectReduce:
     result, the output tensor's binding name and the result's shape there; ``outputs``: the
     graph's outputs as ``(value name, binding name)``; ``small``: whether it was prepared for
     the serial C call (below the threshold) or for the reduction passes; ``kind``: which
-    threshold applies (:func:`.reduce.serial_kind`)."""
+    threshold applies (:func:`.small.serial_kind`)."""
 
     def __init__(self, node: Node, small: bool, kind: int, plan: Any, elements: int,
                  dests: Sequence[tuple[str, tuple[int, ...]]], outputs: Sequence[tuple[str, str]]):
@@ -75,9 +75,9 @@ class DirectReduce:
                 outputs: Sequence[tuple[str, str]]) -> "Optional[DirectReduce]":
         """The direct run of ``node`` for these bindings' layouts, or None."""
         elements = sum(math.prod(v.shape) for v in node.inputs)
-        views = [bindings[v.name].view() for v in node.inputs]
-        kind = serial_kind(node.attrs, views)
+        kind = serial_kind(node.attrs)
         small = elements < serial_below(kind, *limits)  # as the node's lowering decides
+        views = [bindings[v.name].view() for v in node.inputs]
         try:
             plan = plan_small(node.attrs, views) if small else plan_for(node.attrs, views)
         except Unsupported:

@@ -46,7 +46,7 @@ from .build import PointerArray
 from .pair_c import render_blocked, render_cols_pair
 from .reduce_c import render_pass
 from .c_text import C_OP, FLOATS
-from .small import LONG, SHORT, STEPPED, SmallPlan, compile_body, short_sums
+from .small import SmallPlan, compile_body
 from .unsupported import Unsupported, planned
 
 _ARGTYPES = [ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
@@ -353,21 +353,4 @@ def plan_for(a: FusedReduceAttrs, inputs: Sequence[np.ndarray]) -> Plan:
                    lambda: _plan(a, inputs))
 
 
-def serial_kind(a: FusedReduceAttrs, inputs: Sequence[np.ndarray]) -> int:
-    """Which threshold sends ``a`` on operands laid out as ``inputs`` to the serial call
-    (:func:`.small.serial_below`): ``LONG`` unless every sum adds at most 64 elements
-    (:func:`.small.short_sums`); then ``SHORT`` where the passes would run in C alone (the
-    statistics of a [N <= 64, C] input: even with the serial call at ~65K elements, ahead past
-    it), else ``STEPPED`` (BatchNormGatherStatsWithCounts: its three passes stop for numpy
-    instructions, 2.3x the serial call's time at 16-64 ranks of 2048 channels; HISTORY)."""
-    if not short_sums(a):
-        return LONG
-    try:
-        plan = plan_for(a, inputs)
-    except Unsupported:
-        return STEPPED
-    before_tail = plan.steps if plan.tail is None else plan.steps[:plan.tail.at]
-    return STEPPED if any(step[0] == "instr" for step in before_tail) else SHORT
-
-
-__all__ = ["BlockedPair", "Pass", "Plan", "Tail", "collapse_reduced", "plan_for", "serial_kind"]
+__all__ = ["BlockedPair", "Pass", "Plan", "Tail", "collapse_reduced", "plan_for"]

@@ -102,7 +102,40 @@ def short_sums(a: FusedReduceAttrs) -> bool:
     return True
 
 
+def sum_chain(body: Sequence[Instr]) -> int:
+    """The most sums on one chain of ``body``'s dependencies (a sum reading what another sum
+    gave, through any instructions): the reduction passes take one sum of a chain each, and
+    from three on (BatchNormGatherStatsWithCounts: the counts', the mean's, the variance's)
+    stop for numpy steps between them, where two run as one C call.
+
+        >>> s = lambda x: Instr(op="sum", args=(x,), dtype=F32, shape=(1, 4), over=(2, 4))
+        >>> sum_chain((s("in0"), Instr(op="sub", args=("in0", "t0"), dtype=F32), s("t1"))), sum_chain((s("in0"), s("in1")))
+        (2, 1)
+    """
+    depth: dict[str, int] = {}
+    for k, ins in enumerate(body):
+        depth[f"t{k}"] = max((depth.get(r, 0) for r in ins.args), default=0) + (ins.op == "sum")
+    return max(depth.values(), default=0)
+
+
 LONG, SHORT, STEPPED = 0, 1, 2  # which threshold a FusedReduce takes (:func:`serial_below`)
+
+
+def serial_kind(a: FusedReduceAttrs) -> int:
+    """Which threshold sends ``a`` to the serial call (:func:`serial_below`; its body's
+    structure only, remembered per body): ``LONG`` unless every sum adds at most 64 elements
+    (:func:`short_sums`); then ``STEPPED`` from three sums on one chain (:func:`sum_chain`: the
+    gather's passes took 2.3x the serial call's time at 16-64 ranks of 2048 channels), else
+    ``SHORT`` (the statistics of a [N <= 64, C] input, whose passes lead from ~65K elements;
+    HISTORY)."""
+    def kind() -> int:
+        if not short_sums(a):
+            return LONG
+        return STEPPED if sum_chain(a.body) >= 3 else SHORT
+    return _KINDS.get(a.body, (), kind)
+
+
+_KINDS = IdentityMemo(limit=1024)
 
 
 def serial_below(kind: int, min_elements: int, min_short_elements: int,
@@ -110,8 +143,7 @@ def serial_below(kind: int, min_elements: int, min_short_elements: int,
     """The input elements below which a FusedReduce runs as the one serial C call rather than
     the reduction passes (the native backend's thresholds): ``min_elements`` for a ``LONG``
     body; for a body of :func:`short_sums` the larger of it and ``min_short_elements``
-    (``SHORT``: the passes would run in C alone) or ``min_stepped_elements`` (``STEPPED``: the
-    passes would stop for numpy instructions between them, or do not cover the body).
+    (``SHORT``) or ``min_stepped_elements`` (``STEPPED``: :func:`serial_kind`).
 
         >>> serial_below(LONG, 4096, 1 << 16, 1 << 20), serial_below(STEPPED, 4096, 1 << 16, 1 << 20)
         (4096, 1048576)
@@ -203,4 +235,5 @@ def run_small_reduce_native(a: FusedReduceAttrs, inputs: Sequence[np.ndarray]) -
 
 
 __all__ = ["SmallCall", "SmallPlan", "call_small", "compile_body", "plan_small", "prepared_small",
-           "run_small_reduce_native", "serial_below", "short_sums", "LONG", "SHORT", "STEPPED"]
+           "run_small_reduce_native", "serial_below", "serial_kind", "short_sums", "sum_chain", "LONG",
+           "SHORT", "STEPPED"]
