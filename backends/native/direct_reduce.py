@@ -7,8 +7,8 @@ into its tensor as the interpreter's placement does, so the bits are the same:
 
 * below the backend's threshold (``min_elements``, or for a body whose sums are over at most
   64 elements ``min_short_elements`` or ``min_stepped_elements``: :func:`.small.serial_kind`),
-  the serial C call of
-  :mod:`.small` on the bound tensors' addresses, its results read from the call's scratch;
+  the serial C call of :mod:`.small` on the bound tensors' addresses, its results read from
+  the call's scratch;
 * from there on, the reduction passes of :mod:`.reduce` on the bound tensors' views, then
   their epilogue as one C call into the call's scratch (:attr:`.reduce.Plan.tail`; where the
   renderer does not cover it, numpy instructions under ``np.errstate(all="ignore")``, as the
