@@ -253,6 +253,27 @@ static inline opg_v opg_v_rnd_bf16_q(opg_v x) {  /* opg_v_rnd_bf16 where no NaN 
 """
 
 
+# the lane tree of l0ops.ordered (n = ceil(m/2), a[j] += a[j + n]) on every column of a
+# [m][kc] block at once (kc a multiple of 16), a vector of columns at a time where OPG_VEC is
+# defined (after V_HELPERS): a channels_last pass's lanes, or the serial call's sums over at most
+# 64 elements, folded for all their kept indices together
+V_FOLD_COLS = r"""static inline void opg_fold_cols(float *a, int64_t m, int64_t kc) {
+    while (m > 1) {
+        const int64_t n = (m + 1) / 2;
+        for (int64_t j = 0; j < m - n; ++j) {
+            float *const x = a + j * kc;
+            const float *const y = a + (j + n) * kc;
+#if defined(OPG_VEC)
+            for (int64_t e = 0; e < kc; e += OPG_W) opg_v_st_f32(x + e, opg_v_add(opg_v_ld_f32(x + e), opg_v_ld_f32(y + e)));
+#else
+            for (int64_t e = 0; e < kc; ++e) x[e] += y[e];
+#endif
+        }
+        m = n;
+    }
+}
+"""
+
 __all__ = ["BF16", "C_OP", "C_TYPE", "F16", "F32", "FLOATS", "HELPERS", "LOAD", "ROUND", "STORE",
-           "V_HELPERS", "V_LOAD", "V_MLOAD", "V_NT", "V_NT2", "V_OP", "V_ROUND", "V_ST2", "V_STORE",
-           "V_STORE_TO"]
+           "V_FOLD_COLS", "V_HELPERS", "V_LOAD", "V_MLOAD", "V_NT", "V_NT2", "V_OP", "V_ROUND", "V_ST2",
+           "V_STORE", "V_STORE_TO"]

@@ -43,7 +43,7 @@ from l0ops.ordered import BLOCK, LANES
 from l0ops.primitives import Instr
 from opgraph.core.dtypes import DataType
 from opgraph.core.tensor import row_major_strides
-from .c_text import C_OP, FLOATS, LOAD, ROUND, V_LOAD, V_OP, V_ROUND
+from .c_text import C_OP, FLOATS, LOAD, ROUND, V_FOLD_COLS, V_LOAD, V_OP, V_ROUND
 from .render import Plan, render
 from .unsupported import Unsupported
 
@@ -62,7 +62,7 @@ _POW = {-0.5: "(1.0f / sqrtf({0}))", 0.5: "sqrtf({0})", 2.0: "(({0}) * ({0}))", 
         1.0: "({0})", 0.0: "1.0f"}
 IN_C = {DataType.FLOAT: "float", DataType.FLOAT16: "uint16_t", DataType.BF16: "uint16_t", **INT_C}
 
-HELPERS = f"""#include <math.h>
+HELPERS = V_FOLD_COLS + f"""#include <math.h>
 
 static float opg_tree(float *a, int64_t m) {{  /* l0ops.ordered.tree_fold (m >= 1) */
     while (m > 1) {{
@@ -127,17 +127,7 @@ static void opg_osum(int r, const float *x, const int64_t *ksh, const int64_t *r
                 for (int64_t i = 0; i < R; ++i) a[i][c] = c < kn ? x[ko + roff[i]] : 0.0f;
                 if (c < kn) opg_step(r, ksh, kidx, 1, &ko, kst);
             }}
-            for (int64_t w = R; w > 1; ) {{  /* opg_tree on every kept index's lanes */
-                const int64_t n = (w + 1) / 2;
-                for (int64_t i = 0; i < w - n; ++i)
-#if defined(OPG_VEC)
-                    for (int64_t c = 0; c < 64; c += OPG_W)
-                        opg_v_st_f32(&a[i][c], opg_v_add(opg_v_ld_f32(&a[i][c]), opg_v_ld_f32(&a[i + n][c])));
-#else
-                    for (int64_t c = 0; c < 64; ++c) a[i][c] += a[i + n][c];
-#endif
-                w = n;
-            }}
+            opg_fold_cols(&a[0][0], R, 64);  /* opg_tree on every kept index's lanes */
             for (int64_t c = 0; c < kn; ++c)
                 out[k0 + c] = rnd == 1 ? opg_rnd_f16(a[0][c]) : rnd == 2 ? opg_rnd_bf16(a[0][c]) : a[0][c];
         }}

@@ -34,7 +34,7 @@ from typing import Sequence
 from l0ops.ordered import BLOCK, LANES
 from l0ops.primitives import Instr
 from opgraph.core.dtypes import DataType
-from .c_text import C_OP, C_TYPE, HELPERS, LOAD, ROUND, V_HELPERS, V_LOAD, V_MLOAD, V_OP, V_ROUND
+from .c_text import C_OP, C_TYPE, HELPERS, LOAD, ROUND, V_FOLD_COLS, V_HELPERS, V_LOAD, V_MLOAD, V_OP, V_ROUND
 from .team import C_DECL
 
 PARALLEL_MIN = 32768  # K * R below this: one thread
@@ -120,24 +120,6 @@ static __attribute__((noinline)) float opg_fold64(const float *a) {{
     opg_fold(b, {LANES}, 1);
     return b[0];
 #endif
-}}
-/* opg_fold on every column of a [m][kc] block of lanes (kc a multiple of 16), the columns side
-   by side: a channels_last item's lanes, folded for all its kept indices at once (one at a
-   time, strided, they took half of BatchNormStats on a [64, 16384] input) */
-static inline void opg_fold_cols(float *a, int64_t m, int64_t kc) {{
-    while (m > 1) {{
-        const int64_t n = (m + 1) / 2;
-        for (int64_t j = 0; j < m - n; ++j) {{
-            float *const x = a + j * kc;
-            const float *const y = a + (j + n) * kc;
-#if defined(OPG_VEC)
-            for (int64_t e = 0; e < kc; e += OPG_W) opg_v_st_f32(x + e, opg_v_add(opg_v_ld_f32(x + e), opg_v_ld_f32(y + e)));
-#else
-            for (int64_t e = 0; e < kc; ++e) x[e] += y[e];
-#endif
-        }}
-        m = n;
-    }}
 }}
 /* S*K sums into out from their blocks; with per_block = OPG_LANES each block's lanes were left
    unfolded by lane-group items (channels_last passes): folded first, in place (j <= 64 j) */
@@ -265,7 +247,9 @@ def render_cols_items(big, kept, live, sums, eb: int) -> list[str]:
     L += [pad + "    " + x for x in _scalar(big, live, sums, lambda i: f"q{i}[j]", "acc[{}][l][j]", kept_s)]
     L += ["                }", "                }", "            }", "            r += run;", "        }",
           "        const int64_t len = r1 - blk * OPG_BLOCK, m = len < OPG_LANES ? len : OPG_LANES;",
-          f"        for (int s = 0; ng == 1 && s < {S}; ++s) opg_fold_cols(&acc[s][0][0], m, kc);",
+          f"        for (int s = 0; ng == 1 && s < {S}; ++s)  /* all kept indices' lanes at once: one"
+          " at a time, strided, they took half of BatchNormStats on a [64, 16384] input */",
+          "            opg_fold_cols(&acc[s][0][0], m, kc);",
           f"        for (int s = 0; s < {S}; ++s) for (int64_t e = 0; e < kn; ++e) {{",
           "            float *const to = c->blocks + ((s * K + k0 + e) * nblocks + blk) * (ng > 1 ? OPG_LANES : 1);",
           "            if (ng > 1) {  /* the group's lanes: the kernel folds them */",
@@ -323,7 +307,7 @@ def render_pass(big: Sequence[tuple[str, DataType]], kept: Sequence[str],
                    "((K + opg_group(K, OPG_KG) - 1) / opg_group(K, OPG_KG)) * nblocks")
 
 
-HEADER = [HELPERS, V_HELPERS, C_DECL, FOLD,
+HEADER = [HELPERS, V_HELPERS, V_FOLD_COLS, C_DECL, FOLD,
            "struct opg_rctx { int64_t K, R, nr, nblocks; const int64_t *rshape, *koff, *rstr;",
            "                  void *const *ptrs; float *blocks;",
            "                  int64_t ng;  /* lane groups (channels_last passes; 0: 1) */",
