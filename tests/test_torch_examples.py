@@ -45,6 +45,20 @@ def test_cli_fp16_with_an_empty_rank(capsys):
     assert all(rel <= 1e-2 for _, rel in rows.values()), out
 
 
+def test_cli_bf16_runs_on_the_soc_whose_stats_take_it(capsys):
+    out, rows = syncbn(capsys, "--ranks", "2", "--shape", "4,3,2,2", "--dtype", "bfloat16")
+    assert "bfloat16, opgraph backend numpy on Ascend950" in out
+    # against float32 batch norm on the rounded inputs: bf16 rounding of the results
+    assert all(rel <= 2e-2 for _, rel in rows.values()), out
+
+
+def test_cli_bf16_on_a_soc_that_refuses_it_says_so_in_one_line(capsys):
+    assert main(["syncbn", "--ranks", "2", "--shape", "4,3,2,2", "--dtype", "bfloat16",
+                 "--platform", "Ascend910B"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "input: dtype BF16 is not supported on Ascend910B" in err, err
+
+
 def run(cmd, env=None):
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT,
                        env={**os.environ, **(env or {})})

@@ -3,6 +3,7 @@
 the whole batch. Needs torch (``pip install 'opgraph[torch]'``); without it, one line.
 
     opgraph syncbn --ranks 2 --shape 8,16,14,14 --dtype float16
+    opgraph syncbn --ranks 3 --dtype bfloat16 --backend native   # on Ascend950's op_apis
 """
 from __future__ import annotations
 
@@ -11,11 +12,14 @@ import importlib
 import math
 from typing import Any
 
-from .common import (CliError, check_memory, non_negative_int, parse_backend, parse_shape,
-                     positive_int)
+from opgraph.core.platform import DEFAULT as DEFAULT_PLATFORM
+from opgraph.core.platform import PRESETS
+from .common import (CliError, check_memory, non_negative_int, parse_backend, parse_platform,
+                     parse_shape, positive_int)
 
 DTYPES = ("float32", "float16", "bfloat16")
 MAX_RANKS = 64
+BF16_PLATFORM = "Ascend950"  # the SoC whose BatchNormStats takes bfloat16
 BYTES_PER_ELEMENT = 4 * 8  # float32 input, grad, output, grad_input and the reference's copies
 
 
@@ -35,15 +39,16 @@ def run(args: argparse.Namespace) -> int:
                        ">= 1", code=2)
     check_memory(shape, math.prod(shape) * BYTES_PER_ELEMENT, "the tensors of all ranks")
     check = _check_module()
+    soc = args.platform or (BF16_PLATFORM if args.dtype == "bfloat16" else DEFAULT_PLATFORM)
     try:
         r = check.compare(args.ranks, shape, args.dtype, seed=args.seed, backend=args.backend,
-                          timeout=args.timeout)
+                          platform=soc, timeout=args.timeout)
     except check.RankError as e:
         raise CliError(e.summary) from None
     sizes = "+".join(map(str, r["sizes"]))
     print(f"SyncBatchNorm over {args.ranks} gloo ranks on 127.0.0.1, batch {sizes} of "
           f"[{','.join(map(str, shape))}] {args.dtype}, opgraph backend "
-          f"{args.backend or 'numpy'}")
+          f"{args.backend or 'numpy'} on {soc}")
     print("vs single-process batch norm (float32) on the whole batch:")
     print(f"  {'quantity':<14}{'max abs error':>15}{'relative':>12}")
     for name, (abs_err, rel_err) in r["errors"].items():
@@ -70,6 +75,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="input and gradient dtype (default: float32)")
     p.add_argument("--backend", type=parse_backend, default=None, metavar="NAME",
                    help="opgraph backend of the op_apis: numpy (default) or native")
+    p.add_argument("--platform", type=parse_platform, default=None, metavar="SOC",
+                   help=f"SoC preset of the op_apis: {', '.join(PRESETS)} (default: "
+                        f"{BF16_PLATFORM} for bfloat16, whose statistics only it takes; else "
+                        f"{DEFAULT_PLATFORM})")
     p.add_argument("--seed", type=non_negative_int, default=0, help="random seed (default: 0)")
     p.add_argument("--timeout", type=positive_int, default=120, metavar="SECONDS",
                    help="give up (and stop every process) after this long (default: 120)")

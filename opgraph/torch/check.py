@@ -39,12 +39,12 @@ def make_case(shape: Sequence[int], dtype: torch.dtype, seed: int) -> dict[str, 
 
 
 def _rank(rank: int, world_size: int, shape: Sequence[int], dtype: str, seed: int,
-          backend: Optional[str]) -> dict[str, Any]:
+          backend: Optional[str], platform: Optional[str] = None) -> dict[str, Any]:
     """One rank: SyncBatchNorm on its shard, forward and backward, timed."""
     case = make_case(shape, DTYPES[dtype], seed)
     x = case["input"].tensor_split(world_size)[rank].clone().requires_grad_()
     dy = case["grad"].tensor_split(world_size)[rank]
-    bn = SyncBatchNorm(shape[1], backend=backend)
+    bn = SyncBatchNorm(shape[1], backend=backend, platform=platform)
     with torch.no_grad():
         bn.weight.copy_(case["weight"])
         bn.bias.copy_(case["bias"])
@@ -95,12 +95,14 @@ def errors(got: dict[str, torch.Tensor],
 
 
 def compare(world_size: int, shape: Sequence[int], dtype: str = "float32", *, seed: int = 0,
-            backend: Optional[str] = None, timeout: float = 120.0) -> dict[str, Any]:
+            backend: Optional[str] = None, platform: Optional[str] = None,
+            timeout: float = 120.0) -> dict[str, Any]:
     """Run :func:`_rank` on ``world_size`` processes; the errors against :func:`reference`,
     the batch sizes, and rank 0's forward/backward times."""
     if len(shape) < 2 or shape[1] < 1 or math.prod(shape) == 0:
         raise ValueError(f"shape {list(shape)}: expected N,C,... with N >= 1 and C >= 1")
-    results = run_ranks(_rank, world_size, (tuple(shape), dtype, seed, backend), timeout=timeout)
+    results = run_ranks(_rank, world_size, (tuple(shape), dtype, seed, backend, platform),
+                        timeout=timeout)
     return {"errors": errors(gather(results), reference(shape, dtype, seed)),
             "sizes": split_sizes(shape[0], world_size),
             "forward_s": results[0]["forward_s"], "backward_s": results[0]["backward_s"]}
