@@ -3,6 +3,7 @@ file) or from the ``opgraph.op_apis`` entry points; ``opgraph ops`` lists them w
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import textwrap
 
@@ -49,6 +50,18 @@ def test_load_errors_are_one_line(capsys):
     assert code == 2 and err.startswith("opgraph: error: --load 'no_such_module_xyz'")
     code, _, err = run_cli(capsys, "ops", "--load")
     assert code == 2 and "--load" in err
+
+
+def test_load_finds_a_module_in_the_current_directory_by_name(tmp_path):
+    # the console script, as a user runs it: unlike `python -m`, it has no cwd on sys.path
+    script = os.path.join(os.path.dirname(sys.executable), "opgraph")
+    if not os.path.exists(script):
+        pytest.skip(f"no opgraph console script next to {sys.executable} (pip install -e .)")
+    with open(EXAMPLE) as f:
+        (tmp_path / "my_scale_ops.py").write_text(f.read())
+    p = subprocess.run([script, "ops", "--load", "my_scale_ops"], cwd=tmp_path, timeout=120,
+                       capture_output=True, text=True)
+    assert p.returncode == 0 and "aclnnChannelScale" in p.stdout, p.stderr
 
 
 def test_entry_point_op_api_is_registered(tmp_path, monkeypatch, capsys):
@@ -113,3 +126,10 @@ def test_level2_that_fused_nothing_says_so(capsys, tmp_path, flag):
     code, out, _ = run_cli(capsys, "dump", "aclnnChannelScale", "--load", EXAMPLE, flag,
                            "--level", "2", "--shape", "2,3")
     assert code == 0 and "fused nothing" not in out
+
+
+def test_dtype_option_defaults_are_shown_by_name(capsys):
+    code, out, _ = run_cli(capsys, "dump", "aclnnBatchNormElemtBackward", "--help")
+    text = " ".join(out.split())
+    assert code == 0
+    assert "dtype of counter: float32, float16, int32 (default: float32)" in text

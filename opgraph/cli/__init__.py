@@ -84,7 +84,8 @@ def split_load(argv: Sequence[str]) -> tuple[list[str], list[str]]:
 
 
 def load(target: str) -> None:
-    """Import a module by name, or a ``.py`` file by path (CliError naming --load on failure)."""
+    """Import a module by name (installed, or in the current directory) or a ``.py`` file by
+    path (CliError naming --load on failure)."""
     try:
         if target.endswith(".py"):
             name = "opgraph_user_" + "".join(c if c.isalnum() else "_" for c in target)
@@ -95,6 +96,8 @@ def load(target: str) -> None:
             sys.modules[name] = module
             spec.loader.exec_module(module)
         else:
+            if os.getcwd() not in sys.path and "" not in sys.path:
+                sys.path.append(os.getcwd())  # as `python -m` finds it; installed names first
             load_module(target)
     except Exception as e:  # the user's module: say what failed, in one line
         raise CliError(f"--load {target!r}: {type(e).__name__}: {e}", code=2) from None

@@ -38,8 +38,9 @@ def _add_option(p: argparse.ArgumentParser, o: Option) -> None:
     if o.type == "flag":
         p.add_argument(o.flag, dest=o.name, action="store_true", help=o.help)
     else:
+        shown = o.default.np.name if isinstance(o.default, DataType) else o.default
         p.add_argument(o.flag, dest=o.name, type=OPTION_TYPES[o.type], default=o.default,
-                       metavar=o.type.upper(), help=o.help + (f" (default: {o.default})"
+                       metavar=o.type.upper(), help=o.help + (f" (default: {shown})"
                                                               if o.default is not None else ""))
 
 
