@@ -184,7 +184,7 @@ def test_program_is_built_at_the_end_of_the_block():
     with capture() as prog:
         with pytest.raises(CaptureError, match="the program is built when the capture block ends"):
             prog.stats()
-        with pytest.raises(RuntimeError, match="captures do not nest"):
+        with pytest.raises(CaptureError, match="captures do not nest"):
             with capture():
                 pass
         batch_norm_stats(np.ones((2, 3, 4), np.float32), 1e-5)

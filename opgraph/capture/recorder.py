@@ -24,15 +24,12 @@ import numpy as np
 
 from l0ops.collectives import AllGather, AllReduce
 from opgraph.core.collective import get_group
+from opgraph.core.capturing import CaptureError
 from opgraph.core.config import current_backend
 from opgraph.core.executor import Executor, tensor_type
 from opgraph.core.ir import Graph, Node, Value
 from opgraph.core.platform import Platform
 from opgraph.core.tensor import Tensor, extent, tensor
-
-
-class CaptureError(RuntimeError):
-    """A sequence of calls the capture cannot turn into one program (the message says why)."""
 
 
 def key_of(t: Tensor) -> tuple:

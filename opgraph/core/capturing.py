@@ -31,6 +31,10 @@ class CallRecorder(Protocol):
         """Phase 2 of ``executor`` was called: True when the recorder defers it (nothing runs)."""
 
 
+class CaptureError(RuntimeError):
+    """A sequence of calls the capture cannot turn into one program (the message says why)."""
+
+
 _active: contextvars.ContextVar[Optional[CallRecorder]] = contextvars.ContextVar(
     "opgraph_capture", default=None)
 
@@ -44,7 +48,7 @@ def active() -> Optional[CallRecorder]:
 def recording(recorder: CallRecorder) -> Iterator[CallRecorder]:
     """Make ``recorder`` the active one inside the block (nested captures are refused)."""
     if _active.get() is not None:
-        raise RuntimeError("a capture is already active in this context (captures do not nest)")
+        raise CaptureError("a capture is already active in this context (captures do not nest)")
     token = _active.set(recorder)
     try:
         yield recorder
@@ -52,4 +56,4 @@ def recording(recorder: CallRecorder) -> Iterator[CallRecorder]:
         _active.reset(token)
 
 
-__all__ = ["CallRecorder", "active", "recording"]
+__all__ = ["CallRecorder", "CaptureError", "active", "recording"]
