@@ -197,3 +197,18 @@ def test_full_stdout_is_one_error_line(argv):
     lines = p.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("opgraph: error: "), p.stderr
     assert "No space left on device" in lines[0] and "internal error" not in lines[0]
+
+
+@pytest.mark.parametrize("argv", [["ops"], ["--version"], ["--help"], ["dump", OP], ["run", OP],
+                                  ["tiling", "--shape", "2,3"], ["dump", OP, "-o", "g.txt"]],
+                         ids=" ".join)
+def test_closed_stdout_is_one_error_line(capsys, monkeypatch, tmp_path, argv):
+    monkeypatch.setattr(sys, "stdout", None)  # what Python sets when started with fd 1 closed
+    error_line(capsys, argv, "stdout is closed")
+    assert os.listdir(tmp_path) == []  # nothing written to -o either
+
+
+def test_closed_stdout_of_the_process_is_one_error_line():
+    p = subprocess.run(["sh", "-c", 'exec "$@" >&-', "sh", sys.executable, "-m", "opgraph", "ops"],
+                       stderr=subprocess.PIPE, text=True, cwd=ROOT, timeout=300)
+    assert p.returncode == 1 and p.stderr == "opgraph: error: stdout is closed\n", p.stderr

@@ -53,6 +53,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     >>> main(["dump", "nope"])
     2
     """
+    if sys.stdout is None:  # started with stdout closed (``opgraph ops >&-``): nowhere to write
+        _say("opgraph: error: stdout is closed")
+        return 1
     try:
         code = _run(argv)
         sys.stdout.flush()  # a closed pipe shows here, not as "Exception ignored" at exit
@@ -61,9 +64,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 141
     except OSError as e:  # stdout itself cannot take the output (a full disk ...)
         _discard_stdout()
-        print(f"opgraph: error: cannot write to stdout: {e.strerror or e}", file=sys.stderr)
+        _say(f"opgraph: error: cannot write to stdout: {e.strerror or e}")
         return 1
     return code
+
+
+def _say(line: str) -> None:
+    """Print one line on stderr; nothing when stderr is closed (print would use stdout)."""
+    if sys.stderr is not None:
+        print(line, file=sys.stderr)
 
 
 def split_load(argv: Sequence[str]) -> tuple[list[str], list[str]]:
@@ -118,10 +127,10 @@ def _run(argv: Optional[Sequence[str]]) -> int:
     except SystemExit as e:  # --help, --version and usage errors
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     except CliError as e:
-        print(f"opgraph: error: {e}", file=sys.stderr)
+        _say(f"opgraph: error: {e}")
         return e.code
     except KeyboardInterrupt:
-        print("opgraph: interrupted", file=sys.stderr)
+        _say("opgraph: interrupted")
         return 130
     except BrokenPipeError:
         raise
@@ -129,20 +138,19 @@ def _run(argv: Optional[Sequence[str]]) -> int:
         if args is not None and args.traceback:
             raise
         where = f": {e.filename}" if e.filename else ""
-        print(f"opgraph: error: {e.strerror or e}{where}", file=sys.stderr)
+        _say(f"opgraph: error: {e.strerror or e}{where}")
         try:
             sys.stdout.flush()
         except OSError:  # it was stdout: what is still buffered would fail again at exit
             _discard_stdout()
         return 1
     except MemoryError:  # the limits of build_case are estimates; never a traceback for this
-        print("opgraph: error: out of memory (try a smaller --shape)", file=sys.stderr)
+        _say("opgraph: error: out of memory (try a smaller --shape)")
         return 1
     except Exception as e:  # a bug: one line unless --traceback
         if args is not None and args.traceback:
             raise
-        print(f"opgraph: internal error: {type(e).__name__}: {e} (rerun with --traceback)",
-              file=sys.stderr)
+        _say(f"opgraph: internal error: {type(e).__name__}: {e} (rerun with --traceback)")
         return 1
 
 
