@@ -317,9 +317,10 @@ class Program:
             if reuse is not None:
                 regs[name] = fn(*operands, out=regs[reuse])
             elif scratch is not None and out is not None and name in self.fresh_f32:
-                buf = scratch.get(name)
-                if buf is None or buf.shape != out.shape:
-                    buf = scratch[name] = np.empty(out.shape, np.float32)
+                key = (name, out.shape)  # chunks of two shapes (a remainder) keep one each
+                buf = scratch.get(key)
+                if buf is None:
+                    buf = scratch[key] = np.empty(out.shape, np.float32)
                 regs[name] = fn(*operands, out=buf)
             else:
                 regs[name] = fn(*operands)
@@ -422,8 +423,9 @@ _SCRATCH = threading.local()
 
 
 def _thread_scratch() -> dict[str, np.ndarray]:
-    """This thread's temporaries, kept from chunk to chunk (a fresh 128 KiB array per step and
-    chunk costs about as much as the step's arithmetic)."""
+    """This thread's temporaries, kept from chunk to chunk by register name and chunk shape (a
+    fresh 128 KiB array per step and chunk costs about as much as the step's arithmetic; when
+    the chunks of a body come in two shapes, a remainder, each shape keeps its own)."""
     scratch = getattr(_SCRATCH, "buffers", None)
     if scratch is None or len(scratch) > 64:
         scratch = _SCRATCH.buffers = {}

@@ -113,6 +113,24 @@ def test_scratch_buffers_carry_nothing_between_bodies_sizes_and_threads():
     assert failures == []
 
 
+def test_chunks_of_two_shapes_reuse_their_scratch_from_call_to_call(monkeypatch):
+    """Blocks of 3 and 2 rows alternate (a remainder): each shape keeps its buffers, so a second
+    call allocates nothing (in a process without steady malloc settings every fresh buffer of a
+    real size is an mmap and its page faults: 48x64x56x56 ran 29 ms, 16 ms with this)."""
+    monkeypatch.setattr(P, "run_split", lambda work, items: work(items))  # this thread's scratch
+    shape = (5, 4, 8, 160)
+    a, b, x, y = operands(D.FLOAT, shape, "contiguous")
+    attrs = FusedAttrs(shape=shape, body=body(D.FLOAT, shape[1]), result="t6", out_dtype=D.FLOAT)
+    P._SCRATCH.buffers = {}
+    limits = dict(limit=1000, channel_limit=3 * 8 * 160, whole_limit=0)  # blocks within a channel
+    got = P.run_fused(attrs, [a, b, x, y], **limits)
+    assert np.array_equal(got.view(np.uint8), direct(D.FLOAT, a, b, x, y).view(np.uint8))
+    kept = {k: id(v) for k, v in P._SCRATCH.buffers.items()}
+    assert {v.shape[0] for v in P._SCRATCH.buffers.values()} == {3, 2}
+    P.run_fused(attrs, [a, b, x, y], **limits)
+    assert {k: id(v) for k, v in P._SCRATCH.buffers.items()} == kept
+
+
 def test_the_chunked_plan_is_built_once_on_first_use_and_never_seen_half_built():
     shape = (2, 4, 8, 160)
     a, b, x, y = operands(D.FLOAT, shape, "contiguous")
