@@ -212,3 +212,24 @@ def test_closed_stdout_of_the_process_is_one_error_line():
     p = subprocess.run(["sh", "-c", 'exec "$@" >&-', "sh", sys.executable, "-m", "opgraph", "ops"],
                        stderr=subprocess.PIPE, text=True, cwd=ROOT, timeout=300)
     assert p.returncode == 1 and p.stderr == "opgraph: error: stdout is closed\n", p.stderr
+
+
+# --- user code calling sys.exit -----------------------------------------------------------------
+EXITS = {"exit0": "import sys\nsys.exit(0)\n", "message": "raise SystemExit('msg')\n",
+         "in step": "import sys\n\ndef step(shape, dtype):\n    sys.exit(3)\n"}
+
+
+@pytest.mark.parametrize("body,argv,option,code", [
+    ("exit0", ["--load", "u.py", "ops"], "--load 'u.py': the module called sys.exit(0)", 2),
+    ("message", ["--load", "u.py", "ops"], "--load 'u.py': the module called sys.exit('msg')", 2),
+    ("exit0", ["capture", "u.py"], "FILE 'u.py': importing it called sys.exit(0)", 1),
+    ("message", ["capture", "u.py"], "FILE 'u.py': importing it called sys.exit('msg')", 1),
+    ("in step", ["capture", "u.py"], "FILE 'u.py': step() called sys.exit(3)", 1),
+    ("in step", ["capture", "u.py", "--format", "stats"],
+     "FILE 'u.py': step() called sys.exit(3)", 1),
+], ids=lambda v: " ".join(v) if isinstance(v, list) else str(v))
+def test_user_code_calling_sys_exit_is_one_error_line(capsys, tmp_path, body, argv, option, code):
+    (tmp_path / "u.py").write_text(EXITS[body])
+    assert main(argv) == code
+    out, err = capsys.readouterr()
+    assert err == f"opgraph: error: {option}\n" and out == "", err

@@ -22,7 +22,7 @@ import importlib.util
 from opgraph import __version__
 from opgraph.core.opapi import load_entry_points, load_module
 from . import capture, demo, dump, emit_c, emit_cpp, ops, plan, run, syncbn, tiling, view
-from .common import CliError, Parser
+from .common import CliError, Parser, called_exit
 
 COMMANDS = [demo, ops, dump, view, run, tiling, emit_c, plan, emit_cpp, syncbn, capture]
 
@@ -110,6 +110,8 @@ def load(target: str) -> None:
             load_module(target)
     except Exception as e:  # the user's module: say what failed, in one line
         raise CliError(f"--load {target!r}: {type(e).__name__}: {e}", code=2) from None
+    except SystemExit as e:  # not a usage error of opgraph's: name the culprit
+        raise CliError(f"--load {target!r}: the module {called_exit(e)}", code=2) from None
 
 
 def _run(argv: Optional[Sequence[str]]) -> int:

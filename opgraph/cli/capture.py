@@ -20,8 +20,8 @@ from typing import Any, Callable
 from l0ops.collectives import is_collective
 from opgraph.capture import CaptureError, Program, capture
 from opgraph.core.dtypes import DataType
-from .common import (CliError, check_memory, fmt_bytes, parse_backend, parse_dtype, parse_shape,
-                     write_output)
+from .common import (CliError, called_exit, check_memory, fmt_bytes, parse_backend, parse_dtype,
+                     parse_shape, write_output)
 
 FORMATS = ("text", "json", "dot", "table", "html", "stats")
 
@@ -39,6 +39,8 @@ def load_step(path: str) -> Callable[..., Any]:
         spec.loader.exec_module(module)
     except Exception as e:
         raise CliError(f"FILE {path!r}: importing it failed: {type(e).__name__}: {e}") from None
+    except SystemExit as e:
+        raise CliError(f"FILE {path!r}: importing it {called_exit(e)}") from None
     step = getattr(module, "step", None)
     if not callable(step):
         raise CliError(f"FILE {path!r}: defines no function step(shape, dtype) making the calls",
@@ -46,7 +48,8 @@ def load_step(path: str) -> Callable[..., Any]:
     return step
 
 
-def _capture(step: Callable[..., Any], shape: tuple, dtype: DataType, level: int) -> Program:
+def _capture(step: Callable[..., Any], shape: tuple, dtype: DataType, level: int,
+             path: str) -> Program:
     try:
         with capture(level) as prog:
             step(shape, dtype.np)
@@ -54,15 +57,17 @@ def _capture(step: Callable[..., Any], shape: tuple, dtype: DataType, level: int
         raise CliError(f"capture: {e}") from None
     except Exception as e:  # the file's own failure, in one line
         raise CliError(f"step() failed: {type(e).__name__}: {e}") from None
+    except SystemExit as e:
+        raise CliError(f"FILE {path!r}: step() {called_exit(e)}") from None
     return prog
 
 
-def stats_table(step: Callable[..., Any], shape: tuple, dtype: DataType) -> str:
+def stats_table(step: Callable[..., Any], shape: tuple, dtype: DataType, path: str) -> str:
     """Launches, collectives and bytes per level: the program and the calls one by one."""
     rows = ["level  captured: launches  collectives  bytes moved   one by one: launches  "
             "collectives  bytes moved"]
     for level in (0, 1, 2):
-        prog = _capture(step, shape, dtype, level)
+        prog = _capture(step, shape, dtype, level, path)
         s, o = prog.stats(), prog.stats_one_by_one()
         rows.append(f"{level:>5}  {s.launches:>18}  {s.collectives:>11}  {s.bytes_moved:>11}  "
                     f"{o.launches:>21}  {o.collectives:>11}  {o.bytes_moved:>11}")
@@ -81,8 +86,8 @@ def run(args: argparse.Namespace) -> int:
     check_memory(shape, math.prod(shape) * args.dtype.np.itemsize * 8, "the step's tensors")
     step = load_step(args.file)
     if args.format == "stats":
-        return write_output(stats_table(step, shape, args.dtype), args.output)
-    prog = _capture(step, shape, args.dtype, args.level)
+        return write_output(stats_table(step, shape, args.dtype, args.file), args.output)
+    prog = _capture(step, shape, args.dtype, args.level, args.file)
     g = prog.graph if args.level == 0 else prog.compiled
     if args.format == "json":
         text = g.to_json()

@@ -35,6 +35,15 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"opgraph: error: {message} (see '{self.prog} --help')\n")
 
 
+def called_exit(e: SystemExit) -> str:
+    """What user code did that ended in ``e``: ``'called sys.exit(0)'``, for a one-line error.
+
+    >>> called_exit(SystemExit("bye"))
+    "called sys.exit('bye')"
+    """
+    return f"called sys.exit({'' if e.code is None else repr(e.code)})"
+
+
 def fmt_status(status: Status) -> str:
     """``'0 (ACLNN_SUCCESS)'``: the C return value and its name."""
     return f"{int(status)} ({Status(status).name})"
