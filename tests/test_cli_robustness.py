@@ -139,10 +139,26 @@ def test_unwritable_output_names_the_option(capsys, paths, cmd, target):
     error_line(capsys, [*cmd, "-o", paths[target]], "-o/--output")
 
 
-def test_unwritable_bin_file_of_emit_cpp_names_the_option(capsys, tmp_path):
+@pytest.mark.parametrize("to_file", [True, False], ids=["-o", "stdout"])
+def test_unwritable_bin_file_of_emit_cpp_writes_nothing(capsys, tmp_path, to_file):
     (tmp_path / "gradOut.bin").mkdir()  # the program can be written, this input cannot
-    argv = ["emit-cpp", OP, "--embed-limit", "0", "-o", str(tmp_path / "p.cpp")]
-    assert "gradOut.bin" in error_line(capsys, argv, "-o/--output")
+    argv = ["emit-cpp", OP, "--embed-limit", "0", *(["-o", str(tmp_path / "p.cpp")] * to_file)]
+    code = main(argv)
+    out, err = capsys.readouterr()
+    assert code == 1 and out == "" and err.count("\n") == 1 and "gradOut.bin" in err, err
+    assert sorted(os.listdir(tmp_path)) == ["gradOut.bin"]  # no program, no other .bin file
+
+
+def test_bad_output_of_dump_leaves_the_dump_dir_unwritten(capsys, tmp_path):
+    argv = ["dump", OP, "--level", "2", "--dump-dir", str(tmp_path / "d"), "-o", "/nonexistent/x"]
+    error_line(capsys, argv, "-o/--output")
+    assert os.listdir(tmp_path) == []
+
+
+def test_netron_missing_writes_neither_page_nor_onnx(capsys, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "netron", None)  # import netron raises ImportError
+    error_line(capsys, ["view", OP, "--netron", "-o", str(tmp_path / "v.html")], "--netron")
+    assert os.listdir(tmp_path) == []
 
 
 @pytest.mark.parametrize("target", ["file", "under a file", "empty"])
@@ -233,3 +249,9 @@ def test_user_code_calling_sys_exit_is_one_error_line(capsys, tmp_path, body, ar
     assert main(argv) == code
     out, err = capsys.readouterr()
     assert err == f"opgraph: error: {option}\n" and out == "", err
+
+
+def test_bad_trace_json_prints_no_report_first(capsys):
+    assert main(["run", OP, "--trace-json", "/nonexistent/t.json"]) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith("opgraph: error: --trace-json: cannot write"), err

@@ -7,6 +7,7 @@ the memory limit and file output. Op_api options and cases are in :mod:`opgraph.
 from __future__ import annotations
 
 import argparse
+import errno
 import math
 import os
 import sys
@@ -193,6 +194,32 @@ def parse_backend(text: str) -> str:
     except BackendUnavailable as e:
         raise argparse.ArgumentTypeError(str(e)) from None
     return text
+
+
+def check_output(path: "str | None", option: str = "-o/--output") -> None:
+    """CliError naming ``option`` unless ``path`` could be written (None or '-': stdout): a
+    command with several outputs checks them all before writing any, so a rejected call leaves
+    every output untouched.
+
+    >>> check_output("/nonexistent/x")
+    Traceback (most recent call last):
+    ...
+    opgraph.cli.common.CliError: -o/--output: cannot write '/nonexistent/x': No such file or directory
+    """
+    if path in (None, "-"):
+        return
+    folder = os.path.dirname(os.path.abspath(path)) if path else ""
+    if not path:
+        code = errno.ENOENT
+    elif os.path.isdir(path):
+        code = errno.EISDIR
+    elif not os.path.isdir(folder):
+        code = errno.ENOTDIR if os.path.exists(folder) else errno.ENOENT
+    elif not os.access(path if os.path.exists(path) else folder, os.W_OK):
+        code = errno.EACCES
+    else:
+        return
+    raise CliError(f"{option}: cannot write {path!r}: {os.strerror(code)}")
 
 
 def write_output(text: "str | bytes", path: "str | None", summary: "str | None" = None,

@@ -26,7 +26,7 @@ from opgraph.passes import (DumpInstrument, Instrument, Pass, PassManager, PassS
                             Rule, graph_stats, optimize, pipeline)
 from opgraph.passes.stats import node_traffic
 from .cases import add_op_subparsers, build_case, recorded_executor
-from .common import CliError, write_output
+from .common import CliError, check_output, write_output
 
 FORMATS = ("text", "json", "dot", "table", "onnx")
 
@@ -263,6 +263,7 @@ def _report(graph: Graph, args: argparse.Namespace, level: int) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_output(args.output)
     if args.dump_dir is not None:
         check_dump_dir(args.dump_dir)
     if args.format == "onnx" and args.output in (None, "-") and not (args.stats or args.passes):

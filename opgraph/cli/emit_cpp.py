@@ -21,19 +21,24 @@ from typing import Any
 
 from backends.aclnn.emit_cpp import emit_cpp
 from .cases import add_op_subparsers
-from .common import non_negative_int, write_output
+from .common import check_output, non_negative_int, write_output
 from .plan import case_plan
+
+BIN_OPTION = "-o/--output (its .bin inputs)"
 
 
 def run(args: argparse.Namespace) -> int:
     _, ex, plan = case_plan(args)
     data = {k: t.storage for k, t in ex.bindings.items() if t is not None}
     src, files = emit_cpp(plan, data, embed_limit=args.embed_limit)
-    write_output(src, args.output)
     folder = os.path.dirname(os.path.abspath(args.output)) if args.output not in (None, "-") else "."
-    for name, blob in files.items():
-        write_output(blob, os.path.join(folder, name),
-                     option="-o/--output (its .bin inputs)")
+    bins = {os.path.join(folder, name): blob for name, blob in files.items()}
+    check_output(args.output)
+    for path in bins:  # all of them before writing any
+        check_output(path, BIN_OPTION)
+    for path, blob in bins.items():
+        write_output(blob, path, option=BIN_OPTION)
+    write_output(src, args.output)
     if args.output not in (None, "-"):
         print(f"wrote {args.output}: {len(plan.calls)} aclnn calls (level {plan.level}), "
               f"{len(files)} .bin files")

@@ -22,7 +22,7 @@ from opgraph.core.graphdiff import node_key
 from opgraph.core.platform import lookup
 from opgraph.core.status import Status
 from .cases import Case, Recorded, add_op_subparsers, build_case, check, execute, record
-from .common import CliError, fmt_status, fmt_type, fmt_values, write_output
+from .common import CliError, check_output, fmt_status, fmt_type, fmt_values, write_output
 from .tiling import trace_report
 
 
@@ -131,6 +131,7 @@ def errors(out: np.ndarray, ref: np.ndarray) -> tuple[float, float]:
 def run(args: argparse.Namespace) -> int:
     if args.trace_json is not None and args.trace_json in ("", "-"):
         raise CliError("--trace-json: expected a file name (the summary goes to stdout)", code=2)
+    check_output(args.trace_json, "--trace-json")
     case = build_case(args)
     spec, p = case.spec, lookup(case.platform)
     print(f"op:            {spec.name} ({spec.summary})")

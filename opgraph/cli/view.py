@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib
 import os
 from typing import Any, Optional
 
@@ -23,7 +24,7 @@ from opgraph.core.layout import ENGINES, LayoutUnavailable, default_engine
 from opgraph.core.onnx_export import OnnxUnavailable
 from opgraph.passes import graph_stats, optimize
 from .cases import Case, add_op_subparsers, build_case, check, execute, record, recorded_executor
-from .common import CliError, parse_backend, write_output
+from .common import CliError, check_output, parse_backend, write_output
 from .dump import PassStep, trace_passes
 from .run import Profile, profiled_execute
 
@@ -99,18 +100,25 @@ def onnx_path(args: argparse.Namespace, level: int) -> str:
     return f"{args.op}.level{level}.onnx"
 
 
-def open_in_netron(graph: Graph, path: str) -> int:
-    """Write ``graph`` as ONNX to ``path`` and serve it in Netron (until Ctrl+C)."""
+def netron_module() -> Any:
+    """The netron package (an optional dependency, imported only for --netron), or CliError."""
     try:
-        data = graph.to_onnx().SerializeToString()
+        return importlib.import_module("netron")
+    except ImportError:
+        raise CliError("--netron: the netron package is not installed: pip install netron "
+                       "(or open 'opgraph dump OP --format onnx -o g.onnx' in any Netron)") from None
+
+
+def onnx_bytes(graph: Graph) -> bytes:
+    """``graph`` as serialised ONNX for --netron, or CliError when onnx is missing."""
+    try:
+        return graph.to_onnx().SerializeToString()
     except OnnxUnavailable as e:
         raise CliError(f"--netron: {e}") from None
-    write_output(data, path, "ONNX for Netron", "--netron")
-    try:
-        import netron
-    except ImportError:
-        raise CliError(f"--netron: the netron package is not installed: pip install netron "
-                       f"(or open {path} in any Netron)") from None
+
+
+def serve_in_netron(netron: Any, path: str) -> int:
+    """Serve the ONNX file ``path`` in Netron (until Ctrl+C)."""
     netron.start(path)
     print("Netron is serving the graph; press Ctrl+C to stop")
     try:
@@ -121,8 +129,14 @@ def open_in_netron(graph: Graph, path: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_output(args.output)
+    netron = netron_module() if args.netron else None  # before anything is written
     case = build_case(args)
     graph = recorded_executor(case).graph
+    onnx = None
+    if netron is not None:
+        onnx = onnx_bytes(optimize(graph, case.level, fast_math=args.fast_math))
+        check_output(onnx_path(args, case.level), "--netron")
     try:
         engine = args.layout or default_engine()
         tabs = build_tabs(case, graph, args)
@@ -137,10 +151,11 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(str(e)) from None
     write_output(page, args.output,
                  f"{len(LEVELS)} levels, {len(tabs) - len(LEVELS)} pass tabs (layout: {engine})")
-    if args.netron:
-        return open_in_netron(optimize(graph, case.level, fast_math=args.fast_math),
-                              onnx_path(args, case.level))
-    return 0
+    if onnx is None:
+        return 0
+    path = onnx_path(args, case.level)
+    write_output(onnx, path, "ONNX for Netron", "--netron")
+    return serve_in_netron(netron, path)
 
 
 def _options(p: argparse.ArgumentParser) -> None:
