@@ -32,11 +32,12 @@ def _in_tmp_dir(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
 
 
-def error_line(capsys, argv: list[str], option: str) -> str:
-    """Run the CLI in-process; assert the one-line error convention and return the line."""
+def error_line(capsys, argv: list[str], option: str, status: "int | None" = None) -> str:
+    """Run the CLI in-process; assert the one-line error convention (and exit ``status``) and
+    return the line."""
     code = main(argv)
     _, err = capsys.readouterr()
-    assert code != 0
+    assert code != 0 if status is None else code == status
     assert "internal error" not in err and "Traceback" not in err
     lines = err.splitlines()
     assert len(lines) == 1, err
@@ -220,7 +221,7 @@ def test_full_stdout_is_one_error_line(argv):
                          ids=" ".join)
 def test_closed_stdout_is_one_error_line(capsys, monkeypatch, tmp_path, argv):
     monkeypatch.setattr(sys, "stdout", None)  # what Python sets when started with fd 1 closed
-    error_line(capsys, argv, "stdout is closed")
+    error_line(capsys, argv, "stdout is closed", status=1)
     assert os.listdir(tmp_path) == []  # nothing written to -o either
 
 
@@ -255,3 +256,32 @@ def test_bad_trace_json_prints_no_report_first(capsys):
     assert main(["run", OP, "--trace-json", "/nonexistent/t.json"]) == 1
     out, err = capsys.readouterr()
     assert out == "" and err.startswith("opgraph: error: --trace-json: cannot write"), err
+
+
+# --- options that conflict ----------------------------------------------------------------------
+STEP = "def step(shape, dtype):\n    pass\n"
+
+
+@pytest.mark.parametrize("argv,first,second", [
+    (["dump", OP, "--stats", "--passes"], "--stats", "--passes"),
+    (["dump", OP, "--stats", "--dump-dir", "d"], "--stats", "--dump-dir"),
+    (["capture", "s.py", "--format", "stats", "--run", "numpy"], "--format stats", "--run"),
+], ids=lambda v: " ".join(v) if isinstance(v, list) else v)
+def test_conflicting_options_are_refused_naming_both(capsys, tmp_path, argv, first, second):
+    (tmp_path / "s.py").write_text(STEP)
+    error_line(capsys, argv, f"{first} and {second} cannot be combined", status=2)
+    assert os.listdir(tmp_path) == ["s.py"]
+
+
+@pytest.mark.parametrize("output", ["s.py", "./s.py", "link.py"])
+def test_capture_refuses_to_overwrite_its_file(capsys, tmp_path, output):
+    (tmp_path / "s.py").write_text(STEP)
+    (tmp_path / "link.py").symlink_to("s.py")
+    error_line(capsys, ["capture", "s.py", "-o", output], "is FILE itself", status=2)
+    assert (tmp_path / "s.py").read_text() == STEP
+
+
+def test_emit_cpp_refuses_a_program_named_like_its_data(capsys, tmp_path):
+    argv = ["emit-cpp", OP, "--shape", "64,64", "--embed-limit", "0", "-o", "gradOut.bin"]
+    error_line(capsys, argv, "would overwrite its input data gradOut.bin", status=2)
+    assert os.listdir(tmp_path) == []

@@ -20,8 +20,8 @@ from typing import Any, Callable
 from l0ops.collectives import is_collective
 from opgraph.capture import CaptureError, Program, capture
 from opgraph.core.dtypes import DataType
-from .common import (CliError, called_exit, check_memory, fmt_bytes, parse_backend, parse_dtype,
-                     parse_shape, write_output)
+from .common import (CliError, called_exit, check_memory, conflict, fmt_bytes, parse_backend,
+                     parse_dtype, parse_shape, same_path, write_output)
 
 FORMATS = ("text", "json", "dot", "table", "html", "stats")
 
@@ -79,6 +79,12 @@ def _kind(n: Any) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.format == "stats" and args.run:
+        raise conflict("--format stats", "--run", "the stats table counts launches and bytes, it "
+                       "replays nothing")
+    if args.output not in (None, "-") and same_path(args.output, args.file):
+        raise CliError(f"-o/--output {args.output!r}: is FILE itself, which it would overwrite",
+                       code=2)
     shape = args.shape
     if len(shape) < 2 or math.prod(shape) == 0:
         raise CliError(f"--shape {','.join(map(str, shape))}: expected N,C[,...] with every dim "

@@ -196,6 +196,18 @@ def parse_backend(text: str) -> str:
     return text
 
 
+def conflict(first: str, second: str, why: str) -> CliError:
+    """The usage error of two options that cannot be given together (one would be ignored)."""
+    return CliError(f"{first} and {second} cannot be combined: {why}", code=2)
+
+
+def same_path(a: str, b: str) -> bool:
+    """Whether paths ``a`` and ``b`` name the same file (existing or not; links followed)."""
+    if os.path.exists(a) and os.path.exists(b):
+        return os.path.samefile(a, b)
+    return os.path.realpath(a) == os.path.realpath(b)
+
+
 def check_output(path: "str | None", option: str = "-o/--output") -> None:
     """CliError naming ``option`` unless ``path`` could be written (None or '-': stdout): a
     command with several outputs checks them all before writing any, so a rejected call leaves

@@ -26,7 +26,7 @@ from opgraph.passes import (DumpInstrument, Instrument, Pass, PassManager, PassS
                             Rule, graph_stats, optimize, pipeline)
 from opgraph.passes.stats import node_traffic
 from .cases import add_op_subparsers, build_case, recorded_executor
-from .common import CliError, check_output, write_output
+from .common import CliError, check_output, conflict, write_output
 
 FORMATS = ("text", "json", "dot", "table", "onnx")
 
@@ -263,6 +263,10 @@ def _report(graph: Graph, args: argparse.Namespace, level: int) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    for other, given in (("--passes", args.passes), ("--dump-dir", args.dump_dir is not None)):
+        if args.stats and given:
+            raise conflict("--stats", other, "--stats compares levels 0-2, "
+                           f"{other} follows --level's pipeline")
     check_output(args.output)
     if args.dump_dir is not None:
         check_dump_dir(args.dump_dir)

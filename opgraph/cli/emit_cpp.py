@@ -21,7 +21,7 @@ from typing import Any
 
 from backends.aclnn.emit_cpp import emit_cpp
 from .cases import add_op_subparsers
-from .common import check_output, non_negative_int, write_output
+from .common import CliError, check_output, non_negative_int, same_path, write_output
 from .plan import case_plan
 
 BIN_OPTION = "-o/--output (its .bin inputs)"
@@ -35,6 +35,9 @@ def run(args: argparse.Namespace) -> int:
     bins = {os.path.join(folder, name): blob for name, blob in files.items()}
     check_output(args.output)
     for path in bins:  # all of them before writing any
+        if args.output not in (None, "-") and same_path(args.output, path):
+            raise CliError(f"-o/--output {args.output!r}: the program would overwrite its input "
+                           f"data {os.path.basename(path)}: choose another name", code=2)
         check_output(path, BIN_OPTION)
     for path, blob in bins.items():
         write_output(blob, path, option=BIN_OPTION)
