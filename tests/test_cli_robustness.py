@@ -285,3 +285,27 @@ def test_emit_cpp_refuses_a_program_named_like_its_data(capsys, tmp_path):
     argv = ["emit-cpp", OP, "--shape", "64,64", "--embed-limit", "0", "-o", "gradOut.bin"]
     error_line(capsys, argv, "would overwrite its input data gradOut.bin", status=2)
     assert os.listdir(tmp_path) == []
+
+
+# --- the message names the argument at fault ----------------------------------------------------
+GATHER = "aclnnBatchNormGatherStatsWithCounts"
+
+
+@pytest.mark.parametrize("argv,start", [
+    (["dump", GATHER, "--ranks=-1"], "opgraph: error: --ranks: "),
+    (["dump", GATHER, "--ranks", "1000000000000"],
+     "opgraph: error: --shape 2,3,1,4 --ranks 1000000000000: "),
+    (["syncbn", "--shape", "2,2", "--seed", str(2**63)], "opgraph: error: argument --seed: "),
+    (["run", OP, "--seed", "99999999999999999999999"], "opgraph: error: argument --seed: "),
+    (["capture", "/tmp"], "opgraph: error: FILE '/tmp': is a directory"),
+    (["capture", "/dev/null"], "opgraph: error: FILE '/dev/null': is not a regular file"),
+], ids=lambda v: " ".join(v) if isinstance(v, list) else "")
+def test_message_names_the_argument_at_fault(capsys, argv, start):
+    assert error_line(capsys, argv, "", status=2).startswith(start)
+
+
+def test_emit_c_without_fused_node_says_why(capsys):
+    line = error_line(capsys, ["emit-c", "aclnnBatchNormReduce"], "level-2 graph", status=1)
+    assert "fusion happens at --level 2" not in line and "FusedReduce" in line
+    line = error_line(capsys, ["emit-c", "aclnnBatchNormReduce", "--level", "1"], "level-1 graph")
+    assert "fusion happens at --level 2" in line

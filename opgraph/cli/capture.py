@@ -29,7 +29,9 @@ FORMATS = ("text", "json", "dot", "table", "html", "stats")
 def load_step(path: str) -> Callable[..., Any]:
     """The ``step`` function of the Python file ``path`` (CliError naming FILE otherwise)."""
     if not os.path.isfile(path):
-        raise CliError(f"FILE {path!r}: no such file", code=2)
+        why = ("is a directory" if os.path.isdir(path) else "is not a regular file"
+               if os.path.exists(path) else "no such file")
+        raise CliError(f"FILE {path!r}: {why}", code=2)
     spec = importlib.util.spec_from_file_location(
         "opgraph_capture_" + os.path.splitext(os.path.basename(path))[0], path)
     if spec is None or spec.loader is None:

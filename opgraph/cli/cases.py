@@ -28,8 +28,8 @@ from opgraph.core.platform import DEFAULT as DEFAULT_PLATFORM
 from opgraph.core.platform import PRESETS, platform
 from opgraph.core.status import Status
 from opgraph.core.tensor import Tensor, tensor
-from .common import (CliError, Parser, check_memory, fmt_status, non_negative_int, parse_backend,
-                     parse_dtype, parse_platform, parse_shape)
+from .common import (CliError, Parser, check_memory, fmt_status, parse_backend, parse_dtype,
+                     parse_platform, parse_seed, parse_shape)
 
 OPTION_TYPES: dict[str, Callable[[str], Any]] = {"dtype": parse_dtype, "float": float, "int": int}
 
@@ -65,8 +65,8 @@ def add_common_options(p: argparse.ArgumentParser, spec: OpApiSpec, *,
         p.add_argument("--backend", type=parse_backend, default="numpy", metavar="NAME",
                        help="backend phase 2 runs on (default: numpy)")
     if seed:
-        p.add_argument("--seed", type=non_negative_int, default=0, metavar="N",
-                       help="random seed of the inputs, an integer >= 0 (default: 0)")
+        p.add_argument("--seed", type=parse_seed, default=0, metavar="N",
+                       help="random seed of the inputs, 0 to 2**63-1 (default: 0)")
 
 
 def add_op_subparsers(p: argparse.ArgumentParser,
@@ -136,16 +136,25 @@ def build_case(args: argparse.Namespace, seed: "int | None" = None) -> Case:
                        "make its arguments")
     cfg = input_config(args, spec)
     seed = getattr(args, "seed", 0) if seed is None else seed
+    sizing = "".join(f" {o.flag} {cfg.option(o.name)}" for o in spec.options
+                     if o.type == "int" and cfg.option(o.name) != o.default)
     try:  # the generator refuses a shape or option combination it cannot build
-        check_memory(args.shape, spec.bytes_for(cfg), f"the {args.dtype.short} inputs and outputs")
+        check_memory(args.shape, spec.bytes_for(cfg), f"the {args.dtype.short} inputs and outputs",
+                     sizing)
         arrays = spec.make_inputs(cfg, np.random.default_rng(seed))
     except ValueError as e:
-        raise CliError(f"--shape: {spec.name}: {e}", code=2) from None
+        raise CliError(f"{_blamed(spec, str(e))}: {spec.name}: {e}", code=2) from None
     backend = getattr(args, "backend", "numpy")
     level = args.level
     if level is None:  # ascend-sim simulates CANN's kernels, which exist up to level 1
         level = 1 if backend == "ascend-sim" else get_opt_level()
     return Case(spec, arrays, args.platform, level, backend, dict(spec.formats(cfg)))
+
+
+def _blamed(spec: OpApiSpec, error: str) -> str:
+    """The option an input generator's error is about: the one whose name starts the message
+    (``'ranks: -1 is negative'``), else --shape."""
+    return next((o.flag for o in spec.options if error.startswith(o.name + ":")), "--shape")
 
 
 @dataclass

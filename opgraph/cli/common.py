@@ -94,8 +94,9 @@ def physical_memory() -> int:
     return total if total > 0 else FALLBACK_MEMORY
 
 
-def check_memory(shape: tuple[int, ...], nbytes: int, what: str) -> None:
-    """CliError naming --shape when ``what`` would take more than 1/MEMORY_SHARE of memory.
+def check_memory(shape: tuple[int, ...], nbytes: int, what: str, also: str = "") -> None:
+    """CliError naming --shape (and ``also``, the other options that size the arrays, e.g.
+    ``' --ranks 9'``) when ``what`` would take more than 1/MEMORY_SHARE of memory.
 
     >>> check_memory((2, 3), 96, "the inputs and output")
     >>> check_memory((2**40, 3), 12 * 2**42, "the inputs and output")
@@ -109,9 +110,9 @@ def check_memory(shape: tuple[int, ...], nbytes: int, what: str) -> None:
         need, allowed = fmt_bytes(nbytes), fmt_bytes(limit)
         if need == allowed:  # too close to tell apart when rounded
             need, allowed = f"{nbytes} B", f"{limit} B"
-        raise CliError(f"--shape {','.join(map(str, shape))}: {what} need {need}, more than the "
-                       f"limit of {allowed} (1/{MEMORY_SHARE} of the {fmt_bytes(total)} of "
-                       f"physical memory)", code=2)
+        given = f"--shape {','.join(map(str, shape))}{also}"
+        raise CliError(f"{given}: {what} need {need}, more than the limit of {allowed} "
+                       f"(1/{MEMORY_SHARE} of the {fmt_bytes(total)} of physical memory)", code=2)
 
 
 # --- argument types (raise ArgumentTypeError: argparse turns it into one line) ------------------
@@ -160,8 +161,25 @@ def _int_at_least(text: str, low: int) -> int:
 
 
 def non_negative_int(text: str) -> int:
-    """An integer >= 0 (``--seed``, ``--embed-limit``)."""
+    """An integer >= 0 (``--embed-limit``)."""
     return _int_at_least(text, 0)
+
+
+MAX_SEED = 2**63 - 1  # torch.Generator.manual_seed takes 64 bits; rank offsets need headroom
+
+
+def parse_seed(text: str) -> int:
+    """A random seed, ``0 .. 2**63 - 1`` (``--seed``).
+
+    >>> parse_seed(str(2**63))
+    Traceback (most recent call last):
+    ...
+    argparse.ArgumentTypeError: expected an integer from 0 to 2**63-1, got '9223372036854775808'
+    """
+    n = _int_at_least(text, 0)
+    if n > MAX_SEED:
+        raise argparse.ArgumentTypeError(f"expected an integer from 0 to 2**63-1, got {text!r}")
+    return n
 
 
 def positive_int(text: str) -> int:
@@ -213,10 +231,10 @@ def check_output(path: "str | None", option: str = "-o/--output") -> None:
     command with several outputs checks them all before writing any, so a rejected call leaves
     every output untouched.
 
-    >>> check_output("/nonexistent/x")
+    >>> check_output("/nonexistent/x")  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    opgraph.cli.common.CliError: -o/--output: cannot write '/nonexistent/x': No such file or directory
+    opgraph.cli.common.CliError: -o/--output: cannot write '/nonexistent/x': No such file ...
     """
     if path in (None, "-"):
         return

@@ -36,8 +36,11 @@ def run(args: argparse.Namespace) -> int:
         except Unsupported as e:
             chunks.append(head + f"/* not rendered (runs on numpy): {e} */\n")
     if not chunks:
-        raise CliError(f"no FusedElementwise node in the level-{case.level} graph of {case.spec.name} "
-                       f"(fusion happens at --level 2)")
+        kernels = sorted({n.op for n in graph.nodes if not n.opdef.is_free(n)})
+        why = ("fusion happens at --level 2" if case.level < LEVEL else
+               f"its kernels: {', '.join(kernels) or 'none'}; emit-c prints FusedElementwise ones")
+        raise CliError(f"no FusedElementwise node in the level-{case.level} graph of "
+                       f"{case.spec.name} ({why})")
     text = "\n".join(chunks)
     return write_output(text, args.output, f"{len(chunks)} kernel(s)")
 

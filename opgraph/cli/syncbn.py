@@ -14,7 +14,7 @@ from typing import Any
 
 from opgraph.core.platform import DEFAULT as DEFAULT_PLATFORM
 from opgraph.core.platform import PRESETS
-from .common import (CliError, check_memory, non_negative_int, parse_backend, parse_platform,
+from .common import (CliError, check_memory, parse_backend, parse_platform, parse_seed,
                      parse_shape, positive_int)
 
 DTYPES = ("float32", "float16", "bfloat16")
@@ -79,7 +79,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help=f"SoC preset of the op_apis: {', '.join(PRESETS)} (default: "
                         f"{BF16_PLATFORM} for bfloat16, whose statistics only it takes; else "
                         f"{DEFAULT_PLATFORM})")
-    p.add_argument("--seed", type=non_negative_int, default=0, help="random seed (default: 0)")
+    p.add_argument("--seed", type=parse_seed, default=0, metavar="N",
+                   help="random seed, 0 to 2**63-1 (default: 0)")
     p.add_argument("--timeout", type=positive_int, default=120, metavar="SECONDS",
                    help="give up (and stop every process) after this long (default: 120)")
     p.set_defaults(func=run)
