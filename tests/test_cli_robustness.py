@@ -5,16 +5,20 @@ stdout early (``opgraph dump ... | head -2``) ends the command quietly."""
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
+import re
 import select
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import opgraph.core.opapi as opapi
-from opgraph.cli import cases, common, main
+from opgraph.cli import cases, common, main, run
 
 try:
     import fcntl
@@ -309,3 +313,41 @@ def test_emit_c_without_fused_node_says_why(capsys):
     assert "fusion happens at --level 2" not in line and "FusedReduce" in line
     line = error_line(capsys, ["emit-c", "aclnnBatchNormReduce", "--level", "1"], "level-1 graph")
     assert "fusion happens at --level 2" in line
+
+
+# --- odd but legal values: NaN results, clean output --------------------------------------------
+@pytest.mark.parametrize("argv", [["run", "aclnnBatchNormStats", "--eps=-5"],
+                                  ["run", "aclnnSyncBatchNormGatherStats", "--momentum", "1e300"],
+                                  ["run", "aclnnSyncBatchNormGatherStats", "--eps=-5"]],
+                         ids=" ".join)
+def test_odd_scalars_run_without_numpy_warnings(capsys, argv):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a RuntimeWarning would be printed by the console script
+        assert main(argv) == 0
+    out, err = capsys.readouterr()
+    assert err == "" and "max abs error" in out
+
+
+def test_errors_of_huge_values_do_not_warn():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert run.errors(np.float64([1e308]), np.float64([-1e308])) == (math.inf, math.inf)
+
+
+@pytest.mark.parametrize("name", sorted(opapi.op_api_specs()))
+def test_option_help_shows_its_default_once(capsys, name):
+    assert main(["run", name, "--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert not re.search(r"\(default[^)]*\) \(default", text), text
+
+
+@pytest.mark.parametrize("op,option,value", [("aclnnBatchNormStats", "eps", -5.0),
+                                             ("aclnnSyncBatchNormGatherStats", "momentum", 1e300)])
+def test_references_of_odd_scalars_do_not_warn(op, option, value):
+    p = common.Parser()
+    cases.add_op_subparsers(p)
+    case = cases.build_case(p.parse_args([op, f"--{option}={value}"]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ref = case.spec.reference(case.arrays)
+    assert any(np.isnan(v).any() or np.isinf(v).any() for v in ref.values())

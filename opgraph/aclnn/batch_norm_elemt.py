@@ -188,7 +188,7 @@ def reference(a: Arrays) -> dict[str, np.ndarray]:
         options=(Option("no_weight", "flag", help="pass weight as NULL (filled with ones)"),
                  Option("no_bias", "flag", help="pass bias as NULL (filled with zeros)"),
                  Option("stats_dtype", "dtype", None, "dtype of mean and invstd (default: --dtype)"),
-                 Option("eps", "float", 1e-5, "eps (default 1e-5)")),
+                 Option("eps", "float", 1e-5, "eps of the variance (a C double)")),
         summary="SyncBatchNorm forward normalisation with given mean/invstd, channel = dim 1")
 def aclnnBatchNormElemtGetWorkspaceSize(
         ex: Executor, input: Optional[Tensor], weight: Optional[Tensor], bias: Optional[Tensor],

@@ -131,8 +131,8 @@ def reference(a: Arrays) -> dict[str, np.ndarray]:
     invstd = 1/sqrt(var + eps), mean·(1 − m) + m·bm, variance·(1 − m) + m·var·Σn/(Σn − 1)."""
     s, q, cnt, rm, rv = (np.asarray(a[k]).astype(np.float64)
                          for k in ("totalSum", "totalSquareSum", "sampleCount", "mean", "variance"))
-    m, eps = float(np.float32(a["momentum"])), float(np.float32(a["eps"]))
-    with np.errstate(all="ignore"):
+    with np.errstate(all="ignore"):  # a double past float32's range is inf, as the C cast
+        m, eps = float(np.float32(a["momentum"])), float(np.float32(a["eps"]))
         n = np.trunc(cnt).sum()
         bm = s.sum(0) / n
         var = q.sum(0) / n - bm * bm
