@@ -351,3 +351,12 @@ def test_references_of_odd_scalars_do_not_warn(op, option, value):
         warnings.simplefilter("error")
         ref = case.spec.reference(case.arrays)
     assert any(np.isnan(v).any() or np.isinf(v).any() for v in ref.values())
+
+
+# --- an ASCII terminal ----------------------------------------------------------------------------
+@pytest.mark.parametrize("argv", [["ops"], ["dump", "aclnnBatchNormReduce", "--help"]], ids=" ".join)
+def test_ascii_stdout_gets_escapes_not_an_error(argv):
+    p = subprocess.run([sys.executable, "-m", "opgraph", *argv], capture_output=True, cwd=ROOT,
+                       env={**os.environ, "PYTHONIOENCODING": "ascii"}, timeout=300)
+    assert p.returncode == 0 and p.stderr == b"", p.stderr
+    assert b"\\u03a3" in p.stdout and max(p.stdout) < 128

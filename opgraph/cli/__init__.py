@@ -56,6 +56,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if sys.stdout is None:  # started with stdout closed (``opgraph ops >&-``): nowhere to write
         _say("opgraph: error: stdout is closed")
         return 1
+    for stream in (sys.stdout, sys.stderr):  # Σ, µs ... on an ASCII terminal: \u03a3, never a crash
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
     try:
         code = _run(argv)
         sys.stdout.flush()  # a closed pipe shows here, not as "Exception ignored" at exit
