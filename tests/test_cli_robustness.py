@@ -360,3 +360,21 @@ def test_ascii_stdout_gets_escapes_not_an_error(argv):
                        env={**os.environ, "PYTHONIOENCODING": "ascii"}, timeout=300)
     assert p.returncode == 0 and p.stderr == b"", p.stderr
     assert b"\\u03a3" in p.stdout and max(p.stdout) < 128
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+@pytest.mark.parametrize("argv", [["--help"], ["--version"], ["ops", "--help"]], ids=" ".join)
+def test_help_to_a_full_disk_is_one_error_line(argv):
+    with open("/dev/full", "w") as full:
+        p = subprocess.run([sys.executable, "-m", "opgraph", *argv], stdout=full,
+                           stderr=subprocess.PIPE, text=True, cwd=ROOT, timeout=300)
+    assert p.returncode == 1 and p.stderr == "opgraph: error: No space left on device\n", p.stderr
+
+
+@pytest.mark.parametrize("argv,helped", [
+    (["dump", OP, "--bogus"], f"opgraph dump {OP}"), (["ops", "--bogus"], "opgraph ops"),
+    (["dump", "--bogus", OP], "opgraph dump"), (["--bogus", "ops"], "opgraph"),
+], ids=lambda v: " ".join(v) if isinstance(v, list) else "")
+def test_unrecognized_arguments_point_to_the_help_that_lists_the_options(capsys, argv, helped):
+    line = error_line(capsys, argv, "unrecognized arguments: --bogus", status=2)
+    assert line.endswith(f"(see '{helped} --help')")

@@ -30,10 +30,24 @@ class CliError(Exception):
 
 
 class Parser(argparse.ArgumentParser):
-    """An ArgumentParser whose usage errors are ONE line on stderr (exit status 2)."""
+    """An ArgumentParser whose usage errors are ONE line on stderr (exit status 2) pointing to
+    the help of the (sub)command that rejected them, and whose --help and --version output
+    failing to write (a full disk) is an OSError, not a silent exit 0."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
         self.exit(2, f"opgraph: error: {message} (see '{self.prog} --help')\n")
+
+    def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
+        """Unknown arguments are rejected by the (sub)command that got them (argparse leaves
+        that to the top-level parser, whose help does not list the subcommand's options)."""
+        ns, extras = super().parse_known_args(args, namespace)
+        if extras:
+            self.error(f"unrecognized arguments: {' '.join(extras)}")
+        return ns, extras
+
+    def _print_message(self, message: str, file=None) -> None:  # argparse ignores OSError
+        if message:
+            (file or sys.stderr).write(message)
 
 
 def called_exit(e: SystemExit) -> str:
