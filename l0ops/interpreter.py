@@ -36,6 +36,7 @@ CHANNEL_CHUNK_ELEMS = 1 << 17
 WHOLE_ELEMS = 1 << 19  # up to this many elements a body runs as one chunk (8x64x28x28: 0.74 ms, not 1.1)
 FLAT_ELEMS = 4096  # at most this many elements: the body runs straight through (run_flat)
 _NARROW = frozenset({F16, BF16})  # held as float32 registers
+IN_PLACE = frozenset({F32, F16})  # arithmetic that writes a given float32 buffer (f16: rounded there)
 
 
 def chunks(shape: tuple[int, ...], limit: int = CHUNK_ELEMS, fixed: Sequence[int] = ()):
@@ -270,7 +271,7 @@ class Program:
         self.reuse: list["str | None"] = []
         for i, (name, ins) in enumerate(self.live):
             dying = [r for r in ins.args if r in temps and last.get(r) == i and r != self.result
-                     and ins.op in ARITH and ins.dtype == F32 and self.types[r][0] == F32
+                     and ins.op in ARITH and ins.dtype in IN_PLACE and self.types[r][0] in IN_PLACE
                      and self.types[r][1] == self.types[name][1]]
             self.reuse.append(dying[0] if dying else None)
         res = self.live[-1] if self.live else None
@@ -278,7 +279,7 @@ class Program:
                              and res[1].dtype == F32 and self.out_dtype == F32
                              and self.types[self.result][1] == self.full)
         self.fresh_f32 = {name for (name, ins), reuse in zip(self.live, self.reuse)
-                          if reuse is None and ins.op in ARITH and ins.dtype == F32
+                          if reuse is None and ins.op in ARITH and ins.dtype in IN_PLACE
                           and self.types[name][1] == self.full}
         n = len(self.live_steps)
         self.steps = [(fn, args, name, reuse, i == n - 1)
