@@ -25,6 +25,7 @@ from opgraph.core.opdef import ExpandFn, OpAttrs
 from opgraph.core.types import TensorType
 from .interpreter import run_fused
 from .primitives import FusedAttrs, IdentityMemo, Instr, body_types, cast_array, compile_instr
+from .rounding import widen
 
 Body = tuple[Instr, ...]
 
@@ -101,7 +102,7 @@ def evaluate_body(body: Body, results: Sequence[str], inputs: Sequence[np.ndarra
     regs: dict[str, np.ndarray] = {}
     for k, x in enumerate(inputs):
         d = in_types[k].dtype
-        regs[f"in{k}"] = np.asarray(x).astype(np.float32) if d in (DataType.FLOAT16, DataType.BF16) \
+        regs[f"in{k}"] = widen(np.asarray(x)) if d in (DataType.FLOAT16, DataType.BF16) \
             else np.asarray(x)
     for name, fn, args in steps:
         regs[name] = fn(*[regs[r] for r in args])

