@@ -33,13 +33,17 @@ MIN_NORMAL_BITS = 0x38800000  # 2**-14, float16's smallest normal, as float32 bi
 LARGE_BITS = 0x477FE000       # 65504, float16's largest finite value: from here on, numpy's way
 SUBNORMAL_SHIFT = np.float32(0.75)
 _WORK = threading.local()
+KEPT_ELEMS = 1 << 20  # work arrays up to this size are kept per thread (6 MiB)
 
 
 def _work(shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """This thread's work arrays (uint32, two bool) of ``shape``, kept from call to call: a
-    fresh one per call would be an mmap and its page faults in a process with glibc's default
-    malloc settings."""
+    """This thread's work arrays (uint32, two bool) of ``shape``, kept from call to call up to
+    :data:`KEPT_ELEMS` elements (a fused body's chunks): a fresh one per call would be an mmap
+    and its page faults in a process with glibc's default malloc settings. Larger (a whole
+    tensor) get fresh ones, so that no thread holds 6 bytes an element of its largest call."""
     n = int(np.prod(shape))
+    if n > KEPT_ELEMS:
+        return np.empty(shape, np.uint32), np.empty(shape, np.bool_), np.empty(shape, np.bool_)
     flat = getattr(_WORK, "arrays", None)
     if flat is None or flat[0].size < n:
         flat = _WORK.arrays = (np.empty(n, np.uint32), np.empty(n, np.bool_), np.empty(n, np.bool_))

@@ -9,6 +9,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+from l0ops import rounding
 from l0ops.rounding import LARGE_BITS, MIN_NORMAL_BITS, round_to_half, widen, widen_half
 
 
@@ -90,3 +91,19 @@ def test_widening_every_half_value_is_numpys_own():
     assert widen(b).dtype == np.float32 and widen(b).tolist() == [1.5, -3.0]
     with pytest.raises(TypeError, match="float16"):
         widen_half(np.zeros(2, np.float32))
+
+
+def test_work_arrays_are_kept_for_chunks_only(monkeypatch):
+    """A chunk-sized call reuses this thread's work arrays; a larger one does not keep its own."""
+    monkeypatch.setattr(rounding, "KEPT_ELEMS", 1000)
+    monkeypatch.setattr(rounding._WORK, "arrays", None, raising=False)  # none kept yet
+    x = np.linspace(-3, 3, 999, dtype=np.float32)
+    expected = numpy_round_trip(x)
+    round_to_half(x)
+    kept = rounding._WORK.arrays
+    assert np.array_equal(x.view(np.uint32), expected.view(np.uint32))
+    big = np.linspace(-3, 3, 5000, dtype=np.float32)
+    big_expected = numpy_round_trip(big)
+    round_to_half(big)
+    assert rounding._WORK.arrays is kept and kept[0].size == 999
+    assert np.array_equal(big.view(np.uint32), big_expected.view(np.uint32))
