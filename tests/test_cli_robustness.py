@@ -87,7 +87,7 @@ def test_too_big_shape_says_how_much_memory_before_allocating(capsys, monkeypatc
     def no_arrays(*_):
         raise AssertionError("arrays were made before the memory check")
     monkeypatch.setitem(opapi._REGISTRY, OP, dataclasses.replace(opapi.get_op_api(OP), make_inputs=no_arrays))
-    line = error_line(capsys, ["run", OP, "--shape", "65536,4,262144"], "--shape")
+    line = error_line(capsys, ["dump", OP, "--shape", "65536,4,262144"], "--shape")
     # 2**36 elements x (gradOut + input + gradInput) x 4 B = 768 GiB (+ 96 B of channel vectors)
     assert "768.0 GiB" in line and "physical memory" in line and "limit" in line
 
@@ -98,7 +98,7 @@ def test_too_big_shape_says_how_much_memory_before_allocating(capsys, monkeypatc
      96 * (2 + 2 + 4) + 3 * (4 * 2 + 4)),
 ])
 def test_memory_limit_counts_exactly_the_input_and_output_bytes(capsys, monkeypatch, extra, nbytes):
-    argv = ["run", OP, "--shape", "2,3,4,4", *extra]
+    argv = ["dump", OP, "--shape", "2,3,4,4", *extra]
     share = common.MEMORY_SHARE
     monkeypatch.setattr(common, "physical_memory", lambda: nbytes * share)  # limit == nbytes
     assert main(argv) == 0, capsys.readouterr().err
@@ -110,6 +110,20 @@ def test_memory_limit_counts_exactly_the_input_and_output_bytes(capsys, monkeypa
     monkeypatch.setattr(common, "physical_memory", lambda: nbytes * share - 1)  # one byte short
     line = error_line(capsys, argv, "--shape 2,3,4,4")
     assert f"need {nbytes} B" in line and f"limit of {nbytes - 1} B" in line
+
+
+def test_run_counts_what_running_and_checking_hold(capsys, monkeypatch):
+    """run holds the float64 draws and reference and the graph's temporaries too: ~5x the
+    inputs and outputs (a shape just under dump's limit peaked at half of memory)."""
+    nbytes, share = 3 * 96 * 4 + 3 * (5 * 4 + 4), common.MEMORY_SHARE
+    argv = ["run", OP, "--shape", "2,3,4,4"]
+    monkeypatch.setattr(common, "physical_memory", lambda: nbytes * run.PEAK * share)
+    assert main(argv) == 0, capsys.readouterr().err
+    capsys.readouterr()
+    monkeypatch.setattr(common, "physical_memory", lambda: nbytes * run.PEAK * share - 1)
+    line = error_line(capsys, argv, "--shape 2,3,4,4")
+    assert f"inputs and outputs and running and checking them (~{run.PEAK}x their size) need " \
+           f"{nbytes * run.PEAK} B" in line
 
 
 def test_tiling_memory_limit_counts_a_4_byte_counter_per_element(capsys, monkeypatch):

@@ -124,8 +124,10 @@ def input_config(args: argparse.Namespace, spec: OpApiSpec) -> InputConfig:
                        {o.name: getattr(args, o.name) for o in spec.options})
 
 
-def build_case(args: argparse.Namespace, seed: "int | None" = None) -> Case:
-    """Random inputs for ``args.op`` from the parsed options (``seed`` or args.seed or 0)."""
+def build_case(args: argparse.Namespace, seed: "int | None" = None, peak: int = 1) -> Case:
+    """Random inputs for ``args.op`` from the parsed options (``seed`` or args.seed or 0).
+    ``peak``: what the command will hold at once, in multiples of the inputs and outputs (the
+    memory limit applies to that)."""
     spec = get_op_api(args.op)
     low = spec.rank[0]
     if len(args.shape) < low:
@@ -139,8 +141,9 @@ def build_case(args: argparse.Namespace, seed: "int | None" = None) -> Case:
     sizing = "".join(f" {o.flag} {cfg.option(o.name)}" for o in spec.options
                      if o.type == "int" and cfg.option(o.name) != o.default)
     try:  # the generator refuses a shape or option combination it cannot build
-        check_memory(args.shape, spec.bytes_for(cfg), f"the {args.dtype.short} inputs and outputs",
-                     sizing)
+        what = f"the {args.dtype.short} inputs and outputs" + (
+            f" and running and checking them (~{peak}x their size)" if peak > 1 else "")
+        check_memory(args.shape, spec.bytes_for(cfg) * peak, what, sizing)
         arrays = spec.make_inputs(cfg, np.random.default_rng(seed))
     except ValueError as e:
         raise CliError(f"{_blamed(spec, str(e))}: {spec.name}: {e}", code=2) from None
