@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import opgraph.core.opapi as opapi
-from opgraph.cli import cases, common, main, run
+from opgraph.cli import cases, common, main, ops, run
 
 try:
     import fcntl
@@ -392,3 +392,16 @@ def test_help_to_a_full_disk_is_one_error_line(argv):
 def test_unrecognized_arguments_point_to_the_help_that_lists_the_options(capsys, argv, helped):
     line = error_line(capsys, argv, "unrecognized arguments: --bogus", status=2)
     assert line.endswith(f"(see '{helped} --help')")
+
+
+@pytest.mark.parametrize("where", ["before", "after"])
+def test_an_internal_error_is_one_line_or_with_traceback_its_exception(capsys, monkeypatch, where):
+    def boom(args):
+        raise RuntimeError("boom")
+    monkeypatch.setattr(ops, "run", boom)
+    assert main(["ops"]) == 1
+    assert capsys.readouterr().err == \
+        "opgraph: internal error: RuntimeError: boom (rerun with --traceback)\n"
+    argv = ["--traceback", "ops"] if where == "before" else ["ops", "--traceback"]
+    with pytest.raises(RuntimeError, match="boom"):
+        main(argv)

@@ -36,7 +36,8 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="run 'opgraph COMMAND --help' for the options of a command")
     parser.add_argument("--version", action="version", version=f"opgraph {__version__}")
     parser.add_argument("--traceback", action="store_true",
-                        help="show the Python traceback of an unexpected error")
+                        help="show the Python traceback of an unexpected error (may be given "
+                             "anywhere on the command line)")
     parser.add_argument("--load", metavar="MODULE", action="append", default=[],
                         help="import MODULE (a module name or a .py file) that registers op_apis; "
                              "may be given anywhere on the command line, more than once")
@@ -118,9 +119,11 @@ def load(target: str) -> None:
 
 
 def _run(argv: Optional[Sequence[str]]) -> int:
-    args = None
+    args, wanted = None, False  # wanted: --traceback, taken from anywhere on the line
     try:
         mods, argv = split_load(sys.argv[1:] if argv is None else list(argv))
+        wanted = "--traceback" in argv
+        argv = [a for a in argv if a != "--traceback"]
         if "" in mods:
             raise CliError("--load: expected a module name or a .py path", code=2)
         load_entry_points()
@@ -140,7 +143,7 @@ def _run(argv: Optional[Sequence[str]]) -> int:
     except BrokenPipeError:
         raise
     except OSError as e:  # the environment (a full disk ...), not a bug: one line
-        if args is not None and args.traceback:
+        if wanted:
             raise
         where = f": {e.filename}" if e.filename else ""
         _say(f"opgraph: error: {e.strerror or e}{where}")
@@ -153,7 +156,7 @@ def _run(argv: Optional[Sequence[str]]) -> int:
         _say("opgraph: error: out of memory (try a smaller --shape)")
         return 1
     except Exception as e:  # a bug: one line unless --traceback
-        if args is not None and args.traceback:
+        if wanted:
             raise
         _say(f"opgraph: internal error: {type(e).__name__}: {e} (rerun with --traceback)")
         return 1
