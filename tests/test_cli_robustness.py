@@ -405,3 +405,19 @@ def test_an_internal_error_is_one_line_or_with_traceback_its_exception(capsys, m
     argv = ["--traceback", "ops"] if where == "before" else ["ops", "--traceback"]
     with pytest.raises(RuntimeError, match="boom"):
         main(argv)
+
+
+@pytest.mark.parametrize("argv,option", [
+    (["dump", OP, "--shape", "２,３"], "--shape"),  # full-width digits: int() takes them
+    (["dump", OP, "--shape", "+2,3"], "--shape"),
+    (["dump", OP, "--shape", "2_0,3"], "--shape"),  # int() reads 20
+    (["run", OP, "--seed", "1_0"], "--seed"),
+    (["dump", "aclnnBatchNormGatherStatsWithCounts", "--ranks", "1_0"], "--ranks"),
+], ids=lambda v: " ".join(v) if isinstance(v, list) else v)
+def test_integers_are_plain_ascii_decimals(capsys, argv, option):
+    error_line(capsys, argv, option, status=2)
+
+
+def test_plain_decimals_with_spaces_and_signs_where_allowed():
+    assert common.parse_shape(" 2, 3 ") == (2, 3)
+    assert common.integer_option("-4") == -4 and common.parse_int("007") == 7

@@ -29,9 +29,10 @@ from opgraph.core.platform import PRESETS, platform
 from opgraph.core.status import Status
 from opgraph.core.tensor import Tensor, tensor
 from .common import (CliError, Parser, check_memory, fmt_status, parse_backend, parse_dtype,
-                     parse_platform, parse_seed, parse_shape)
+                     integer_option, parse_platform, parse_seed, parse_shape)
 
-OPTION_TYPES: dict[str, Callable[[str], Any]] = {"dtype": parse_dtype, "float": float, "int": int}
+OPTION_TYPES: dict[str, Callable[[str], Any]] = {"dtype": parse_dtype, "float": float,
+                                                 "int": integer_option}
 
 
 def _add_option(p: argparse.ArgumentParser, o: Option) -> None:

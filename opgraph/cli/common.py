@@ -10,6 +10,7 @@ import argparse
 import errno
 import math
 import os
+import re
 import sys
 
 import numpy as np
@@ -134,6 +135,34 @@ MAX_ELEMENTS = 2**60  # numpy's size limit for float64 arrays (the inputs are dr
 MAX_RANK = 32  # the most dims numpy 1.x arrays have (2.x: 64)
 
 
+_INTEGER = re.compile(r"-?[0-9]+")
+
+
+def parse_int(text: str) -> int:
+    """A decimal integer in ASCII digits, an optional ``-`` first (``int()`` would also take
+    ``2_0``, ``+2`` and full-width digits, which a shape or count should not be).
+
+    >>> parse_int(" -12 "), parse_int("7")
+    (-12, 7)
+    >>> parse_int("2_0")
+    Traceback (most recent call last):
+    ...
+    ValueError: not a decimal integer: '2_0'
+    """
+    t = text.strip()
+    if not _INTEGER.fullmatch(t):
+        raise ValueError(f"not a decimal integer: {text!r}")
+    return int(t)
+
+
+def integer_option(text: str) -> int:
+    """:func:`parse_int` for an argparse option (an op's integer option, ``--ranks``)."""
+    try:
+        return parse_int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a decimal integer, got {text!r}") from None
+
+
 def parse_shape(text: str) -> tuple[int, ...]:
     """``"2,3,1,4"`` → ``(2, 3, 1, 4)``; at most 32 non-negative integer dims. An empty shape's
     non-zero dims must multiply to less than 2**60, or numpy cannot describe it (the memory a
@@ -148,7 +177,7 @@ def parse_shape(text: str) -> tuple[int, ...]:
     """
     parts = [p.strip() for p in text.split(",")]
     try:
-        dims = tuple(int(p) for p in parts)
+        dims = tuple(parse_int(p) for p in parts)
     except ValueError:
         dims = ()
     if not dims or any(d < 0 for d in dims):
@@ -166,7 +195,7 @@ def parse_shape(text: str) -> tuple[int, ...]:
 
 def _int_at_least(text: str, low: int) -> int:
     try:
-        n = int(text)
+        n = parse_int(text)
     except ValueError:
         n = low - 1
     if n < low:
