@@ -305,7 +305,9 @@ def compile_instr(ins: Instr, types: dict) -> Callable[..., np.ndarray]:
         if d in (F16, BF16, F32) and src in (F16, BF16, F32):
             if not rounding:
                 return lambda x: x.astype(np.float32, copy=False)
-            return lambda x: _rounded(x.astype(np.float32), d)  # a copy: x may be an input
+            if d == F16:  # rounded in place on a copy (x may be an input)
+                return lambda x: _rounded(x.astype(np.float32), d)
+            return lambda x: x.astype(d.np).astype(np.float32)
         if d == F32 and src.np.kind in "iub":  # an integer counter: what cast_array does, directly
             return lambda x: x.astype(np.float32)
         return lambda x: _load(cast_array(x.astype(src.np) if src in (F16, BF16) else x, d), d)

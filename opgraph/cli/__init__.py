@@ -119,7 +119,7 @@ def load(target: str) -> None:
 
 
 def _run(argv: Optional[Sequence[str]]) -> int:
-    args, wanted = None, False  # wanted: --traceback, taken from anywhere on the line
+    wanted = False  # --traceback, taken from anywhere on the line
     try:
         mods, argv = split_load(sys.argv[1:] if argv is None else list(argv))
         wanted = "--traceback" in argv
