@@ -3,6 +3,7 @@ costs what, provenance, pass diffs, per-node times, both layout engines (dot hid
 fallback), and ``opgraph view`` (the browser tests are in test_viewer_browser.py)."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 import shutil
@@ -23,11 +24,7 @@ from opgraph.core.layout import Box, Link, LayoutUnavailable, layout
 
 OP = "aclnnBatchNormElemtBackward"
 HAVE_DOT = shutil.which("dot") is not None
-try:
-    import grandalf  # noqa: F401
-    HAVE_GRANDALF = True
-except ImportError:
-    HAVE_GRANDALF = False
+HAVE_GRANDALF = importlib.util.find_spec("grandalf") is not None
 ENGINES = [pytest.param("dot", marks=pytest.mark.skipif(not HAVE_DOT, reason="install graphviz")),
            pytest.param("grandalf", marks=pytest.mark.skipif(
                not HAVE_GRANDALF, reason="pip install grandalf (opgraph[viz])"))]
