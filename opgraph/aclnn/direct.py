@@ -2,8 +2,8 @@
 its compiled program straight from the arrays' memory — no opgraph Tensors, no phase 1, no
 Pythonic layer — when the backend can run that program so
 (:meth:`opgraph.core.backend.Executable.run_direct`: on numpy and native, any program without a
-workspace, as the SyncBatchNorm family's op_apis are at levels 1 and 2; native runs their
-one-kernel programs from the arrays' addresses).
+workspace, as the SyncBatchNorm family's op_apis are at level 2, the default (at level 1 most
+of them need one); native runs their one-kernel programs from the arrays' addresses).
 
 What phase 1 checks depends on the arguments' metadata, never on their values: on dtypes,
 shapes, strides, which are NULL or the same array, the scalars, the platform and the opt level.
