@@ -38,7 +38,7 @@ from typing import Callable
 import numpy as np
 
 import opgraph
-from bench_common import backends_here, on_huge_pages, steady_time
+from bench_common import backends_here, interleaved, on_huge_pages, steady_time
 
 ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("capture_syncbn", ROOT / "examples" / "capture_syncbn.py")
@@ -73,18 +73,15 @@ def measure(fns: dict[str, Callable[[], None]], reps: int, burst: bool = True
             ) -> dict[str, list[float]]:
     """``reps`` interleaved samples of each variant: per-call times of ~5 ms bursts, or of
     single calls (``burst=False``: on ranks, where every rank must make the same calls)."""
-    times: dict[str, list[float]] = {k: [] for k in fns}
     for fn in fns.values():  # first run: compilation, caches
         fn()
-    for _ in range(reps):
-        for name, fn in fns.items():
-            if burst:
-                times[name].append(steady_time(fn))
-                continue
-            start = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - start)
-    return times
+    return interleaved(fns, reps, steady_time if burst else _one_call)
+
+
+def _one_call(fn: Callable[[], None]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
 
 
 def report(shape: tuple[int, ...], reps: int) -> None:

@@ -137,6 +137,30 @@ def steady_time(fn: Callable[[], None], min_seconds: float = 0.005) -> float:
             return elapsed / calls
 
 
+def interleaved(fns: "dict[str, Callable[[], None]]", reps: int,
+                sample: "Callable[[Callable[[], None]], float]" = steady_time
+                ) -> "dict[str, list[float]]":
+    """``reps`` samples of each variant of ``fns`` (``sample(fn)``: seconds per call), the
+    variants interleaved, each repeat starting one variant later than the one before: a call's
+    time depends on what the variant before it left in the caches (at 32x64x56x56 bf16, whose
+    three tensors about fill this VM's L3, by a fifth or more), so that no variant always follows
+    the same one. The order is the same in every process, as ranks that meet in collectives need.
+
+        >>> calls = []
+        >>> _ = interleaved({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, 2,
+        ...                 sample=lambda fn: fn() or 0.0)
+        >>> calls
+        ['a', 'b', 'b', 'a']
+    """
+    names = list(fns)
+    times: dict[str, list[float]] = {k: [] for k in names}
+    for rep in range(reps):
+        k = rep % len(names) if names else 0
+        for name in names[k:] + names[:k]:
+            times[name].append(sample(fns[name]))
+    return times
+
+
 def on_huge_pages(a: np.ndarray) -> np.ndarray:
     """A dense copy of ``a`` (same memory order) in fresh private anonymous memory advised onto
     huge pages (where the kernel offers them). Whether numpy's or torch's allocator hands out

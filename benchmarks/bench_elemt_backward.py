@@ -8,7 +8,9 @@ tensors, write one, at the speed this machine's two cores allow). For fp16 also 
 bit-faithful kernel (``floor C fp16 steps``): the body's per-element steps, each rounded to fp16
 as on the NPU, in the native kernels' vector helpers (``bench_common.C_F16_STEPS``).
 
-Variants run interleaved in one process; we report medians, the spread (min–max) and ratios to
+Variants run interleaved in one process, each repeat starting one variant later
+(``bench_common.interleaved``: what the variant before leaves in the caches moves a call's time);
+we report medians, the spread (min–max) and ratios to
 the floors, to torch.compile and to level 0 measured in the same run. Each sample is the
 per-call time of a burst (at least 5 ms) after one untimed call: runtimes that spin after a call
 (torch's OpenMP workers, opgraph's native team) otherwise tax whichever variant runs next — a
@@ -42,8 +44,8 @@ from opgraph.aclnn import aclnnBatchNormElemtBackwardGetWorkspaceSize as phase1
 from opgraph.aclnn.cache import EXECUTOR_CACHE
 from opgraph.aclnn.direct import NUMPY_CALLS
 from opgraph.aclnn.structure import STRUCTURE_CACHE
-from bench_common import (backends_here, c_f16_steps_variant, c_floor_variant, on_huge_pages,
-                          steady_time)
+from bench_common import (backends_here, c_f16_steps_variant, c_floor_variant, interleaved,
+                          on_huge_pages)
 
 DTYPES = {"fp32": np.float32, "fp16": np.float16, "bf16": ml_dtypes.bfloat16}
 SHAPES = [(1, 2, 4), (8, 64, 28, 28), (32, 64, 56, 56)]
@@ -163,10 +165,7 @@ def bench_shape(shape, dname, reps: int, only: "set[str] | None" = None) -> None
     variants.update({k: f for k, f in others.items() if not only or any(w in k for w in only)})
     for fn in variants.values():  # warm-up (compiles, caches)
         fn()
-    times: dict[str, list[float]] = {k: [] for k in variants}
-    for _ in range(reps):  # interleaved
-        for name, fn in variants.items():
-            times[name].append(steady_time(fn))
+    times = interleaved(variants, reps)
     med = {k: statistics.median(v) for k, v in times.items()}
     floor, traffic = med["floor np.add"], med["floor raw bits"]
     cf, tc, l0 = (med.get(k) for k in ("floor C 2 threads", "torch.compile", "opgraph L0 numpy"))

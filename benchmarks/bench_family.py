@@ -31,7 +31,7 @@ from opgraph.cli.cases import Case, execute, record
 from opgraph.core.dtypes import DataType
 from opgraph.core.opapi import InputConfig, get_op_api
 from opgraph.core.status import Status
-from bench_common import held_floor, on_huge_pages, steady_time
+from bench_common import held_floor, interleaved, on_huge_pages
 
 OPS = {  # op_api -> tensor passes at least (None: statistics only, no big tensor)
     "aclnnBatchNormStats": 2, "aclnnBatchNormReduce": 1, "aclnnBatchNormReduceBackward": 2,
@@ -86,12 +86,9 @@ def bench(op: str, shape: tuple[int, ...], dname: str, platform: Optional[str], 
                 "native phase 1": phase1(cases["native"])}
     if floor is not None and OPS[op]:
         variants["floor"] = floor
-    times: dict[str, list[float]] = {k: [] for k in variants}
-    for name, fn in variants.items():  # compiles kernels and fills the caches
+    for fn in variants.values():  # compiles kernels and fills the caches
         fn()
-    for _ in range(reps):
-        for name, fn in variants.items():
-            times[name].append(steady_time(fn))
+    times = interleaved(variants, reps)
     med = {k: statistics.median(v) for k, v in times.items()}
     at_floor = med["floor"] * OPS[op] / 3 if "floor" in med else None
     return {"op": op[5:], "size": "x".join(map(str, shape)), "dtype": dname, "soc": soc, "med": med,

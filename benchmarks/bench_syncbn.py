@@ -54,7 +54,7 @@ import opgraph
 from opgraph.torch import SyncBatchNormFunction, run_ranks
 from opgraph.torch.kernels import as_numpy, to_torch
 from backends.native import launch, team
-from bench_common import backends_here, held_floor, on_huge_pages
+from bench_common import backends_here, held_floor, interleaved, on_huge_pages
 
 DTYPES = {"fp32": (torch.float32, None), "fp16": (torch.float16, None),
           "bf16": (torch.bfloat16, "Ascend950")}
@@ -212,17 +212,16 @@ def measure(rank: int, world: int, cases: list[tuple[tuple[int, ...], str]], rep
         for fn in fns.values():  # the first call compiles and fills the caches
             dist.barrier()
             fn()
-        calls = burst_lengths(fns)
-        times: dict[str, list[float]] = {name: [] for name in fns}
-        for _ in range(reps):
-            for name, fn in fns.items():
-                dist.barrier()
+        calls = {fn: n for fn, n in zip(fns.values(), burst_lengths(fns).values())}
+
+        def burst(fn: Callable[[], None]) -> float:  # the same calls on every rank
+            dist.barrier()
+            fn()
+            start = time.perf_counter()
+            for _ in range(calls[fn]):
                 fn()
-                start = time.perf_counter()
-                for _ in range(calls[name]):
-                    fn()
-                times[name].append((time.perf_counter() - start) / calls[name])
-        results.append({"shape": shape, "dtype": dtype, "times": times})
+            return (time.perf_counter() - start) / calls[fn]
+        results.append({"shape": shape, "dtype": dtype, "times": interleaved(fns, reps, burst)})
     return results
 
 

@@ -145,3 +145,18 @@ def test_the_pythonic_latency_times_both_ways_and_leaves_direct_calls_as_they_we
         assert usual > 0 and direct > 0 and bench.NUMPY_CALLS.enabled is False
     finally:
         bench.NUMPY_CALLS.enabled = True
+
+
+def test_interleaved_samples_start_one_variant_later_each_repeat():
+    """Each variant follows each other one in turn (a call's time depends on what the variant
+    before it left in the caches), every variant sampled ``reps`` times."""
+    calls: list[str] = []
+
+    def sample(fn) -> float:
+        fn()
+        return float(len(calls))
+    fns = {k: (lambda k=k: calls.append(k)) for k in "abc"}
+    times = _bench_common().interleaved(fns, 4, sample=sample)
+    assert calls == list("abc" "bca" "cab" "abc")
+    assert times == {"a": [1.0, 6.0, 8.0, 10.0], "b": [2.0, 4.0, 9.0, 11.0],
+                     "c": [3.0, 5.0, 7.0, 12.0]}
