@@ -8,7 +8,7 @@ and min-max, ratios to the calls one by one. Nothing is asserted. In one process
 per-call time of a burst of ~5 ms after one untimed call, on inputs on huge pages
 (``bench_common.steady_time``, ``on_huge_pages``), as in the other benchmarks. Timed as single
 calls, each sample paid for the variant before it (the level-1 program's 18 ms of numpy evicts
-the tensors from the cache): native's step measured 1.1-1.6 ms against ~0.6 ms in bursts, and
+the tensors from the cache): native's step measured 1.1-1.6 ms against 0.6-0.7 ms in bursts, and
 the level-2 program 1.15-1.34x the calls instead of ~0.9x. The rank bench times single calls,
 the same number on every rank (each call's collectives must meet).
 

@@ -41,6 +41,7 @@ rank processes: torch's threads sleep when idle, and the native kernels keep the
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import platform as host
 import statistics
@@ -200,6 +201,17 @@ def burst_lengths(fns: dict[str, Callable[[], None]]) -> dict[str, int]:
     return out
 
 
+def burst(fn: Callable[[], None], calls: int) -> float:
+    """Seconds per call of ``calls`` calls of ``fn``, after a barrier and one untimed call (the
+    same calls on every rank: their collectives meet)."""
+    dist.barrier()
+    fn()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    return (time.perf_counter() - start) / calls
+
+
 def measure(rank: int, world: int, cases: list[tuple[tuple[int, ...], str]], reps: int,
             use: tuple[str, ...] = ("numpy", "native"),
             runtimes: tuple[str, ...] = ()) -> list[dict[str, Any]]:
@@ -212,16 +224,10 @@ def measure(rank: int, world: int, cases: list[tuple[tuple[int, ...], str]], rep
         for fn in fns.values():  # the first call compiles and fills the caches
             dist.barrier()
             fn()
-        calls = {fn: n for fn, n in zip(fns.values(), burst_lengths(fns).values())}
-
-        def burst(fn: Callable[[], None]) -> float:  # the same calls on every rank
-            dist.barrier()
-            fn()
-            start = time.perf_counter()
-            for _ in range(calls[fn]):
-                fn()
-            return (time.perf_counter() - start) / calls[fn]
-        results.append({"shape": shape, "dtype": dtype, "times": interleaved(fns, reps, burst)})
+        calls = burst_lengths(fns)
+        bursts = {name: functools.partial(burst, fn, calls[name]) for name, fn in fns.items()}
+        results.append({"shape": shape, "dtype": dtype,
+                        "times": interleaved(bursts, reps, sample=lambda timed: timed())})
     return results
 
 
