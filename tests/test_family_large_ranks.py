@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from backends import native
+from native_limits import reduce_limits_at
 from opgraph.cli.cases import build_case, execute, record
 from opgraph.core.dtypes import DataType
 from opgraph.core.opapi import op_api_specs
@@ -62,9 +63,7 @@ def test_no_op_api_falls_back_to_numpy_on_native(name, shape, monkeypatch):
     each fallback with its reason)."""
     import backends as B
     monkeypatch.setattr(native.NativeBackend, "min_fused_elements", 0)
-    monkeypatch.setattr(native.NativeBackend, "min_elements", 0)
-    monkeypatch.setattr(native.NativeBackend, "min_short_elements", 0)
-    monkeypatch.setattr(native.NativeBackend, "min_stepped_elements", 0)
+    reduce_limits_at(monkeypatch, 0)
     nat = B.get("native")
     spec = op_api_specs()[name]
     for platform in ("Ascend910B", "Ascend950"):

@@ -16,6 +16,7 @@ import backends
 import opgraph
 import reference as R
 from backends import native
+from native_limits import reduce_limits_at
 from backends.native import build, launch, team
 from l0ops.interpreter import run_fused
 from l0ops.primitives import FusedAttrs, Instr
@@ -55,9 +56,7 @@ def both(case: R.Case, soc: str, layouts=None, out_factory=None):
 def kernels_of_any_size(monkeypatch):
     """Run even tiny kernels in C, so small test shapes test the C code (the reduction passes
     too, where the serial call would take them)."""
-    monkeypatch.setattr(native.NativeBackend, "min_elements", 0)
-    monkeypatch.setattr(native.NativeBackend, "min_short_elements", 0)
-    monkeypatch.setattr(native.NativeBackend, "min_stepped_elements", 0)
+    reduce_limits_at(monkeypatch, 0)
 
 
 @pytest.fixture

@@ -19,6 +19,7 @@ import pytest
 import backends
 import opgraph
 from backends import native
+from native_limits import reduce_limits_at
 from backends.native import build
 from backends.native import reduce as native_reduce
 from backends.native.reduce import collapse_reduced, plan_for
@@ -324,9 +325,7 @@ def op_calls(x, dy):
 @pytest.mark.parametrize("shape", [(2, 3, 28, 28), (3, 5, 9, 70), (2, 16, 9, 70)],
                          ids=lambda s: "x".join(map(str, s)))
 def test_family_op_apis_bits_equal_numpy(shape, dt, soc, monkeypatch):
-    monkeypatch.setattr(native.NativeBackend, "min_elements", 0)
-    monkeypatch.setattr(native.NativeBackend, "min_short_elements", 0)
-    monkeypatch.setattr(native.NativeBackend, "min_stepped_elements", 0)
+    reduce_limits_at(monkeypatch, 0)
     rng = np.random.default_rng(9)
     x = (rng.standard_normal(shape) * 2 + 1).astype(DTYPES[dt])
     dy = rng.standard_normal(shape).astype(DTYPES[dt])
@@ -358,9 +357,7 @@ def test_gather_with_counts_reads_the_counts_through_their_view(W, C, dt, monkey
     to float32) over the [W, C] statistics: a pass reads the counts through that view (the load
     widens), so the C passes cover the body — numpy's bits, the running stats too."""
     from opgraph.aclnn.batch_norm_gather_stats_with_counts import batch_norm_gather_stats_with_counts
-    monkeypatch.setattr(native.NativeBackend, "min_elements", 0)  # the passes, not the serial call
-    monkeypatch.setattr(native.NativeBackend, "min_short_elements", 0)
-    monkeypatch.setattr(native.NativeBackend, "min_stepped_elements", 0)
+    reduce_limits_at(monkeypatch, 0)  # the passes, not the serial call
     rng = np.random.default_rng(15)
     t = DTYPES[dt]
     x = np.zeros((2, C, 3), t)

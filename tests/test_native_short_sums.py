@@ -15,6 +15,7 @@ import opgraph
 from opgraph import ops
 import reference as R
 from backends import native
+from native_limits import reduce_limits_at
 from backends.native import build, small
 from backends.native.direct_reduce import DirectReduce
 from l0ops.fused_reduce import FusedReduce, FusedReduceAttrs
@@ -231,8 +232,7 @@ def test_passes_over_few_rows_fold_every_channel_alike(rows, layout, monkeypatch
     """A channels_last pass over fewer than 64 rows (an odd number: the lanes' tree halves
     unevenly) folds the lanes of all its channels at once (``opg_fold_cols``): the statistics
     and the backward sums on the passes (the thresholds at 0), numpy's bits."""
-    for limit in ("min_elements", "min_short_elements", "min_stepped_elements"):
-        monkeypatch.setattr(native.NativeBackend, limit, 0)
+    reduce_limits_at(monkeypatch, 0)
     rng = np.random.default_rng(rows)
     C = 80
     shape = (rows, C) if layout == "2-d" else (1, C, 1, rows)

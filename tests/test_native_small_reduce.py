@@ -12,6 +12,7 @@ import pytest
 
 import opgraph
 from backends import native
+from native_limits import reduce_limits_at
 from backends.native.direct_reduce import DirectReduce
 from opgraph import aclnn as A
 from opgraph.aclnn.cache import EXECUTOR_CACHE
@@ -135,9 +136,7 @@ def test_a_threshold_moved_across_the_size_runs_node_by_node(shape, moved, monke
     x = data(6, shape)
     got, ex = run("native", "stats", x)
     assert direct_of(ex).small == (shape == SMALL) and done[-1] is True
-    monkeypatch.setattr(native.NativeBackend, "min_elements", moved)
-    monkeypatch.setattr(native.NativeBackend, "min_short_elements", moved)  # SMALL's sums are short
-    monkeypatch.setattr(native.NativeBackend, "min_stepped_elements", moved)
+    reduce_limits_at(monkeypatch, moved)  # SMALL's sums are short
     got, _ = run("native", "stats", x)  # the prepared direct run does not apply any more
     assert len(done) == 2 and done[-1] is False
     want, _ = run("numpy", "stats", x)

@@ -21,6 +21,7 @@ import opgraph
 import reference as R
 from forked import in_forked_child
 from backends import native
+from native_limits import reduce_limits_at
 from backends.native import build, render, team
 
 pytestmark = pytest.mark.skipif(not native.available(), reason=native.availability()[1])
@@ -67,9 +68,7 @@ def runtime(request):
 
 @pytest.fixture(autouse=True)
 def kernels_of_any_size(monkeypatch):
-    monkeypatch.setattr(native.NativeBackend, "min_elements", 0)
-    monkeypatch.setattr(native.NativeBackend, "min_short_elements", 0)
-    monkeypatch.setattr(native.NativeBackend, "min_stepped_elements", 0)
+    reduce_limits_at(monkeypatch, 0)
 
 
 def _counter():
