@@ -98,6 +98,8 @@ def test_backward_reduce_fuses_into_one_kernel_with_level0_bits(dt, shape):
     dy = arrays["gradOut"].astype(np.float64)
     axes = tuple(i for i in range(len(shape)) if i != 1)
     assert np.allclose(got["sumDy"], dy.sum(axis=axes), rtol=1e-5, atol=1e-4)
+    xmu = x64 - arrays["mean"].astype(np.float64).reshape((1, C) + (1,) * (len(shape) - 2))
+    assert np.allclose(got["sumDyXmu"], (dy * xmu).sum(axis=axes), rtol=1e-5, atol=1e-4)
 
 
 @pytest.mark.parametrize("regbase", [True, False])
