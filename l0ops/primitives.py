@@ -33,7 +33,7 @@ from opgraph.core.dtypes import DataType
 from opgraph.core.opdef import DType, L0Error, OpAttrs, require
 from opgraph.core.types import TensorType, broadcast_shape
 from .ordered import sum_plan
-from .rounding import round_to_half
+from .rounding import round_to_half, widen
 
 T = TypeVar("T")
 F32, F16, BF16, F64 = DataType.FLOAT, DataType.FLOAT16, DataType.BF16, DataType.DOUBLE
@@ -261,9 +261,10 @@ def _rounded(z: Any, d: DataType) -> Any:
 
 
 def _load(x: np.ndarray, d: DataType) -> np.ndarray:
-    """Register representation: f16/bf16/f32 values held as float32; others natively."""
+    """Register representation: f16/bf16/f32 values held as float32 (:func:`.rounding.widen`,
+    as the interpreter loads its inputs); others natively."""
     if d in (F16, BF16):
-        return x.astype(np.float32)
+        return widen(x)
     return x
 
 

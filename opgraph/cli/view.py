@@ -133,10 +133,10 @@ def run(args: argparse.Namespace) -> int:
     netron = netron_module() if args.netron else None  # before anything is written
     case = build_case(args)
     graph = recorded_executor(case).graph
-    onnx = None
+    onnx, onnx_file = None, onnx_path(args, case.level)
     if netron is not None:
         onnx = onnx_bytes(optimize(graph, case.level, fast_math=args.fast_math))
-        check_output(onnx_path(args, case.level), "--netron")
+        check_output(onnx_file, "--netron")
     try:
         engine = args.layout or default_engine()
         tabs = build_tabs(case, graph, args)
@@ -153,9 +153,8 @@ def run(args: argparse.Namespace) -> int:
                  f"{len(LEVELS)} levels, {len(tabs) - len(LEVELS)} pass tabs (layout: {engine})")
     if onnx is None:
         return 0
-    path = onnx_path(args, case.level)
-    write_output(onnx, path, "ONNX for Netron", "--netron")
-    return serve_in_netron(netron, path)
+    write_output(onnx, onnx_file, "ONNX for Netron", "--netron")
+    return serve_in_netron(netron, onnx_file)
 
 
 def _options(p: argparse.ArgumentParser) -> None:
