@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Optional, Sequence, TextIO
 
-from .ir import Graph, Node
+from .ir import Graph
 from .rules import Rule
 from .types import GraphError
 
