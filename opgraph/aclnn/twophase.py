@@ -124,8 +124,25 @@ def _check_kinds(params: Sequence[Param], args: Sequence[Any]) -> None:
         else:
             ok = isinstance(a, (int, float, np.integer, np.floating)) and not isinstance(a, (bool, np.bool_))
             want = "a number"
+            if ok and isinstance(a, (int, np.integer)):
+                _check_integer_range(p, int(a))
         if not ok:
             raise wrong_kind(p.name, want, a)
+
+
+def _check_integer_range(p: Param, a: int) -> None:
+    """161002 for an integer scalar its C type cannot hold: int64 for ``int``, a finite double
+    for the floating kinds (``float(10**400)`` would raise OverflowError)."""
+    if p.kind == "int":
+        ok, c_type = -(1 << 63) <= a < (1 << 63), "int64_t"
+    else:
+        ok, c_type = abs(a) <= _DOUBLE_MAX, "double"
+    if not ok:
+        raise AclnnError(Status.ACLNN_ERR_PARAM_INVALID,
+                         f"{p.name}: an integer of {a.bit_length()} bits does not fit in a {c_type}")
+
+
+_DOUBLE_MAX = int(np.finfo(np.float64).max)  # the largest integer float() takes
 
 
 def recorded_call(name: str, params: Sequence[Param], args: Sequence[Any]) -> RecordedCall:
