@@ -110,7 +110,8 @@ def test_null_workspace_with_positive_size_is_rejected(case):
     assert_bits_equal(out, case.expected())
 
 
-@pytest.mark.parametrize("how", ["small-buffer", "small-size", "zero", "read-only", "not-a-buffer"])
+@pytest.mark.parametrize("how", ["small-buffer", "small-size", "zero", "read-only", "not-a-buffer",
+                                 "strided", "stride-0"])
 def test_bad_workspace_is_rejected(case, how):
     ws, ex, out, _ = phase1(case)
     args = {
@@ -119,11 +120,16 @@ def test_bad_workspace_is_rejected(case, how):
         "zero": (bytearray(ws), 0),
         "read-only": (bytes(ws), ws),
         "not-a-buffer": (12345, ws),
+        "strided": (np.zeros(2 * ws, np.uint8)[::2], ws),
+        "stride-0": (np.lib.stride_tricks.as_strided(np.zeros(1, np.uint8), (ws,), (0,)), ws),
     }[how]
-    assert run(*args, ex) != 0
+    assert run(*args, ex) == 161002
     msg = aclnn.aclGetRecentErrMsg()
     assert "workspace" in msg.lower(), msg
     assert (out == SENTINEL).all()
+    # the rejected call did not consume the executor
+    assert run(bytearray(ws), ws, ex) == 0
+    assert_bits_equal(out, case.expected())
 
 
 def test_larger_workspace_is_fine(case):

@@ -287,6 +287,10 @@ def _buffer_len(workspace: Any) -> int:
                          f"workspace: expected a writable buffer, got {type(workspace).__name__}") from None
     if mv.readonly:
         raise AclnnError(Status.ACLNN_ERR_PARAM_INVALID, "workspace: buffer is read-only")
+    if not mv.c_contiguous:
+        raise AclnnError(Status.ACLNN_ERR_PARAM_INVALID,
+                         "workspace: buffer is not contiguous; a workspace is one block of bytes "
+                         "(a bytearray or a C-contiguous array)")
     return mv.nbytes
 
 
