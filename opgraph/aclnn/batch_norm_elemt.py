@@ -184,6 +184,7 @@ def reference(a: Arrays) -> dict[str, np.ndarray]:
 
 @op_api("aclnnBatchNormElemt", params=PARAMS, platforms=PLATFORMS, dtypes=float_dtypes,
         make_inputs=make_inputs, input_bytes=input_bytes, reference=reference, rank=(2, MAX_RANK),
+        in_place=True,
         default_shape=(2, 3, 4, 5),
         options=(Option("no_weight", "flag", help="pass weight as NULL (filled with ones)"),
                  Option("no_bias", "flag", help="pass bias as NULL (filled with zeros)"),

@@ -139,6 +139,7 @@ def reference(a: Arrays) -> dict[str, np.ndarray]:
 
 @op_api("aclnnBatchNormElemtBackward", params=PARAMS, platforms=PLATFORMS, dtypes=float_dtypes,
         make_inputs=make_inputs, input_bytes=input_bytes, reference=reference, rank=(2, MAX_RANK),
+        in_place=True,
         options=(Option("no_weight", "flag", help="pass weight as NULL (filled with ones)"),
                  Option("counter_dtype", "dtype", F32, "dtype of counter: float32, float16, int32"),
                  Option("grad_input_dtype", "dtype", None, "dtype of gradInput (default: --dtype)")),

@@ -4,8 +4,9 @@ The key holds, per argument, the tensor metadata (shape, strides, dtype, format,
 tensor's interned :attr:`~opgraph.core.tensor.Tensor.signature_id`) or None for a NULL,
 scalars by value, which arguments are the same tensor, the platform and the opt level —
 everything phase 1 depends on except data pointers and whether the outputs are writable,
-which a hit checks (:meth:`CachedOp.writable`). Phase 1 appends one more part when the call's
-outputs share memory (:func:`~.twophase.writes_shared_memory`: compiled as recorded). Bounded
+which a hit checks (:meth:`CachedOp.writable`). Phase 1 appends one more part when a tensor the
+call writes shares memory with another argument (:func:`~.twophase.writes_shared_memory`:
+compiled as recorded). Bounded
 (LRU, 256 entries by default; the least recently used entry is evicted) and thread-safe.
 
     >>> import numpy as np, opgraph

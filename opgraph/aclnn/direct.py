@@ -152,7 +152,7 @@ class _Entry:
         """The outputs, new arrays the program wrote; None when it did not run (an executable
         that does not run direct is not asked again)."""
         written, exe = self.written, self.exe
-        if exe is None or (written and not _apart([args[i] for i in written], arrays)):
+        if exe is None or (written and not _apart(args, written, arrays)):
             return None
         outs = [None if make is None else make() for make in self.outputs]
         if not exe.run_direct(_Bindings((*args, *outs), self.positions, arrays)):
@@ -161,14 +161,19 @@ class _Entry:
         return outs
 
 
-def _apart(written: list, arrays: Arrays) -> bool:
-    """Whether the written arguments can be written as phase 1 compiled them: writable, and no
-    two sharing memory (phase 1 compiles such a call as recorded:
-    :func:`~.twophase.writes_shared_memory`, by the same rule)."""
-    present = [a for a in written if a is not None]
+def _apart(args: tuple, written: tuple, arrays: Arrays) -> bool:
+    """Whether the written arguments (positions ``written`` in ``args``) can be written as
+    phase 1 compiled them: writable, and none sharing memory with another argument (phase 1
+    compiles such a call as recorded: :func:`~.twophase.writes_shared_memory`, by the same
+    rule; direct calls write only in-out arguments, never an in-place op_api's output)."""
+    present = [args[i] for i in written if args[i] is not None]
     if not all(map(arrays.writable, present)):
         return False
-    return len(present) < 2 or not spans_overlap(map(arrays.span, present))
+    spans = [arrays.span(a) for a in present]
+    others = [arrays.span(a) for i, a in enumerate(args)
+              if i not in written and isinstance(a, arrays.kinds)]
+    return not spans_overlap(spans) and not any(
+        lo < hi2 and lo2 < hi and lo2 < hi2 for lo, hi in spans if lo < hi for lo2, hi2 in others)
 
 
 NOT_DIRECT = _Entry(None, {}, (), ())  # a learnt call that takes the usual path

@@ -17,9 +17,10 @@ from typing import Any, Optional
 import numpy as np
 
 from opgraph.core.executor import Executor
+from opgraph.core.opapi import get_op_api
 from opgraph.core.status import Status
-from opgraph.core.tensor import Tensor, overlapping
-from .twophase import fail, succeed, unwritable_reason, written_inputs
+from opgraph.core.tensor import Tensor, overlapping, same_view
+from .twophase import fail, succeed, unwritable_reason, writes_shared_memory, written_inputs
 
 
 def _bad_executor(executor: Any) -> Optional[Status]:
@@ -80,14 +81,33 @@ def _set_addr(executor: Any, output: bool, index: Any, t: Any, what: str) -> Sta
     why = unwritable_reason(t) if output and t.numel else None
     if why:
         return fail(Status.ACLNN_ERR_PARAM_INVALID, f"{what}: %{name}: {why}")
-    if output and executor.program is not None and executor.program.opt_level != 0:
-        shared = [o for o in names if o != name and overlapping([t, executor.bindings[o]])]
-        if shared:  # the program was optimised for outputs apart (see writes_shared_memory)
+    bindings = {**executor.bindings, name: t}
+    if executor.program is not None and executor.program.opt_level != 0:
+        shared = _sharing(executor, bindings, name)
+        if shared:  # the program was optimised for writes apart (see writes_shared_memory)
             return fail(Status.ACLNN_ERR_PARAM_INVALID,
-                        f"{what}: %{name} would share memory with %{shared[0]}: outputs that "
-                        "share memory are compiled as recorded, so phase 1 must see them")
-    executor.bindings = {**executor.bindings, name: t}
+                        f"{what}: %{name} would share memory with %{shared}: a call that writes "
+                        "over another argument's memory is compiled as recorded, so phase 1 must "
+                        "see it")
+    executor.bindings = bindings
     return succeed()
+
+
+def _sharing(executor: Executor, bindings: dict[str, Tensor], name: str) -> Optional[str]:
+    """The argument that input or output ``name`` would share memory with under ``bindings``
+    by :func:`~.twophase.writes_shared_memory`'s rule (None if none)."""
+    written = set(written_inputs(executor.graph))
+    names = [v.name for v in executor.graph.inputs]
+    args = tuple(bindings[n] for n in names)
+    written_at = tuple(i for i, n in enumerate(names) if n in written)
+    read_at = tuple(i for i, n in enumerate(names) if n not in written)
+    in_place = get_op_api(executor.name).in_place
+    if not writes_shared_memory(args, written_at, read_at, in_place):
+        return None
+    t = bindings[name]
+    others = [n for n in names if n != name and overlapping([t, bindings[n]])
+              and not (in_place and same_view(t, bindings[n]) and (n in written) != (name in written))]
+    return others[0] if others else "another argument"
 
 
 def aclSetInputTensorAddr(executor: Optional[Executor], index: int, t: Tensor) -> Status:

@@ -39,7 +39,7 @@ from opgraph.core.opapi import OpApiSpec, Param, register_op_api
 from opgraph.core.opdef import L0Error
 from opgraph.core.platform import get_platform
 from opgraph.core.status import AclnnError, Status
-from opgraph.core.tensor import Tensor, overlapping
+from opgraph.core.tensor import Tensor, extent, overlaps_itself, same_view
 from opgraph.core.types import RecordedCall
 from opgraph.passes import optimize
 from .cache import EXECUTOR_CACHE, CachedOp, cache_key, written_inputs
@@ -87,6 +87,10 @@ def unwritable_reason(t: Tensor) -> "str | None":
                 "lost; pass a writable view with non-negative strides in whole elements")
     if not t.storage.flags.writeable:
         return "storage is read-only"
+    if overlaps_itself(t):
+        return ("its elements overlap in memory (a stride of 0 on a dimension longer than 1, or "
+                "strides that interleave), so results would be lost; pass an array whose "
+                "elements are apart")
     return None
 
 
@@ -198,7 +202,7 @@ def op_api(name: str, *, params: Sequence[Param], **spec: Any
 
         def get_workspace_size(*args: Any) -> Phase1:
             platform, level = get_platform(), get_opt_level()
-            shared = writes_shared_memory(args, written_at)
+            shared = writes_shared_memory(args, written_at, read_at, in_place)
             key = cache_key(name, args, platform, level)
             if shared and key is not None:  # compiled as recorded: an entry of its own
                 key += (SHARED_OUTPUTS,)
@@ -232,6 +236,8 @@ def op_api(name: str, *, params: Sequence[Param], **spec: Any
 
         written_at = tuple(i for i, p in enumerate(params)
                            if p.kind == "tensor" and p.role in ("output", "inout"))
+        read_at = tuple(i for i, p in enumerate(params) if p.kind == "tensor" and p.role == "input")
+        in_place = bool(spec.get("in_place"))
 
         get_workspace_size.__name__ = get_workspace_size.__qualname__ = compose.__name__
         get_workspace_size.__doc__ = compose.__doc__
@@ -245,24 +251,46 @@ def op_api(name: str, *, params: Sequence[Param], **spec: Any
     return deco
 
 
-SHARED_OUTPUTS = "outputs share memory"  # the cache-key part of a call compiled as recorded
+SHARED_OUTPUTS = "writes share memory"  # the cache-key part of a call compiled as recorded
 
 
-def writes_shared_memory(args: tuple, written_at: Sequence[int]) -> bool:
-    """Whether two of the tensors at positions ``written_at`` (the outputs and in-out tensors)
-    share memory. Such a call is compiled as recorded (level 0) at any level: the recorded
-    order of the writes decides what the shared memory ends up holding, and the passes may
-    move them (a redirected copy writes when its producer runs; a fused kernel stores its
-    results in its own order) — the levels then disagree.
+def writes_shared_memory(args: tuple, written_at: Sequence[int], read_at: Sequence[int] = (),
+                         in_place: bool = False) -> bool:
+    """Whether a tensor at positions ``written_at`` (the outputs and in-out tensors) shares
+    memory with another of them or with a tensor at ``read_at`` (the inputs), other than an
+    ``in_place`` op_api's output that is the very view of an input. Such a call is compiled as
+    recorded (level 0) at any level: the recorded order of the writes and reads decides what
+    the memory ends up holding and what is read, and the passes move them (a redirected copy
+    writes when its producer runs; a fused kernel stores its results in its own order and
+    reads its inputs chunk by chunk) — the levels then disagree.
 
         >>> import numpy as np, opgraph
         >>> a = np.zeros(4, np.float32)
         >>> writes_shared_memory((opgraph.tensor(a), opgraph.tensor(a)), (0, 1))
         True
+        >>> writes_shared_memory((opgraph.tensor(a), opgraph.tensor(a)), (1,), (0,), in_place=True)
+        False
     """
-    if len(written_at) < 2 or len(args) <= written_at[-1]:  # a short call fails its kinds check
-        return False
-    return overlapping([a for a in map(args.__getitem__, written_at) if isinstance(a, Tensor)])
+    if len(args) <= max(written_at[-1] if written_at else 0, read_at[-1] if read_at else 0):
+        return False  # a short call fails its kinds check
+    spans: list[tuple[Tensor, int, int]] = []  # the written tensors' byte ranges
+    for i in written_at:
+        w = args[i]
+        if isinstance(w, Tensor):
+            lo, hi = extent(w)
+            if lo < hi:  # (an empty tensor, lo == hi, intersects nothing)
+                for _, vlo, vhi in spans:
+                    if vlo < hi and lo < vhi:
+                        return True
+                spans.append((w, lo, hi))
+    for w, wlo, whi in spans:
+        for i in read_at:
+            r = args[i]
+            if isinstance(r, Tensor):
+                lo, hi = extent(r)
+                if wlo < hi and lo < whi and lo < hi and not (in_place and same_view(w, r)):
+                    return True
+    return False
 
 
 def _reused(hit: CachedOp, args: tuple) -> Phase1:

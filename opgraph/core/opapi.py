@@ -96,7 +96,8 @@ class OpApiSpec:
     the CLI can refuse a shape before allocating. ``rank``: (min, max) rank of the data tensor. ``aclnn_api``: the public aclnn API
     that runs the whole op with these arguments (how the aclnn backend lowers its fused form;
     None if there is none); ``aclnn_header``: its header under ``aclnnop/`` (default: the API's
-    name in snake case)."""
+    name in snake case). ``in_place``: element-wise, so an output may be the very view of an
+    input (each element read before it is written) and keep its optimised program."""
 
     name: str
     params: tuple[Param, ...]
@@ -114,6 +115,7 @@ class OpApiSpec:
     aclnn_api: Optional[str] = ""
     aclnn_header: str = ""
     summary: str = ""
+    in_place: bool = False
 
     def __post_init__(self) -> None:
         if self.aclnn_api == "":

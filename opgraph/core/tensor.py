@@ -93,7 +93,7 @@ class _Slots:
     """The fields of a :class:`Tensor` (its storage layout)."""
 
     __slots__ = ("storage", "shape", "strides", "offset", "format", "storage_shape", "dtype",
-                 "copied", "_view", "_signature", "_signature_id", "_address")
+                 "copied", "_view", "_signature", "_signature_id", "_address", "_extent")
 
 
 class _NewTensor(_Slots):
@@ -146,7 +146,8 @@ class Tensor(_Slots):
         sshape = _ints("storage_shape", storage_shape) if storage_shape is not None else (storage.size,)
         for name, value in (("storage", storage), ("dtype", dtype), ("shape", shape),
                             ("strides", strides), ("offset", offset), ("format", fmt),
-                            ("storage_shape", sshape), ("copied", bool(copied)), ("_address", None)):
+                            ("storage_shape", sshape), ("copied", bool(copied)), ("_address", None),
+                            ("_extent", None)):
             object.__setattr__(self, name, value)
 
     @classmethod
@@ -165,6 +166,7 @@ class Tensor(_Slots):
         t = _NewTensor()
         t.storage, t.dtype, t.shape, t.strides, t.offset = storage, dtype, shape, strides, 0
         t.format, t.storage_shape, t.copied, t._view, t._address = fmt, storage_shape, copied, view, None
+        t._extent = None
         if signature_id is not None:
             t._signature_id = signature_id
         t.__class__ = Tensor
@@ -265,8 +267,8 @@ class Tensor(_Slots):
 
 
 # the slots' own setters, for fields filled in lazily (Tensor.__setattr__ refuses)
-_SET_SIGNATURE, _SET_SIGNATURE_ID, _SET_ADDRESS = (
-    _Slots.__dict__[name].__set__ for name in ("_signature", "_signature_id", "_address"))
+_SET_SIGNATURE, _SET_SIGNATURE_ID, _SET_ADDRESS, _SET_EXTENT = (
+    _Slots.__dict__[name].__set__ for name in ("_signature", "_signature_id", "_address", "_extent"))
 _DTYPES: dict[np.dtype, DataType] = {}
 
 
@@ -289,18 +291,22 @@ _SPANS = BoundedMemo(MAX_SIGNATURE_IDS)  # signature id -> bytes from the first 
 
 
 def extent(t: Tensor) -> tuple[int, int]:
-    """The byte range ``[lo, hi)`` the tensor's elements span (empty for no elements); its
-    length is kept per signature.
+    """The byte range ``[lo, hi)`` the tensor's elements span (empty for no elements); kept on
+    the tensor, its length per signature.
 
     >>> a = np.zeros(8, np.float32); t = Tensor(a, (2, 2), (4, 1), offset=1)
     >>> lo, hi = extent(t); lo - a.ctypes.data, hi - lo
     (4, 24)
     """
+    got = t._extent
+    if got is not None:
+        return got
     lo, sid = t.data_address, t.signature_id
     span = _SPANS.get(sid)
     if span is None:
         span = _SPANS.put(sid, 0 if t.numel == 0 else t.storage.itemsize * (
             1 + sum((n - 1) * s for n, s in zip(t.shape, t.strides))))
+    _SET_EXTENT(t, (lo, lo + span))
     return lo, lo + span
 
 
@@ -314,6 +320,35 @@ def overlapping(tensors: Sequence[Tensor]) -> bool:
     (False, True)
     """
     return len(tensors) > 1 and spans_overlap(map(extent, tensors))
+
+
+def overlaps_itself(t: Tensor) -> bool:
+    """Whether two of ``t``'s elements may share memory: a stride of 0 on a dimension longer than
+    1, or strides that interleave (conservative: dims taken innermost first, each stride must
+    step past everything the inner dims span).
+
+    >>> x = np.zeros(6, np.float32)
+    >>> overlaps_itself(Tensor(x, (2, 3), (3, 1))), overlaps_itself(Tensor(x, (2, 3), (0, 1)))
+    (False, True)
+    """
+    span = 1  # elements the inner dims span
+    for s, n in sorted((s, n) for n, s in zip(t.shape, t.strides) if n > 1):
+        if s < span:
+            return True
+        span = s * (n - 1) + span
+    return False
+
+
+def same_view(a: Tensor, b: Tensor) -> bool:
+    """Whether ``a`` and ``b`` are the same elements of the same memory in the same order and
+    dtype (two Tensors over one array, say).
+
+    >>> x = np.zeros(4, np.float32)
+    >>> same_view(tensor(x), tensor(x)), same_view(tensor(x[1:]), tensor(x[:3]))
+    (True, False)
+    """
+    return (a.data_address == b.data_address and a.shape == b.shape and a.strides == b.strides
+            and a.dtype == b.dtype)
 
 
 def spans_overlap(spans: Iterable[tuple[int, int]]) -> bool:
