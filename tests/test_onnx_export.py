@@ -13,6 +13,7 @@ import opgraph
 from opgraph import passes
 from opgraph.cli import main
 from opgraph.core.onnx_export import DOMAIN_FUSED, DOMAIN_L0, DOMAIN_PRIM, OnnxUnavailable
+from opgraph.core.opapi import get_op_api, op_apis
 
 onnx = pytest.importorskip("onnx", reason="pip install onnx (opgraph[onnx])")
 OP = "aclnnBatchNormElemtBackward"
@@ -104,3 +105,31 @@ def test_cli_dump_format_onnx(capsys, tmp_path):
     assert m.graph.node[-1].op_type == "ViewCopy" and m.graph.name == OP
     assert main(["dump", OP, "--format", "onnx"]) == 2  # binary: not to the terminal
     assert "give -o FILE.onnx" in capsys.readouterr().err
+
+
+def _family_graphs():
+    """(op_api, SoC) for every op_api opgraph ships, on both SoC families."""
+    for name in op_apis():
+        spec = get_op_api(name)
+        if spec.make_inputs is not None and spec.get_workspace_size.__module__.startswith("opgraph.aclnn."):
+            for soc in ("Ascend910B", "Ascend950"):
+                if soc in spec.platforms:
+                    yield pytest.param(name, soc, id=f"{name}-{soc}")
+
+
+@pytest.mark.parametrize("name, soc", list(_family_graphs()))
+def test_every_op_api_exports_at_every_level(name, soc, tmp_path):
+    """Every level of every op_api passes the checker; a fused reduction is a function with one
+    output per result (its sums keep their ``over`` shape)."""
+    for level in (0, 1, 2):
+        path = tmp_path / f"{level}.onnx"
+        assert main(["dump", name, "--platform", soc, "--level", str(level), "--format", "onnx",
+                     "-o", str(path)]) == 0
+        model = onnx.load(str(path))
+        onnx.checker.check_model(model, full_check=True)
+        for node in model.graph.node:
+            if node.domain == DOMAIN_FUSED:
+                (fn,) = [f for f in model.functions if f.name == node.op_type]
+                assert len(fn.output) == len(node.output)
+                returns = [n for n in fn.node if n.op_type in ("return", "store")]
+                assert [o for n in returns for o in n.output] == list(fn.output)

@@ -71,10 +71,13 @@ def _node_attrs(helper: Any, node: Node) -> list:
 
 def _fused_function(helper: Any, node: Node, name: str) -> Any:
     """The fused kernel's body as an ONNX function: inputs in0.. (and ``dst`` when it stores),
-    one primitive node per body step, a final ``store``/``return`` node producing ``out``."""
+    one primitive node per body step, then a final ``store``/``return`` node producing ``out``
+    (an element-wise kernel) or one ``return`` node per result producing ``out0``.. (a fused
+    reduction, :class:`l0ops.fused_reduce.FusedReduceAttrs`)."""
     a = node.attrs
-    n_in = len(node.inputs) - (1 if a.store else 0)
-    inputs = [f"in{k}" for k in range(n_in)] + (["dst"] if a.store else [])
+    store = getattr(a, "store", False)
+    n_in = len(node.inputs) - (1 if store else 0)
+    inputs = [f"in{k}" for k in range(n_in)] + (["dst"] if store else [])
     nodes = []
     for k, ins in enumerate(a.body):
         attrs = {"dtype": ins.dtype.short}
@@ -82,11 +85,20 @@ def _fused_function(helper: Any, node: Node, name: str) -> Any:
             attrs["shape"] = list(ins.shape) if ins.shape else "[]"
         if ins.value is not None:
             attrs["value"] = float(ins.value)
+        if getattr(ins, "over", None) is not None:
+            attrs["over"] = list(ins.over)
         nodes.append(helper.make_node(ins.op, list(ins.args), [f"t{k}"], name=f"t{k}",
                                       domain=DOMAIN_PRIM, **attrs))
-    last = ["store", [a.result, "dst"]] if a.store else ["return", [a.result]]
-    nodes.append(helper.make_node(last[0], last[1], ["out"], name=last[0], domain=DOMAIN_PRIM))
-    return helper.make_function(DOMAIN_FUSED, name, inputs, ["out"], nodes,
+    results = getattr(a, "results", None)
+    if results is not None:
+        outputs = [f"out{k}" for k in range(len(results))]
+        nodes += [helper.make_node("return", [r], [o], name=f"return{k}", domain=DOMAIN_PRIM)
+                  for k, (r, o) in enumerate(zip(results, outputs))]
+    else:
+        outputs = ["out"]
+        last = ["store", [a.result, "dst"]] if store else ["return", [a.result]]
+        nodes.append(helper.make_node(last[0], last[1], ["out"], name=last[0], domain=DOMAIN_PRIM))
+    return helper.make_function(DOMAIN_FUSED, name, inputs, outputs, nodes,
                                 [helper.make_opsetid(DOMAIN_PRIM, 1)])
 
 
