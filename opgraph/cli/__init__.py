@@ -19,6 +19,7 @@ from typing import Optional, Sequence
 
 import importlib.util
 
+from backends.native.build import NativeBuildError
 from opgraph import __version__
 from opgraph.core.opapi import load_entry_points, load_module
 from . import capture, demo, dump, emit_c, emit_cpp, ops, plan, run, syncbn, tiling, view
@@ -62,7 +63,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             stream.reconfigure(errors="backslashreplace")
     try:
         code = _run(argv)
-        sys.stdout.flush()  # a closed pipe shows here, not as "Exception ignored" at exit
+        if not getattr(sys.stdout, "closed", False):
+            sys.stdout.flush()  # a closed pipe shows here, not as "Exception ignored" at exit
     except BrokenPipeError:  # the reader went away: stop quietly, like a SIGPIPE'd tool
         _discard_stdout()
         return 141
@@ -71,6 +73,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         _say(f"opgraph: error: cannot write to stdout: {e.strerror or e}")
         return 1
     return code
+
+
+def one_line(message: str, keep: int = 3) -> str:
+    r"""``message`` on one line: its first ``keep`` non-blank lines joined by `` | `` (a
+    compiler's output, say), then how many more there were.
+
+    >>> one_line("C compiler failed (command: cc ...):\nk.c:1: error: x\n\nk.c:2: note: y\nz")
+    'C compiler failed (command: cc ...): | k.c:1: error: x | k.c:2: note: y | (1 more line)'
+    """
+    lines = [ln.strip() for ln in message.splitlines() if ln.strip()]
+    more = len(lines) - keep
+    tail = [f"({more} more line{'s' if more > 1 else ''})"] if more > 0 else []
+    return " | ".join(lines[:keep] + tail)
 
 
 def _say(line: str) -> None:
@@ -112,10 +127,12 @@ def load(target: str) -> None:
             if os.getcwd() not in sys.path and "" not in sys.path:
                 sys.path.append(os.getcwd())  # as `python -m` finds it; installed names first
             load_module(target)
-    except Exception as e:  # the user's module: say what failed, in one line
-        raise CliError(f"--load {target!r}: {type(e).__name__}: {e}", code=2) from None
+    except KeyboardInterrupt:
+        raise
     except SystemExit as e:  # not a usage error of opgraph's: name the culprit
         raise CliError(f"--load {target!r}: the module {called_exit(e)}", code=2) from None
+    except BaseException as e:  # the user's module: say what failed, in one line
+        raise CliError(f"--load {target!r}: {type(e).__name__}: {e}", code=2) from None
 
 
 def _run(argv: Optional[Sequence[str]]) -> int:
@@ -131,12 +148,20 @@ def _run(argv: Optional[Sequence[str]]) -> int:
             load(m)
         parser = build_parser()
         args = parser.parse_args(argv)
-        return int(args.func(args) or 0)
+        try:
+            return int(args.func(args) or 0)
+        except SystemExit as e:  # user code (an op_api --load registered) ended the command
+            raise CliError(f"{args.command}: user code {called_exit(e)}") from None
     except SystemExit as e:  # --help, --version and usage errors
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     except CliError as e:
-        _say(f"opgraph: error: {e}")
+        _say(f"opgraph: error: {one_line(str(e))}")
         return e.code
+    except NativeBuildError as e:  # the C compiler or the kernel cache: the environment's
+        if wanted:
+            raise
+        _say(f"opgraph: error: {one_line(str(e))}")
+        return 1
     except KeyboardInterrupt:
         _say("opgraph: interrupted")
         return 130
@@ -158,7 +183,15 @@ def _run(argv: Optional[Sequence[str]]) -> int:
     except Exception as e:  # a bug: one line unless --traceback
         if wanted:
             raise
+        if getattr(sys.stdout, "closed", False):  # user code (a capture step) closed it
+            _say("opgraph: error: stdout was closed")
+            return 1
         _say(f"opgraph: internal error: {type(e).__name__}: {e} (rerun with --traceback)")
+        return 1
+    except BaseException as e:  # GeneratorExit and the like, from user code: one line
+        if wanted:
+            raise
+        _say(f"opgraph: error: {type(e).__name__}: {e} (rerun with --traceback)")
         return 1
 
 

@@ -39,10 +39,12 @@ def load_step(path: str) -> Callable[..., Any]:
     module = importlib.util.module_from_spec(spec)
     try:
         spec.loader.exec_module(module)
-    except Exception as e:
-        raise CliError(f"FILE {path!r}: importing it failed: {type(e).__name__}: {e}") from None
+    except KeyboardInterrupt:
+        raise
     except SystemExit as e:
         raise CliError(f"FILE {path!r}: importing it {called_exit(e)}") from None
+    except BaseException as e:  # (GeneratorExit and the like too: the file's own, in one line)
+        raise CliError(f"FILE {path!r}: importing it failed: {type(e).__name__}: {e}") from None
     step = getattr(module, "step", None)
     if not callable(step):
         raise CliError(f"FILE {path!r}: defines no function step(shape, dtype) making the calls",
@@ -57,10 +59,12 @@ def _capture(step: Callable[..., Any], shape: tuple, dtype: DataType, level: int
             step(shape, dtype.np)
     except CaptureError as e:
         raise CliError(f"capture: {e}") from None
-    except Exception as e:  # the file's own failure, in one line
-        raise CliError(f"step() failed: {type(e).__name__}: {e}") from None
+    except KeyboardInterrupt:
+        raise
     except SystemExit as e:
         raise CliError(f"FILE {path!r}: step() {called_exit(e)}") from None
+    except BaseException as e:  # the file's own failure, in one line
+        raise CliError(f"step() failed: {type(e).__name__}: {e}") from None
     return prog
 
 

@@ -12,6 +12,8 @@ import math
 import os
 import re
 import sys
+import tempfile
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -284,6 +286,8 @@ def check_output(path: "str | None", option: str = "-o/--output") -> None:
     folder = os.path.dirname(os.path.abspath(path)) if path else ""
     if not path:
         code = errno.ENOENT
+    elif path.endswith(("/", os.sep)) and not os.path.isdir(path):
+        raise CliError(f"{option}: {path!r} names a directory (it ends in {path[-1]!r}), not a file")
     elif os.path.isdir(path):
         code = errno.EISDIR
     elif not os.path.isdir(folder):
@@ -297,20 +301,107 @@ def check_output(path: "str | None", option: str = "-o/--output") -> None:
 
 def write_output(text: "str | bytes", path: "str | None", summary: "str | None" = None,
                  option: str = "-o/--output") -> int:
-    """Write ``text`` to stdout (``path`` None or '-') or to ``path`` (bytes: binary), then
-    print ``summary`` when a file was written; a failed write is a CliError naming ``option``."""
-    if path in (None, "-"):
-        sys.stdout.write(text)
-        return 0
-    try:
-        if isinstance(text, bytes):
-            with open(path, "wb") as f:
-                f.write(text)
-        else:
-            with open(path, "w", encoding="utf-8") as f:
-                f.write(text)
-    except OSError as e:
-        raise CliError(f"{option}: cannot write {path!r}: {e.strerror or e}") from None
-    if summary:
+    """Write ``text`` to stdout (``path`` None or '-') or to ``path`` (bytes: binary; see
+    :func:`write_files`), then print ``summary`` when a file was written; a failed write is a
+    CliError naming ``option`` and leaves ``path`` as it was."""
+    write_files([(path, text, option)])
+    if summary and path not in (None, "-"):
         print(f"wrote {path}: {summary}")
     return 0
+
+
+def write_files(files: Sequence[tuple["str | None", "str | bytes", str]]) -> None:
+    """Write every ``(path, content, option)`` or none: each file's content goes to a temporary
+    file beside it, and only once all are written are they renamed into place (a device or a
+    FIFO, which cannot be replaced, is written in place after them; ``path`` None or '-' is
+    stdout). On a failed write the temporaries and any directory made for them are removed,
+    every path keeps what it held, and a CliError names the option and the path.
+
+    >>> import tempfile; d = tempfile.mkdtemp()
+    >>> write_files([(os.path.join(d, "a.txt"), "A", "-o"), (os.path.join(d, "sub", "b.bin"), b"B", "--x")])
+    >>> sorted(os.listdir(d)), open(os.path.join(d, "sub", "b.bin"), "rb").read()
+    (['a.txt', 'sub'], b'B')
+    """
+    staged: list[tuple[str, str]] = []  # (temporary, final path)
+    made: list[str] = []  # directories made for the files, outermost first
+    try:
+        in_place = []
+        for path, content, option in files:
+            if path in (None, "-") or (os.path.exists(path) and not os.path.isfile(path)):
+                in_place.append((path, content, option))
+                continue
+            data = content.encode("utf-8") if isinstance(content, str) else content
+            target = os.path.realpath(path)  # (a symlink's file is replaced, not the link)
+            try:
+                if not path or os.path.isdir(target):
+                    raise OSError(errno.EISDIR if path else errno.ENOENT,
+                                  os.strerror(errno.EISDIR if path else errno.ENOENT))
+                made += _make_dirs(os.path.dirname(target))
+                fd, tmp = tempfile.mkstemp(dir=os.path.dirname(target),
+                                           prefix=f".{os.path.basename(target)}.", suffix=".tmp")
+                staged.append((tmp, target))
+                with os.fdopen(fd, "wb") as f:
+                    f.write(data)
+                os.chmod(tmp, _file_mode(target))
+            except OSError as e:
+                raise CliError(f"{option}: cannot write {path!r}: {e.strerror or e}") from None
+        for path, content, option in in_place:
+            _write_in_place(path, content, option)
+    except BaseException:
+        for tmp, _ in staged:
+            _remove(tmp, os.unlink)
+        for folder in reversed(made):
+            _remove(folder, os.rmdir)
+        raise
+    for k, (tmp, target) in enumerate(staged):
+        try:
+            os.replace(tmp, target)
+        except OSError as e:  # (a rename in one directory: only a race gets here)
+            for left, _ in staged[k:]:
+                _remove(left, os.unlink)
+            raise CliError(f"cannot write {target!r}: {e.strerror or e}") from None
+
+
+def _write_in_place(path: "str | None", content: "str | bytes", option: str) -> None:
+    """Write stdout (``path`` None or '-'; bytes to its binary buffer) or a device or FIFO."""
+    if path in (None, "-"):
+        if isinstance(content, bytes):
+            sys.stdout.flush()
+            sys.stdout.buffer.write(content)
+        else:
+            sys.stdout.write(content)
+        return
+    try:
+        with open(path, "wb") as f:
+            f.write(content.encode("utf-8") if isinstance(content, str) else content)
+    except OSError as e:
+        raise CliError(f"{option}: cannot write {path!r}: {e.strerror or e}") from None
+
+
+def _make_dirs(folder: str) -> list[str]:
+    """Make ``folder`` and its missing parents; returns those it made, outermost first."""
+    missing = []
+    while folder and not os.path.isdir(folder):
+        missing.append(folder)
+        folder = os.path.dirname(folder)
+    for d in reversed(missing):
+        os.mkdir(d)
+    return list(reversed(missing))
+
+
+def _file_mode(path: str) -> int:
+    """The mode a file written at ``path`` gets: the file's own if it exists, else 0666 less
+    the umask (what ``open(path, "w")`` would give)."""
+    try:
+        return os.stat(path).st_mode & 0o7777
+    except OSError:
+        umask = os.umask(0)
+        os.umask(umask)
+        return 0o666 & ~umask
+
+
+def _remove(path: str, how: Callable[[str], None]) -> None:
+    try:
+        how(path)
+    except OSError:
+        pass

@@ -26,7 +26,7 @@ from opgraph.passes import (DumpInstrument, Instrument, Pass, PassManager, PassS
                             Rule, graph_stats, optimize, pipeline)
 from opgraph.passes.stats import node_traffic
 from .cases import add_op_subparsers, build_case, recorded_executor
-from .common import CliError, check_output, conflict, write_output
+from .common import CliError, check_output, conflict, write_files, write_output
 
 FORMATS = ("text", "json", "dot", "table", "onnx")
 
@@ -220,25 +220,21 @@ def check_dump_dir(path: str) -> None:
         raise CliError(f"--dump-dir {path!r}: exists and is not a directory", code=2)
 
 
-def run_passes(graph: Graph, args: argparse.Namespace, level: int) -> tuple[list[PassStep], int]:
-    """Run --level's pipeline recording every step, writing --dump-dir's files if asked;
-    returns the steps and how many files were written."""
-    instruments = []
-    try:
-        if args.dump_dir is not None:
-            dumps = DumpInstrument(args.dump_dir)
-            instruments.append(dumps)
-        _, steps = trace_passes(graph, level, args.fast_math, instruments)
-    except OSError as e:
-        if args.dump_dir is None or e.filename is None:
-            raise
-        raise CliError(f"--dump-dir {args.dump_dir!r}: cannot write {e.filename!r}: "
-                       f"{e.strerror or e}") from None
-    return steps, (len(dumps.files) if args.dump_dir is not None else 0)
+def run_passes(graph: Graph, args: argparse.Namespace, level: int
+               ) -> tuple[list[PassStep], list[tuple[str, str, str]]]:
+    """Run --level's pipeline recording every step; returns the steps and --dump-dir's files
+    as ``(path, text, option)`` for :func:`~.common.write_files` (none without --dump-dir)."""
+    instruments, files = [], []
+    if args.dump_dir is not None:
+        instruments.append(DumpInstrument(args.dump_dir, write=lambda path, text: files.append(
+            (path, text, "--dump-dir"))))
+    _, steps = trace_passes(graph, level, args.fast_math, instruments)
+    return steps, files
 
 
-def _report(graph: Graph, args: argparse.Namespace, level: int) -> str:
-    """What --stats, --passes and --dump-dir print (one JSON document with --format json)."""
+def _report(graph: Graph, args: argparse.Namespace, level: int) -> tuple[str, list[tuple[str, str, str]]]:
+    """What --stats, --passes and --dump-dir print (one JSON document with --format json), and
+    --dump-dir's files (see :func:`run_passes`)."""
     if args.format not in ("text", "json"):
         what = "--stats" if args.stats else "--passes" if args.passes else "--dump-dir"
         raise CliError(f"--format {args.format}: {what} prints text or json", code=2)
@@ -247,19 +243,19 @@ def _report(graph: Graph, args: argparse.Namespace, level: int) -> str:
     if args.stats:
         rows = stats_rows(graph, args.fast_math)
         if as_json:
-            return json.dumps({"levels": rows, "note": note}, indent=1) + "\n"
-        return stats_text(rows) + (note + "\n" if note else "")
+            return json.dumps({"levels": rows, "note": note}, indent=1) + "\n", []
+        return stats_text(rows) + (note + "\n" if note else ""), []
     steps, files = run_passes(graph, args, level)
     if as_json:
         doc: dict[str, Any] = {"level": level, "passes": passes_doc(steps) if args.passes else None,
                                "note": note}
         if args.dump_dir is not None:
-            doc["dump_dir"] = {"path": args.dump_dir, "files": files}
-        return json.dumps(doc, indent=1) + "\n"
+            doc["dump_dir"] = {"path": args.dump_dir, "files": len(files)}
+        return json.dumps(doc, indent=1) + "\n", files
     text = passes_text(steps) if args.passes else ""
     if args.dump_dir is not None:
-        text += f"wrote {files} files to {args.dump_dir} (NN-<pass>.txt/.json/.dot)\n"
-    return text + (note + "\n" if note else "")
+        text += f"wrote {len(files)} files to {args.dump_dir} (NN-<pass>.txt/.json/.dot)\n"
+    return text + (note + "\n" if note else ""), files
 
 
 def run(args: argparse.Namespace) -> int:
@@ -275,7 +271,11 @@ def run(args: argparse.Namespace) -> int:
     case = build_case(args)
     graph = recorded_executor(case).graph
     if args.stats or args.passes or args.dump_dir is not None:
-        return write_output(_report(graph, args, case.level), args.output, "report")
+        text, files = _report(graph, args, case.level)
+        write_files([*files, (args.output, text, "-o/--output")])  # all or none
+        if args.output not in (None, "-"):
+            print(f"wrote {args.output}: report")
+        return 0
     if case.level > 0 or args.fast_math:
         graph = optimize(graph, case.level, fast_math=args.fast_math)
     text = render(graph, args.format)

@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from typing import Any
 
 from backends.aclnn.emit_cpp import emit_cpp
 from .cases import add_op_subparsers
-from .common import CliError, check_output, non_negative_int, same_path, write_output
+from .common import CliError, check_output, non_negative_int, same_path, write_files
 from .plan import case_plan
 
 BIN_OPTION = "-o/--output (its .bin inputs)"
@@ -34,17 +35,22 @@ def run(args: argparse.Namespace) -> int:
     folder = os.path.dirname(os.path.abspath(args.output)) if args.output not in (None, "-") else "."
     bins = {os.path.join(folder, name): blob for name, blob in files.items()}
     check_output(args.output)
+    if bins and args.output not in (None, "-") and os.path.exists(args.output) \
+            and not os.path.isfile(args.output):
+        raise CliError(f"-o/--output {args.output!r} is not a regular file: the program's "
+                       f"{len(bins)} .bin input files are written beside it; name a file", code=2)
     for path in bins:  # all of them before writing any
         if args.output not in (None, "-") and same_path(args.output, path):
             raise CliError(f"-o/--output {args.output!r}: the program would overwrite its input "
                            f"data {os.path.basename(path)}: choose another name", code=2)
         check_output(path, BIN_OPTION)
-    for path, blob in bins.items():
-        write_output(blob, path, option=BIN_OPTION)
-    write_output(src, args.output)
+    # all or none: the .bin files and the program (a failed write leaves none of them)
+    write_files([*((path, blob, BIN_OPTION) for path, blob in bins.items()), (args.output, src, "-o/--output")])
     if args.output not in (None, "-"):
         print(f"wrote {args.output}: {len(plan.calls)} aclnn calls (level {plan.level}), "
               f"{len(files)} .bin files")
+    elif bins:
+        print(f"opgraph: wrote the program's {len(bins)} .bin input files to {folder}", file=sys.stderr)
     return 0
 
 

@@ -37,6 +37,10 @@ def run(args: argparse.Namespace) -> int:
     if len(shape) < 2 or shape[0] < 1 or shape[1] < 1 or math.prod(shape) == 0:
         raise CliError(f"--shape {','.join(map(str, shape))}: expected N,C[,...] with every dim "
                        ">= 1", code=2)
+    if math.prod(shape) // shape[1] < 2:  # torch's BatchNorm refuses it in training
+        raise CliError(f"--shape {','.join(map(str, shape))}: training batch norm needs more than "
+                       "one value per channel (N times the spatial dims must be at least 2)",
+                       code=2)
     check_memory(shape, math.prod(shape) * BYTES_PER_ELEMENT, "the tensors of all ranks")
     check = _check_module()
     soc = args.platform or (BF16_PLATFORM if args.dtype == "bfloat16" else DEFAULT_PLATFORM)

@@ -158,19 +158,20 @@ class PrintInstrument(Instrument):
 
 
 class DumpInstrument(Instrument):
-    """Write numbered dumps ``NN-<pass>.{txt,json,dot}`` into ``directory``."""
+    """Write numbered dumps ``NN-<pass>.{txt,json,dot}`` into ``directory`` (made if missing),
+    or hand each ``(path, text)`` to ``write`` (the CLI writes them all or none)."""
 
-    def __init__(self, directory: str, formats: Iterable[str] = ("txt", "json", "dot")):
+    def __init__(self, directory: str, formats: Iterable[str] = ("txt", "json", "dot"),
+                 write: Optional[Callable[[str, str], None]] = None):
         self.directory, self.formats = directory, tuple(formats)
-        os.makedirs(directory, exist_ok=True)
+        self.write = write or _write_text
         self.files: list[str] = []
 
     def _write(self, stem: str, graph: Graph) -> None:
         render = {"txt": str, "json": Graph.to_json, "dot": Graph.to_dot}
         for ext in self.formats:
             path = os.path.join(self.directory, f"{stem}.{ext}")
-            with open(path, "w") as f:
-                f.write(render[ext](graph))
+            self.write(path, render[ext](graph))
             self.files.append(path)
 
     def before(self, index, p, graph):
@@ -179,6 +180,12 @@ class DumpInstrument(Instrument):
 
     def after(self, index, p, graph, stats):
         self._write(f"{index + 1:02d}-{p.name}", graph)
+
+
+def _write_text(path: str, text: str) -> None:
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "w") as f:
+        f.write(text)
 
 
 class TimingInstrument(Instrument):

@@ -1,0 +1,153 @@
+"""When a command fails part-way, what the user sees and what is left on disk: a failed write
+leaves every output as it was (the files of one command are written all or none, through
+temporaries renamed into place), user code that ends oddly (``sys.exit`` in an op_api's
+callbacks, ``GeneratorExit``, a closed stdout) and a failing C compiler give one line."""
+from __future__ import annotations
+
+import os
+import resource
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from opgraph.cli import main
+
+OP = "aclnnBatchNormElemtBackward"
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def opgraph_limited(args: list[str], cwd: Path, max_file_bytes: int) -> subprocess.CompletedProcess:
+    """``opgraph ARGS`` in a process that may not write a file past ``max_file_bytes`` (a full
+    disk, as far as the writes go; Python ignores SIGXFSZ, so a write fails with EFBIG)."""
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (max_file_bytes, max_file_bytes))
+    return subprocess.run([sys.executable, "-m", "opgraph", *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=120, preexec_fn=limit,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+def one_error_line(proc: subprocess.CompletedProcess, *words: str) -> str:
+    assert proc.returncode != 0
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("opgraph: error: "), proc.stderr
+    assert all(w in lines[0] for w in words), lines[0]
+    return lines[0]
+
+
+def test_a_failed_write_leaves_the_old_file(tmp_path):
+    old = tmp_path / "g.json"
+    old.write_text("ORIGINAL\n")
+    proc = opgraph_limited(["dump", OP, "--format", "json", "-o", "g.json"], tmp_path, 2048)
+    one_error_line(proc, "-o/--output", "g.json", "File too large")
+    assert old.read_text() == "ORIGINAL\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["g.json"]  # no temporary left
+
+
+def test_a_write_replaces_the_file_and_keeps_its_mode(tmp_path):
+    old = tmp_path / "g.txt"
+    old.write_text("ORIGINAL\n")
+    old.chmod(0o640)
+    assert main(["dump", OP, "-o", str(old)]) == 0
+    assert "ViewCopy" in old.read_text() and (old.stat().st_mode & 0o777) == 0o640
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["g.txt"]
+
+
+def test_emit_cpp_writes_its_bin_files_and_program_all_or_none(tmp_path):
+    proc = opgraph_limited(["emit-cpp", OP, "--embed-limit", "0", "-o", "p.cpp"], tmp_path, 4096)
+    one_error_line(proc, "p.cpp", "File too large")
+    assert list(tmp_path.iterdir()) == []
+    proc = opgraph_limited(["emit-cpp", OP, "--embed-limit", "0", "-o", "p.cpp"], tmp_path, 1 << 30)
+    assert proc.returncode == 0, proc.stderr
+    assert "p.cpp" in {p.name for p in tmp_path.iterdir()} and len(list(tmp_path.glob("*.bin"))) > 1
+
+
+def test_emit_cpp_refuses_a_fifo_or_device_as_the_program_beside_its_bin_files(capsys, tmp_path):
+    fifo = tmp_path / "fifo"  # (as /dev/full would be: its .bin files would land in /dev)
+    os.mkfifo(fifo)
+    assert main(["emit-cpp", OP, "--embed-limit", "0", "-o", str(fifo)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"opgraph: error: -o/--output '{fifo}' is not a regular file")
+    assert [p.name for p in tmp_path.iterdir()] == ["fifo"]
+
+
+def test_dump_dir_files_and_the_report_are_written_all_or_none(tmp_path):
+    proc = opgraph_limited(["dump", OP, "--level", "2", "--dump-dir", "dd/x", "--passes",
+                            "-o", "report.txt"], tmp_path, 2048)
+    one_error_line(proc, "--dump-dir", "File too large")
+    assert list(tmp_path.iterdir()) == []  # not even the directories made for the files
+    assert main(["dump", OP, "--level", "2", "--dump-dir", str(tmp_path / "dd"), "--passes",
+                 "-o", str(tmp_path / "report.txt")]) == 0
+    assert (tmp_path / "report.txt").read_text().count("\n") > 3
+    assert (tmp_path / "dd" / "00-input.json").exists()
+
+
+def test_an_output_path_ending_in_a_slash_names_a_directory(capsys, tmp_path):
+    assert main(["dump", OP, "-o", str(tmp_path / "missing") + "/"]) != 0
+    err = capsys.readouterr().err
+    assert "names a directory" in err and len(err.splitlines()) == 1
+
+
+USER_OP = '''
+import sys
+import numpy as np
+from opgraph.aclnn import op_api
+from opgraph.core.opapi import Param
+
+def make_inputs(cfg, rng):
+    {make_inputs}
+    return {{"x": np.ones(cfg.shape, np.float32)}}
+
+@op_api("aclnnUserOdd", params=(Param("x", "tensor", "input"),), make_inputs=make_inputs)
+def aclnnUserOddGetWorkspaceSize(ex, x):
+    pass
+'''
+
+
+@pytest.mark.parametrize("body, words", [
+    ("sys.exit(0)", ["user code called sys.exit(0)"]),
+    ("sys.exit('bye')", ["user code called sys.exit('bye')"]),
+    ("raise GeneratorExit('g')", ["GeneratorExit: g"])])
+def test_user_code_that_ends_oddly_gives_one_line(capsys, tmp_path, body, words):
+    mod = tmp_path / "userop.py"
+    mod.write_text(USER_OP.format(make_inputs=body))
+    code = main(["run", "aclnnUserOdd", "--load", str(mod), "--shape", "2,3"])
+    err = capsys.readouterr().err
+    assert code == 1
+    lines = err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("opgraph: error: "), err
+    assert all(w in lines[0] for w in words), lines[0]
+
+
+@pytest.mark.parametrize("source, words", [
+    ("def step(shape, dtype):\n    raise GeneratorExit('g')\n", ["step() failed: GeneratorExit: g"]),
+    ("class Odd(BaseException):\n    pass\nraise Odd('at import')\n", ["importing it failed: Odd: at import"]),
+    ("import sys\ndef step(shape, dtype):\n    sys.stdout.close()\n", ["stdout was closed"])])
+def test_a_capture_file_that_ends_oddly_gives_one_line(tmp_path, source, words):
+    path = tmp_path / "step.py"
+    path.write_text(source)
+    proc = subprocess.run([sys.executable, "-m", "opgraph", "capture", str(path), "--shape", "2,3"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    one_error_line(proc, *words)
+
+
+def test_a_failing_c_compiler_is_one_line(tmp_path):
+    cc = tmp_path / "fakecc"
+    cc.write_text("#!/bin/sh\nfor i in 1 2 3 4 5; do echo \"k.c:$i: error: bad\" >&2; done\nexit 1\n")
+    cc.chmod(0o755)
+    proc = subprocess.run([sys.executable, "-m", "opgraph", "run", "aclnnBatchNormStats",
+                           "--backend", "native", "--shape", "2,13"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(ROOT), "CC": str(cc),
+                               "OPGRAPH_CACHE_DIR": str(tmp_path / "cache")})
+    line = one_error_line(proc, "C compiler failed", "k.c:1: error: bad")
+    assert line.endswith("(3 more lines)"), line
+
+
+def test_syncbn_refuses_one_value_per_channel(capsys):
+    pytest.importorskip("torch", reason="pip install torch (opgraph[torch])")
+    assert main(["syncbn", "--shape", "1,3,1,1", "--ranks", "3"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("opgraph: error: --shape 1,3,1,1: training batch norm needs more than one")
