@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from opgraph.cli import main
+from opgraph.cli import common, main
 
 OP = "aclnnBatchNormElemtBackward"
 ROOT = Path(__file__).resolve().parents[1]
@@ -109,15 +109,15 @@ def aclnnUserOddGetWorkspaceSize(ex, x):
     ("sys.exit(0)", ["user code called sys.exit(0)"]),
     ("sys.exit('bye')", ["user code called sys.exit('bye')"]),
     ("raise GeneratorExit('g')", ["GeneratorExit: g"])])
-def test_user_code_that_ends_oddly_gives_one_line(capsys, tmp_path, body, words):
+def test_user_code_that_ends_oddly_gives_one_line(tmp_path, body, words):
+    """(In a process of its own: the op_api it registers must not reach other tests.)"""
     mod = tmp_path / "userop.py"
     mod.write_text(USER_OP.format(make_inputs=body))
-    code = main(["run", "aclnnUserOdd", "--load", str(mod), "--shape", "2,3"])
-    err = capsys.readouterr().err
-    assert code == 1
-    lines = err.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("opgraph: error: "), err
-    assert all(w in lines[0] for w in words), lines[0]
+    proc = subprocess.run([sys.executable, "-m", "opgraph", "run", "aclnnUserOdd", "--load",
+                           str(mod), "--shape", "2,3"], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 1
+    one_error_line(proc, *words)
 
 
 @pytest.mark.parametrize("source, words", [
@@ -151,3 +151,46 @@ def test_syncbn_refuses_one_value_per_channel(capsys):
     assert main(["syncbn", "--shape", "1,3,1,1", "--ranks", "3"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("opgraph: error: --shape 1,3,1,1: training batch norm needs more than one")
+
+
+@pytest.mark.parametrize("value", ["abc", "nan", "-1"])
+def test_a_bad_spin_time_names_its_variable(tmp_path, value):
+    proc = subprocess.run([sys.executable, "-m", "opgraph", "run", OP, "--backend", "native"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(ROOT), "OPGRAPH_SPIN_US": value,
+                               "OPGRAPH_RUNTIME": "team"})
+    assert proc.returncode != 0
+    assert f"OPGRAPH_SPIN_US must be a number of microseconds >= 0, got {value!r}" in proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr and len(proc.stderr.splitlines()) == 1, proc.stderr
+
+
+def test_a_capture_file_is_read_as_python_source_whatever_its_suffix(tmp_path):
+    """A .so is not dlopen()ed as an extension module (nor a .pyc run as bytecode)."""
+    so = tmp_path / "step.so"
+    so.write_bytes(b"\x7fELF\x02\x01\x01" + bytes(64))
+    proc = subprocess.run([sys.executable, "-m", "opgraph", "capture", str(so), "--shape", "2,3"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    line = one_error_line(proc, "importing it failed")
+    assert "ELF" not in line and ("SyntaxError" in line or "ValueError" in line), line
+    pyc = tmp_path / "step.pyc"
+    pyc.write_text("def step(shape, dtype):\n    raise RuntimeError('source ran')\n")
+    proc = subprocess.run([sys.executable, "-m", "opgraph", "capture", str(pyc), "--shape", "2,3"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    one_error_line(proc, "step() failed: RuntimeError: source ran")
+
+
+def test_emit_cpp_counts_the_embedded_text_against_the_memory_limit(capsys, monkeypatch, tmp_path):
+    """Inputs embedded as C++ literals take ~110 B an element while the text is built, far
+    more than the arrays: a large --embed-limit is refused before the text is made."""
+    monkeypatch.chdir(tmp_path)  # (the .bin files of the first call go here)
+    shape = (2, 3, 64, 64)  # gradOut and input: 24576 elements each
+    monkeypatch.setattr(common, "physical_memory", lambda: (1 << 20) * common.MEMORY_SHARE)  # 1 MiB
+    argv = ["emit-cpp", OP, "--shape", ",".join(map(str, shape)), "--embed-limit"]
+    assert main([*argv, "0"]) == 0  # the arrays alone fit; .bin files, no embedding
+    capsys.readouterr()
+    assert main([*argv, "100000"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("opgraph: error: --shape 2,3,64,64 --embed-limit 100000: the inputs "
+                          "embedded as C++ text"), err

@@ -1,7 +1,8 @@
 """An output whose own elements share memory (a stride of 0, strides that interleave) cannot
 hold its results: phase 1 refuses it with 161002 naming it, and every output stays untouched
 (torch refuses such outputs too; native's threads would otherwise leave a different element in
-the shared cell from run to run)."""
+the shared cell from run to run). Nor can a masked array passed as ``out=``: its mask would
+still hide what was written."""
 from __future__ import annotations
 
 import numpy as np
@@ -69,3 +70,14 @@ def test_overlaps_itself(shape, strides, overlaps):
     assert overlaps_itself(Tensor(np.zeros(64, np.float32), shape, strides)) == overlaps
     offsets = {sum(i * s for i, s in zip(index, strides)) for index in np.ndindex(shape)}
     assert overlaps == (len(offsets) < np.prod(shape))  # every element's offset, enumerated
+
+
+def test_a_masked_array_output_is_refused():
+    x = np.ones((2, 3, 4), np.float32)
+    c = np.ones(3, np.float32)
+    out = np.ma.masked_array(np.zeros_like(x), mask=True)
+    with pytest.raises(opgraph.AclnnError, match="out: a masked array keeps its mask"):
+        ops.batch_norm_elemt(x, c, c, c, c, 1e-5, out=out)
+    with pytest.raises(opgraph.AclnnError, match="out: a masked array keeps its mask"):
+        ops.batch_norm_elemt_backward(x, x, c, c, c, c, c, np.float32([4, 4, 4]), out=out)
+    assert (out.data == 0).all() and out.mask.all()

@@ -40,6 +40,7 @@ From C: ``typedef void (*opg_body)(void *ctx, int64_t begin, int64_t end);`` and
 from __future__ import annotations
 
 import ctypes
+import math
 import os
 import re
 from typing import Any, Optional
@@ -244,6 +245,25 @@ void opg_omp_run(opg_body body, void *ctx, int64_t n, int64_t grain) {
 _STATE: dict[str, Any] = {}
 
 
+def spin_us() -> float:
+    """``$OPGRAPH_SPIN_US`` (else :data:`SPIN_US`); ValueError naming the variable for a value
+    that is not a finite number of microseconds >= 0.
+
+        >>> spin_us() >= 0
+        True
+    """
+    text = os.environ.get("OPGRAPH_SPIN_US", "").strip()
+    if not text:
+        return float(SPIN_US)
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value >= 0):
+        raise ValueError(f"OPGRAPH_SPIN_US must be a number of microseconds >= 0, got {text!r}")
+    return value
+
+
 def _library() -> Any:
     """The team's shared library, compiled or loaded once and configured from the environment."""
     lib = _STATE.get("lib")
@@ -252,8 +272,7 @@ def _library() -> Any:
         lib = kernel.handle
         lib.opg_team_set.argtypes, lib.opg_team_set.restype = [ctypes.c_int64, ctypes.c_int64], None
         lib.opg_team_threads.argtypes, lib.opg_team_threads.restype = [], ctypes.c_int64
-        spin = float(os.environ.get("OPGRAPH_SPIN_US", "").strip() or SPIN_US)
-        lib.opg_team_set(default_threads(), int(max(spin, 0.0) * 1000))
+        lib.opg_team_set(default_threads(), int(spin_us() * 1000))
         _STATE["serial"] = lib.opg_team_threads() < 2
         _STATE["team"] = _STATE["run"] = ctypes.cast(kernel.fn, ctypes.c_void_p).value
         _STATE["lib"] = lib

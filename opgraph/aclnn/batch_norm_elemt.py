@@ -52,7 +52,7 @@ from opgraph.core.tensor import Tensor, tensor
 from .common import (F32, MAX_RANK, check_dtype, check_not_private, check_rank, float_dtypes,
                      invalid, require_kernel)
 from .direct import NUMPY_CALLS
-from .pythonic import as_tensor, result, run_op_api
+from .pythonic import as_tensor, refuse_masked, result, run_op_api
 from .twophase import op_api, run_executor
 
 PLATFORMS = ("Ascend910B", "Ascend910_93", "Ascend950", "Ascend910")  # the doc's A2, A3, 910 + 950
@@ -260,6 +260,7 @@ def _batch_norm_elemt(input: Any, weight: Any, bias: Any, mean: Any, invstd: Any
 
 def _as_output(out: Any, fmt: Format) -> Tensor:
     """A numpy ``out`` as a tensor tagged like the input (the op requires equal formats)."""
+    refuse_masked("out", out)
     try:
         return tensor(out, format=fmt)
     except (TypeError, ValueError) as e:

@@ -52,9 +52,21 @@ def output(name: str, out: Any, shape: tuple[int, ...], dtype: DataType) -> tupl
     zeros, never uninitialised memory)."""
     if out is None:
         out = np.zeros(shape, dtype=dtype.np)
+    refuse_masked(name, out)
     t = as_tensor(name, out)
     assert t is not None
     return out, t
+
+
+def refuse_masked(name: str, out: Any) -> None:
+    """161002 for a masked array as output ``name``: its mask would still hide the results.
+
+        >>> refuse_masked("out", np.zeros(2))  # a plain array is fine
+    """
+    if isinstance(out, np.ma.MaskedArray):
+        raise AclnnError(Status.ACLNN_ERR_PARAM_INVALID,
+                         f"{name}: a masked array keeps its mask over the results; pass its "
+                         ".data or a plain array")
 
 
 def result(out: Any, t: Tensor) -> Any:

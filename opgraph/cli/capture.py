@@ -11,6 +11,7 @@ SyncBatchNorm training step (forward + backward, two collectives).
 from __future__ import annotations
 
 import argparse
+import importlib.machinery
 import importlib.util
 import math
 import os
@@ -32,8 +33,9 @@ def load_step(path: str) -> Callable[..., Any]:
         why = ("is a directory" if os.path.isdir(path) else "is not a regular file"
                if os.path.exists(path) else "no such file")
         raise CliError(f"FILE {path!r}: {why}", code=2)
-    spec = importlib.util.spec_from_file_location(
-        "opgraph_capture_" + os.path.splitext(os.path.basename(path))[0], path)
+    name = "opgraph_capture_" + os.path.splitext(os.path.basename(path))[0]
+    # read as Python source whatever its suffix (a .so or .pyc is not run as such)
+    spec = importlib.util.spec_from_loader(name, importlib.machinery.SourceFileLoader(name, path))
     if spec is None or spec.loader is None:
         raise CliError(f"FILE {path!r}: not a Python file", code=2)
     module = importlib.util.module_from_spec(spec)

@@ -22,15 +22,20 @@ from typing import Any
 
 from backends.aclnn.emit_cpp import emit_cpp
 from .cases import add_op_subparsers
-from .common import CliError, check_output, non_negative_int, same_path, write_files
+from .common import CliError, check_memory, check_output, non_negative_int, same_path, write_files
 from .plan import case_plan
 
 BIN_OPTION = "-o/--output (its .bin inputs)"
+EMBED_BYTES = 128  # memory an embedded element takes while the program text is built (measured ~110)
 
 
 def run(args: argparse.Namespace) -> int:
     _, ex, plan = case_plan(args)
     data = {k: t.storage for k, t in ex.bindings.items() if t is not None}
+    embedded = sum(a.size for a in data.values() if a.size <= args.embed_limit)
+    check_memory(args.shape, embedded * EMBED_BYTES,
+                 f"the inputs embedded as C++ text (~{EMBED_BYTES} B an element while it is built)",
+                 f" --embed-limit {args.embed_limit}")
     src, files = emit_cpp(plan, data, embed_limit=args.embed_limit)
     folder = os.path.dirname(os.path.abspath(args.output)) if args.output not in (None, "-") else "."
     bins = {os.path.join(folder, name): blob for name, blob in files.items()}
