@@ -153,20 +153,22 @@ class Tensor(_Slots):
     @classmethod
     def _unchecked(cls, storage: np.ndarray, shape: tuple[int, ...], strides: tuple[int, ...],
                    fmt: Format, storage_shape: tuple[int, ...], copied: bool, view: np.ndarray,
-                   dtype: "DataType | None" = None, signature_id: "int | None" = None) -> "Tensor":
+                   dtype: "DataType | None" = None, signature_id: "int | None" = None,
+                   address: "int | None" = None) -> "Tensor":
         """A tensor without the checks of ``__init__``, for :func:`tensor`, whose numpy array
         guarantees them (flat contiguous storage, Python-int shape/strides >= 0 in bounds,
         offset 0), with ``view`` (the array itself, as a new view object) as its live view;
-        ``dtype`` and ``signature_id`` when the caller knows them already. Built with plain
-        stores on a :class:`_NewTensor`, then made a Tensor (a quarter of the slot setters' cost)."""
+        ``dtype`` and ``signature_id`` when the caller knows them already, and ``address`` (of
+        a row-major view over its whole storage: its extent follows). Built with plain stores
+        on a :class:`_NewTensor`, then made a Tensor (a quarter of the slot setters' cost)."""
         if dtype is None:
             dtype = _DTYPES.get(storage.dtype)
             if dtype is None:  # (a dict of numpy dtypes seen so far: dtype_of costs more)
                 dtype = _DTYPES.setdefault(storage.dtype, dtype_of(storage.dtype))
         t = _NewTensor()
         t.storage, t.dtype, t.shape, t.strides, t.offset = storage, dtype, shape, strides, 0
-        t.format, t.storage_shape, t.copied, t._view, t._address = fmt, storage_shape, copied, view, None
-        t._extent = None
+        t.format, t.storage_shape, t.copied, t._view, t._address = fmt, storage_shape, copied, view, address
+        t._extent = None if address is None else (address, address + storage.nbytes)
         if signature_id is not None:
             t._signature_id = signature_id
         t.__class__ = Tensor
@@ -413,9 +415,9 @@ def tensor(array: "np.ndarray | Sequence", format: "Format | str" = "ND", dtype:
             key = (a.dtype, a.shape)  # the tensor's metadata follows from these: remembered
             known = _CONTIGUOUS.get(key)
             if known is not None:
-                dt, strides, sid = known
+                dt, strides, sid = known  # (every tensor's extent is checked in phase 1)
                 return Tensor._unchecked(a.reshape(-1), a.shape, strides, Format.ND, a.shape,
-                                         False, a.view(), dt, sid)
+                                         False, a.view(), dt, sid, array_address(a))
             if 0 < a.ndim <= MAX_RANK and a.size:
                 t = Tensor._unchecked(a.reshape(-1), a.shape, row_major_strides(a.shape),
                                       Format.ND, a.shape, False, a.view())
