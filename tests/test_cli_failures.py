@@ -194,3 +194,15 @@ def test_emit_cpp_counts_the_embedded_text_against_the_memory_limit(capsys, monk
     err = capsys.readouterr().err
     assert err.startswith("opgraph: error: --shape 2,3,64,64 --embed-limit 100000: the inputs "
                           "embedded as C++ text"), err
+
+
+def test_load_refuses_a_file_that_is_not_python(capsys, tmp_path, monkeypatch):
+    """``--load graph.json`` names a file: it is not taken as module ``graph`` (which would run
+    a graph.py beside it) and submodule ``json``."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "graph.py").write_text("raise RuntimeError('graph.py ran')\n")
+    (tmp_path / "graph.json").write_text("{}")
+    assert main(["--load", "graph.json", "ops"]) == 2
+    err = capsys.readouterr().err
+    assert err == ("opgraph: error: --load 'graph.json': a file that is not a .py file; --load "
+                   "takes a module name or a .py file\n"), err

@@ -212,6 +212,18 @@ def test_unavailable_without_compiler(monkeypatch, tmp_path):
     assert backends.get("numpy").name == "numpy"
 
 
+def test_a_named_compiler_that_is_missing_is_not_swapped_for_another(monkeypatch):
+    """$CC names the compiler: when it is not found the backend says so, rather than quietly
+    compiling with cc (whose objects would differ)."""
+    monkeypatch.setenv("CC", "no-such-cc-opgraph")
+    ok, why = native.availability()
+    assert not ok and why.startswith("$CC is 'no-such-cc-opgraph', which is not found on PATH"), why
+    with pytest.raises(backends.BackendUnavailable, match="no-such-cc-opgraph"):
+        backends.get("native")
+    monkeypatch.delenv("CC")
+    assert native.availability() == (True, "")
+
+
 def test_emit_c_cli(capsys):
     from opgraph.cli import main
     assert main(["emit-c", "aclnnBatchNormElemtBackward", "--shape", "2,3,4", "--dtype", "bf16",

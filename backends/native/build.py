@@ -131,8 +131,9 @@ _BY_SOURCE: dict[tuple, "Kernel"] = {}
 
 
 def find_compiler() -> tuple[Optional[str], list[str]]:
-    """``(absolute path or None, names tried)``: ``$CC`` first when set, then :data:`COMPILERS`.
-    Memoised per ``(PATH, CC)``."""
+    """``(absolute path or None, names tried)``: ``$CC`` when set (and nothing else: a
+    compiler the user named is not swapped for another), else :data:`COMPILERS`. Memoised per
+    ``(PATH, CC)``."""
     key = (os.environ.get("PATH", ""), os.environ.get("CC", ""))
     hit = _FOUND.get(key)
     if hit is None:
@@ -143,7 +144,7 @@ def find_compiler() -> tuple[Optional[str], list[str]]:
 def _search_compiler() -> tuple[Optional[str], list[str]]:
     tried = []
     env = os.environ.get("CC", "").strip()
-    for name in ([env] if env else []) + list(COMPILERS):
+    for name in [env] if env else list(COMPILERS):
         if name in tried:
             continue
         tried.append(name)
@@ -156,6 +157,9 @@ def _search_compiler() -> tuple[Optional[str], list[str]]:
 def availability() -> tuple[bool, str]:
     """``(True, "")`` when a C compiler is on PATH, else ``(False, one line saying so)``."""
     cc, tried = find_compiler()
+    if cc is None and os.environ.get("CC", "").strip():
+        return False, (f"$CC is {tried[0]!r}, which is not found on PATH (unset CC to use one of "
+                       f"{', '.join(COMPILERS)})")
     if cc is None:
         return False, f"no C compiler found (tried {', '.join(tried)})"
     return True, ""

@@ -123,11 +123,14 @@ def load(target: str) -> None:
             module = importlib.util.module_from_spec(spec)
             sys.modules[name] = module
             spec.loader.exec_module(module)
+        elif os.path.isfile(target):  # `--load graph.json` would import graph, then graph.json
+            raise CliError(f"--load {target!r}: a file that is not a .py file; --load takes a "
+                           "module name or a .py file", code=2)
         else:
             if os.getcwd() not in sys.path and "" not in sys.path:
                 sys.path.append(os.getcwd())  # as `python -m` finds it; installed names first
             load_module(target)
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, CliError):
         raise
     except SystemExit as e:  # not a usage error of opgraph's: name the culprit
         raise CliError(f"--load {target!r}: the module {called_exit(e)}", code=2) from None
