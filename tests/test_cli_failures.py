@@ -18,14 +18,16 @@ OP = "aclnnBatchNormElemtBackward"
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def opgraph_limited(args: list[str], cwd: Path, max_file_bytes: int) -> subprocess.CompletedProcess:
-    """``opgraph ARGS`` in a process that may not write a file past ``max_file_bytes`` (a full
-    disk, as far as the writes go; Python ignores SIGXFSZ, so a write fails with EFBIG)."""
+def opgraph_process(args: list[str], cwd: Path, max_file_bytes: "int | None" = None,
+                    **env: str) -> subprocess.CompletedProcess:
+    """``opgraph ARGS`` in a process of its own with ``env`` added to the environment; with
+    ``max_file_bytes`` it may not write a file past that size (a full disk, as far as the
+    writes go; Python ignores SIGXFSZ, so a write fails with EFBIG)."""
     def limit() -> None:
         resource.setrlimit(resource.RLIMIT_FSIZE, (max_file_bytes, max_file_bytes))
     return subprocess.run([sys.executable, "-m", "opgraph", *args], cwd=cwd, capture_output=True,
-                          text=True, timeout=120, preexec_fn=limit,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+                          text=True, timeout=120, preexec_fn=limit if max_file_bytes else None,
+                          env={**os.environ, "PYTHONPATH": str(ROOT), **env})
 
 
 def one_error_line(proc: subprocess.CompletedProcess, *words: str) -> str:
@@ -39,7 +41,7 @@ def one_error_line(proc: subprocess.CompletedProcess, *words: str) -> str:
 def test_a_failed_write_leaves_the_old_file(tmp_path):
     old = tmp_path / "g.json"
     old.write_text("ORIGINAL\n")
-    proc = opgraph_limited(["dump", OP, "--format", "json", "-o", "g.json"], tmp_path, 2048)
+    proc = opgraph_process(["dump", OP, "--format", "json", "-o", "g.json"], tmp_path, 2048)
     one_error_line(proc, "-o/--output", "g.json", "File too large")
     assert old.read_text() == "ORIGINAL\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["g.json"]  # no temporary left
@@ -55,10 +57,10 @@ def test_a_write_replaces_the_file_and_keeps_its_mode(tmp_path):
 
 
 def test_emit_cpp_writes_its_bin_files_and_program_all_or_none(tmp_path):
-    proc = opgraph_limited(["emit-cpp", OP, "--embed-limit", "0", "-o", "p.cpp"], tmp_path, 4096)
+    proc = opgraph_process(["emit-cpp", OP, "--embed-limit", "0", "-o", "p.cpp"], tmp_path, 4096)
     one_error_line(proc, "p.cpp", "File too large")
     assert list(tmp_path.iterdir()) == []
-    proc = opgraph_limited(["emit-cpp", OP, "--embed-limit", "0", "-o", "p.cpp"], tmp_path, 1 << 30)
+    proc = opgraph_process(["emit-cpp", OP, "--embed-limit", "0", "-o", "p.cpp"], tmp_path, 1 << 30)
     assert proc.returncode == 0, proc.stderr
     assert "p.cpp" in {p.name for p in tmp_path.iterdir()} and len(list(tmp_path.glob("*.bin"))) > 1
 
@@ -73,7 +75,7 @@ def test_emit_cpp_refuses_a_fifo_or_device_as_the_program_beside_its_bin_files(c
 
 
 def test_dump_dir_files_and_the_report_are_written_all_or_none(tmp_path):
-    proc = opgraph_limited(["dump", OP, "--level", "2", "--dump-dir", "dd/x", "--passes",
+    proc = opgraph_process(["dump", OP, "--level", "2", "--dump-dir", "dd/x", "--passes",
                             "-o", "report.txt"], tmp_path, 2048)
     one_error_line(proc, "--dump-dir", "File too large")
     assert list(tmp_path.iterdir()) == []  # not even the directories made for the files
@@ -113,9 +115,7 @@ def test_user_code_that_ends_oddly_gives_one_line(tmp_path, body, words):
     """(In a process of its own: the op_api it registers must not reach other tests.)"""
     mod = tmp_path / "userop.py"
     mod.write_text(USER_OP.format(make_inputs=body))
-    proc = subprocess.run([sys.executable, "-m", "opgraph", "run", "aclnnUserOdd", "--load",
-                           str(mod), "--shape", "2,3"], cwd=tmp_path, capture_output=True,
-                          text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    proc = opgraph_process(["run", "aclnnUserOdd", "--load", str(mod), "--shape", "2,3"], tmp_path)
     assert proc.returncode == 1
     one_error_line(proc, *words)
 
@@ -127,9 +127,7 @@ def test_user_code_that_ends_oddly_gives_one_line(tmp_path, body, words):
 def test_a_capture_file_that_ends_oddly_gives_one_line(tmp_path, source, words):
     path = tmp_path / "step.py"
     path.write_text(source)
-    proc = subprocess.run([sys.executable, "-m", "opgraph", "capture", str(path), "--shape", "2,3"],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    proc = opgraph_process(["capture", str(path), "--shape", "2,3"], tmp_path)
     one_error_line(proc, *words)
 
 
@@ -137,11 +135,8 @@ def test_a_failing_c_compiler_is_one_line(tmp_path):
     cc = tmp_path / "fakecc"
     cc.write_text("#!/bin/sh\nfor i in 1 2 3 4 5; do echo \"k.c:$i: error: bad\" >&2; done\nexit 1\n")
     cc.chmod(0o755)
-    proc = subprocess.run([sys.executable, "-m", "opgraph", "run", "aclnnBatchNormStats",
-                           "--backend", "native", "--shape", "2,13"], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "PYTHONPATH": str(ROOT), "CC": str(cc),
-                               "OPGRAPH_CACHE_DIR": str(tmp_path / "cache")})
+    proc = opgraph_process(["run", "aclnnBatchNormStats", "--backend", "native", "--shape", "2,13"],
+                           tmp_path, CC=str(cc), OPGRAPH_CACHE_DIR=str(tmp_path / "cache"))
     line = one_error_line(proc, "C compiler failed", "k.c:1: error: bad")
     assert line.endswith("(3 more lines)"), line
 
@@ -155,10 +150,8 @@ def test_syncbn_refuses_one_value_per_channel(capsys):
 
 @pytest.mark.parametrize("value", ["abc", "nan", "-1"])
 def test_a_bad_spin_time_names_its_variable(tmp_path, value):
-    proc = subprocess.run([sys.executable, "-m", "opgraph", "run", OP, "--backend", "native"],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "PYTHONPATH": str(ROOT), "OPGRAPH_SPIN_US": value,
-                               "OPGRAPH_RUNTIME": "team"})
+    proc = opgraph_process(["run", OP, "--backend", "native"], tmp_path, OPGRAPH_SPIN_US=value,
+                           OPGRAPH_RUNTIME="team")
     assert proc.returncode != 0
     assert f"OPGRAPH_SPIN_US must be a number of microseconds >= 0, got {value!r}" in proc.stdout + proc.stderr
     assert "Traceback" not in proc.stderr and len(proc.stderr.splitlines()) == 1, proc.stderr
@@ -168,16 +161,12 @@ def test_a_capture_file_is_read_as_python_source_whatever_its_suffix(tmp_path):
     """A .so is not dlopen()ed as an extension module (nor a .pyc run as bytecode)."""
     so = tmp_path / "step.so"
     so.write_bytes(b"\x7fELF\x02\x01\x01" + bytes(64))
-    proc = subprocess.run([sys.executable, "-m", "opgraph", "capture", str(so), "--shape", "2,3"],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    proc = opgraph_process(["capture", str(so), "--shape", "2,3"], tmp_path)
     line = one_error_line(proc, "importing it failed")
     assert "ELF" not in line and ("SyntaxError" in line or "ValueError" in line), line
     pyc = tmp_path / "step.pyc"
     pyc.write_text("def step(shape, dtype):\n    raise RuntimeError('source ran')\n")
-    proc = subprocess.run([sys.executable, "-m", "opgraph", "capture", str(pyc), "--shape", "2,3"],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    proc = opgraph_process(["capture", str(pyc), "--shape", "2,3"], tmp_path)
     one_error_line(proc, "step() failed: RuntimeError: source ran")
 
 

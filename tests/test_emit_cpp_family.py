@@ -14,8 +14,9 @@ from typing import Optional
 import pytest
 
 from cpp_helpers import GXX, INCLUDE, compile_cpp, precompiled_std, run_cli
+from family import shipped_op_apis
 from opgraph.core.dtypes import DataType
-from opgraph.core.opapi import InputConfig, OpApiSpec, Option, op_api_specs
+from opgraph.core.opapi import InputConfig, OpApiSpec, Option
 from opgraph.core.platform import PRESETS
 
 PLATFORMS = ("Ascend910B", "Ascend950")
@@ -38,9 +39,7 @@ HOST = {"ACL_FLOAT": ("float", "{h}[i]"), "ACL_FLOAT16": ("uint16_t", "HalfToFlo
 
 def builtin_specs() -> list[OpApiSpec]:
     """The op_apis opgraph itself registers (not user plugins) that have a public aclnn API."""
-    return [s for _, s in sorted(op_api_specs().items())
-            if s.aclnn_api and s.make_inputs is not None
-            and s.get_workspace_size.__module__.startswith("opgraph.aclnn.")]
+    return [s for s in shipped_op_apis() if s.aclnn_api]
 
 
 def flags(spec: OpApiSpec) -> list[Option]:

@@ -16,18 +16,12 @@ import opgraph
 from opgraph import aclnn, ops
 from opgraph.aclnn.direct import NUMPY, NUMPY_CALLS
 from opgraph.core.dtypes import DataType
-from opgraph.core.opapi import InputConfig, OpApiSpec, get_op_api, op_apis
+from opgraph.core.opapi import InputConfig, OpApiSpec, get_op_api
+from family import shipped_op_apis
 from opgraph.core.platform import get_platform
 
 BACKENDS = [b for b in ("numpy", "native") if b in backends.available()]
 SOCS = ("Ascend910B", "Ascend950")
-
-
-def _family() -> list[OpApiSpec]:
-    """The op_apis opgraph ships (other tests may register demo ones while collecting)."""
-    specs = [get_op_api(name) for name in op_apis()]
-    return [s for s in specs if s.make_inputs is not None
-            and s.get_workspace_size.__module__.startswith("opgraph.aclnn.")]
 
 
 def _written(spec: OpApiSpec) -> list[str]:
@@ -41,7 +35,7 @@ def _reads(spec: OpApiSpec) -> list[str]:
 def _pairings(pairs, fits, sep: str):
     """(op_api, soc, dtype, a, b) for every pair ``pairs(spec)`` of tensor parameters whose
     arrays share a dtype and ``fits(x, y)``, on every SoC and dtype the op_api takes."""
-    for spec in _family():
+    for spec in shipped_op_apis():
         for soc, dtype in itertools.product(SOCS, (DataType.FLOAT, DataType.FLOAT16)):
             with opgraph.platform(soc):
                 if not spec.supports(get_platform()) or dtype not in spec.dtypes(get_platform()):

@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
-import math
 import os
 import platform
 import re
@@ -56,6 +55,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from opgraph.core.config import env_number
 from opgraph.core.tensor import array_address
 
 COMPILERS = ("cc", "gcc", "clang")
@@ -223,15 +223,10 @@ def cache_key(source: str, cc: str, extra: Sequence[str] = ()) -> str:
 def cache_limit() -> int:
     """The disk cache bound in bytes: ``$OPGRAPH_CACHE_MAX_MB`` MiB (fractions allowed) when set,
     else :data:`MAX_CACHE_BYTES`. A value that is not a number >= 0 raises NativeBuildError."""
-    text = os.environ.get("OPGRAPH_CACHE_MAX_MB", "").strip()
-    if not text:
-        return MAX_CACHE_BYTES
     try:
-        mib = float(text)
-    except ValueError:
-        mib = math.nan
-    if not (math.isfinite(mib) and mib >= 0):
-        raise NativeBuildError(f"OPGRAPH_CACHE_MAX_MB must be a number of MiB >= 0, got {text!r}")
+        mib = env_number("OPGRAPH_CACHE_MAX_MB", MAX_CACHE_BYTES / (1 << 20), "MiB")
+    except ValueError as e:
+        raise NativeBuildError(str(e)) from None
     return int(mib * (1 << 20))
 
 

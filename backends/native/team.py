@@ -40,12 +40,11 @@ From C: ``typedef void (*opg_body)(void *ctx, int64_t begin, int64_t end);`` and
 from __future__ import annotations
 
 import ctypes
-import math
 import os
 import re
 from typing import Any, Optional
 
-from opgraph.core.config import default_threads
+from opgraph.core.config import default_threads, env_number
 from . import build
 
 SPIN_US = 2000  # µs idle workers poll for the next job before they sleep (OpenMP runtimes spin ms too)
@@ -252,16 +251,7 @@ def spin_us() -> float:
         >>> spin_us() >= 0
         True
     """
-    text = os.environ.get("OPGRAPH_SPIN_US", "").strip()
-    if not text:
-        return float(SPIN_US)
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value >= 0):
-        raise ValueError(f"OPGRAPH_SPIN_US must be a number of microseconds >= 0, got {text!r}")
-    return value
+    return env_number("OPGRAPH_SPIN_US", float(SPIN_US), "microseconds")
 
 
 def _library() -> Any:

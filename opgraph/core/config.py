@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import math
 import os
 from typing import Iterator, Union
 
@@ -94,6 +95,25 @@ def opt_level(n: int) -> Iterator[int]:
         yield n
     finally:
         _level.reset(token)
+
+
+def env_number(name: str, default: float, unit: str) -> float:
+    """``$name`` as a finite number >= 0 (``default`` when unset or blank); ValueError naming
+    the variable and ``unit`` otherwise.
+
+        >>> env_number("OPGRAPH_NO_SUCH_VARIABLE", 2.5, "µs")
+        2.5
+    """
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value >= 0):
+        raise ValueError(f"{name} must be a number of {unit} >= 0, got {text!r}")
+    return value
 
 
 def default_threads() -> int:
