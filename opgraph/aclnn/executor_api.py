@@ -17,7 +17,7 @@ from typing import Any, Optional
 import numpy as np
 
 from opgraph.core.executor import Executor
-from opgraph.core.opapi import get_op_api
+from opgraph.core.opapi import op_api_specs
 from opgraph.core.status import Status
 from opgraph.core.tensor import Tensor, overlapping, same_view
 from .twophase import fail, succeed, unwritable_reason, writes_shared_memory, written_inputs
@@ -86,7 +86,7 @@ def _set_addr(executor: Any, output: bool, index: Any, t: Any, what: str) -> Sta
         shared = _sharing(executor, bindings, name)
         if shared:  # the program was optimised for writes apart (see writes_shared_memory)
             return fail(Status.ACLNN_ERR_PARAM_INVALID,
-                        f"{what}: %{name} would share memory with %{shared}: a call that writes "
+                        f"{what}: %{name} would share memory with {shared}: a call that writes "
                         "over another argument's memory is compiled as recorded, so phase 1 must "
                         "see it")
     executor.bindings = bindings
@@ -101,13 +101,14 @@ def _sharing(executor: Executor, bindings: dict[str, Tensor], name: str) -> Opti
     args = tuple(bindings[n] for n in names)
     written_at = tuple(i for i, n in enumerate(names) if n in written)
     read_at = tuple(i for i, n in enumerate(names) if n not in written)
-    in_place = get_op_api(executor.name).in_place
+    spec = op_api_specs().get(executor.name)  # (an executor made outside a registered op_api: none)
+    in_place = spec is not None and spec.in_place
     if not writes_shared_memory(args, written_at, read_at, in_place):
         return None
     t = bindings[name]
     others = [n for n in names if n != name and overlapping([t, bindings[n]])
               and not (in_place and same_view(t, bindings[n]) and (n in written) != (name in written))]
-    return others[0] if others else "another argument"
+    return f"%{others[0]}" if others else "another argument"
 
 
 def aclSetInputTensorAddr(executor: Optional[Executor], index: int, t: Tensor) -> Status:

@@ -312,9 +312,9 @@ def write_output(text: "str | bytes", path: "str | None", summary: "str | None" 
 
 def write_files(files: Sequence[tuple["str | None", "str | bytes", str]]) -> None:
     """Write every ``(path, content, option)`` or none: each file's content goes to a temporary
-    file beside it, and only once all are written are they renamed into place (a device or a
-    FIFO, which cannot be replaced, is written in place after them; ``path`` None or '-' is
-    stdout). On a failed write the temporaries and any directory made for them are removed,
+    file beside it, and only once all are written are they renamed into place (a device, a
+    FIFO or a file in a directory that cannot take a temporary is written in place after them;
+    ``path`` None or '-' is stdout). On a failed write the temporaries and any directory made for them are removed,
     every path keeps what it held, and a CliError names the option and the path.
 
     >>> import tempfile; d = tempfile.mkdtemp()
@@ -327,9 +327,10 @@ def write_files(files: Sequence[tuple["str | None", "str | bytes", str]]) -> Non
     try:
         in_place = []
         for path, content, option in files:
-            if path in (None, "-") or (os.path.exists(path) and not os.path.isfile(path)):
-                in_place.append((path, content, option))
-                continue
+            if path in (None, "-") or (os.path.exists(path) and not os.path.isfile(path)) or (
+                    os.path.isfile(path) and not os.access(os.path.dirname(os.path.realpath(path)), os.W_OK)):
+                in_place.append((path, content, option))  # (a writable file in a directory that
+                continue  # is not: no temporary can go beside it, so it is written in place)
             data = content.encode("utf-8") if isinstance(content, str) else content
             target = os.path.realpath(path)  # (a symlink's file is replaced, not the link)
             try:
