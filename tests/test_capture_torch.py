@@ -71,7 +71,9 @@ def _rank(rank: int, world: int, configs: list) -> list:
             "collectives": [o for o in ops if o in ("AllGather", "AllReduce")],
             "groups": sorted({n.attrs.group for n in prog.compiled.nodes if n.op == "AllGather"}),
             "launches": (prog.stats().launches, prog.stats_one_by_one().launches),
-            "backend": prog.backend if isinstance(prog.backend, str) else prog.backend.name})
+            "backend": prog.backend if isinstance(prog.backend, str) else prog.backend.name,
+            # two eager steps against the capture and two replays: replays are the steps
+            "batches": (int(eager.num_batches_tracked), int(bn.num_batches_tracked))})
     return results
 
 
@@ -83,7 +85,8 @@ def _refused(rank: int, world: int) -> list:
     for x, bn in ((torch.randn((3, C, 2) if rank == 0 else (0, C, 2)), ot.SyncBatchNorm(C)),
                   (torch.randn(3, C, 2).half(), ot.SyncBatchNorm(C).half()),
                   (torch.randn(3, C, 2).bfloat16(),
-                   ot.SyncBatchNorm(C, affine=False, platform="Ascend950").bfloat16())):
+                   ot.SyncBatchNorm(C, affine=False, platform="Ascend950").bfloat16()),
+                  (torch.randn(3, C, 2), ot.SyncBatchNorm(C, momentum=None))):
         try:
             with opgraph.capture():
                 bn(x.requires_grad_())
@@ -109,15 +112,39 @@ def test_captured_step_is_bit_equal_to_the_eager_layer(session, k):
         assert all(r["equal"]) and len(r["equal"]) == 12, (rank, r["equal"])
         assert r["collectives"] == ["AllGather", "AllReduce"]
         assert r["groups"] == ["torch:0,1"] and r["backend"] == backend
+        assert r["batches"] == (2, 2)
         if level == 2:
             assert r["launches"][0] <= r["launches"][1]
 
 
 def test_capture_refuses_an_empty_rank_and_half_precision_parameters_or_stats():
-    for empty, half, running in ot.run_ranks(_refused, 2, timeout=60.0, pg_timeout=20.0):
+    for empty, half, running, cumulative in ot.run_ranks(_refused, 2, timeout=60.0, pg_timeout=20.0):
         assert "needs data on every rank; ranks [1] have none" in empty
         assert "weight is torch.float16; its gradient is float32" in half
         assert "running_mean is torch.bfloat16; the Ascend950's gather keeps" in running
+        assert "SyncBatchNorm(momentum=None) in a capture: its cumulative average" in cumulative
+
+
+def _half_counts(rank: int, world: int) -> bool:
+    """A float16 layer with frozen parameters and 2049 values a channel on each rank: the
+    gather's counts are rounded to the float16 running stats (2048), backward's are not."""
+    eager = ot.SyncBatchNorm(2).half().requires_grad_(False)
+    bn = copy.deepcopy(eager)
+    g = torch.Generator().manual_seed(rank)
+    x, dy = (torch.randn(3, 2, 683, generator=g).half() for _ in range(2))
+
+    def grad_input(layer):
+        xi = x.clone().requires_grad_()
+        return torch.autograd.grad(layer(xi), xi, dy)[0]
+
+    with opgraph.capture() as prog:
+        captured = grad_input(bn)
+    prog.replay()
+    return bool(torch.equal(grad_input(eager).view(torch.int16), captured.view(torch.int16)))
+
+
+def test_captured_backward_takes_the_counts_before_rounding():
+    assert ot.run_ranks(_half_counts, 2, timeout=60.0, pg_timeout=20.0) == [True, True]
 
 
 def _one_rank(rank: int, world: int) -> list:

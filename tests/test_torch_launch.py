@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import multiprocessing
 import os
+import threading
 import time
 import weakref
 
@@ -40,6 +41,10 @@ def die_on_1(rank, world):
     if rank == 1:
         os._exit(3)
     dist.barrier()
+
+
+def unpicklable_on_1(rank, world):
+    return threading.Lock() if rank == 1 else rank
 
 
 def hang_on_1(rank, world):
@@ -83,7 +88,8 @@ def test_results_come_back_in_rank_order():
 @pytest.mark.parametrize("fn,message", [
     (fail_on_1, r"rank 1 failed:(.|\n)*ValueError: rank one refuses"),
     (die_on_1, r"rank 1 died \(exit code 3\)"),
-], ids=["raises", "dies"])
+    (unpicklable_on_1, r"rank 1 failed:(.|\n)*result could not be pickled: TypeError"),
+], ids=["raises", "dies", "unpicklable result"])
 def test_a_failing_rank_is_reported_and_its_peers_stopped(fn, message):
     start = time.monotonic()
     with pytest.raises(RankError, match=message):

@@ -22,7 +22,7 @@ runs it, with the captured tensors or new ones of the same types, on a backend. 
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 
@@ -66,7 +66,7 @@ class capture:
         backend = next(iter(rec.backends)) if len(rec.backends) == 1 else None
         assert self.program is not None
         self.program.__init__(graph, tensors, self.level, rec.platform or get_platform(),  # type: ignore[misc]
-                              backend, rec.call_graphs)
+                              backend, rec.call_graphs, rec.on_replay)
 
 
 def _collective(op: str, arrays: tuple, group: str) -> list[np.ndarray]:
@@ -90,10 +90,25 @@ def all_reduce(*arrays: Any, group: str = "local") -> list[np.ndarray]:
     return _collective("AllReduce", arrays, group)
 
 
+def on_replay(effect: Callable[[], Any]) -> None:
+    """Run ``effect`` (a host-side step effect, such as a step counter) after every replay of
+    the program being captured, in the order registered; outside a capture, run it now.
+
+        >>> steps = []
+        >>> on_replay(lambda: steps.append(1)); steps
+        [1]
+    """
+    rec = capturing.active()
+    if isinstance(rec, Recorder):
+        rec.on_replay.append(effect)
+    else:
+        effect()
+
+
 def active() -> bool:
     """True inside a capture block (in this context)."""
     return isinstance(capturing.active(), Recorder)
 
 
 __all__ = ["CaptureError", "Program", "ProgramStats", "active", "all_gather", "all_reduce",
-           "capture", "check_schedule"]
+           "capture", "check_schedule", "on_replay"]

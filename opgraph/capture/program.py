@@ -13,7 +13,7 @@ same types.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -104,8 +104,9 @@ class Program:
 
     def __init__(self, graph: Graph, inputs: Mapping[str, Tensor], level: int,
                  platform: Platform, backend: Optional[BackendRef] = None,
-                 calls: "list[Graph] | None" = None):
+                 calls: "list[Graph] | None" = None, on_replay: Sequence[Callable[[], Any]] = ()):
         self.graph, self.level, self.platform, self.backend = graph, check_level(level), platform, backend
+        self.on_replay = tuple(on_replay)  # host effects after every replay (opgraph.capture.on_replay)
         self.inputs = dict(inputs)
         self.calls = list(calls or [])  # each captured op_api call's own recorded graph
         self.compiled = optimize_program(graph, self.level) if graph.nodes else graph
@@ -124,7 +125,8 @@ class Program:
 
     def at_level(self, level: int) -> "Program":
         """The same recorded program compiled at another level (same tensors)."""
-        return Program(self.graph, self.inputs, level, self.platform, self.backend, self.calls)
+        return Program(self.graph, self.inputs, level, self.platform, self.backend, self.calls,
+                       self.on_replay)
 
     @property
     def workspace_size(self) -> int:
@@ -187,7 +189,8 @@ class Program:
         """Run the program once. ``new_inputs`` rebind inputs by name (arrays or tensors of the
         captured types; outputs are written into them); the others are the captured tensors.
         ``backend``: this one, else the one the captured calls' phase 2 would have used, else
-        the current one. Returns every written tensor by name (as numpy views)."""
+        the current one. Then the host effects registered with :func:`opgraph.capture.on_replay`
+        run. Returns every written tensor by name (as numpy views)."""
         bindings = self._bindings(new_inputs)
         ref = backend if backend is not None else self.backend
         if ref is None:
@@ -201,6 +204,8 @@ class Program:
                 self._workspace = bytearray(self.workspace_size)
             with np.errstate(all="ignore"):
                 self.executable(be).run_repeatable(bindings, self._workspace if self.workspace_size else None)
+        for effect in self.on_replay:
+            effect()
         return {name: bindings[name].view() for name in self.outputs}
 
     run = replay

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
@@ -59,6 +59,7 @@ class Recorder:
     call_graphs: list[Graph] = field(default_factory=list)  # each op_api call's own graph
     platform: Optional[Platform] = None
     backends: set = field(default_factory=set)
+    on_replay: list[Callable[[], Any]] = field(default_factory=list)  # host effects per replay
     _inputs: dict[tuple, Value] = field(default_factory=dict)
     _tensors: dict[str, Tensor] = field(default_factory=dict)
     _writes: dict[tuple, Write] = field(default_factory=dict)

@@ -8,7 +8,9 @@ capturing: every rank's sample count (shapes only) is exchanged once, and every 
 data. On one rank the collectives are those of the one-process group (``"local"``: no gloo
 exchange, no process group needed), as the eager path skips them. The captured program reads
 the layer's parameters and running statistics where they are when it runs, and updates the
-running statistics on every replay.
+running statistics on every replay; ``num_batches_tracked`` counts replays, not the capture
+(:func:`opgraph.capture.on_replay`), and ``momentum=None`` (a cumulative average, whose factor
+changes every step) is refused.
 
     >>> import numpy as np
     >>> TorchGroup.__name__, callable(group_of)
@@ -97,11 +99,12 @@ def forward(ctx: Any, input: Tensor, weight: Optional[Tensor], bias: Optional[Te
     group = group_of(process_group) if world_size > 1 else "local"
     mean, invstd = K.batch_norm_stats(input, eps, **where)
     mean_all, invstd_all = (K.to_torch(a) for a in all_gather(mean, invstd, group=group))
+    count = counts.reshape(-1, 1).to(torch.int32)  # backward's, before any rounding (as eager)
     if running_mean is not None and counts.dtype != running_mean.dtype:
         counts = counts.to(running_mean.dtype)
     mean, invstd = K.batch_norm_gather_stats_with_counts(
         input, mean_all, invstd_all, running_mean, running_var, momentum, eps, counts, **where)
-    ctx.save_for_backward(input, weight, mean, invstd, counts.reshape(-1, 1).to(torch.int32))
+    ctx.save_for_backward(input, weight, mean, invstd, count)
     ctx.process_group, ctx.where, ctx.group = process_group, where, group
     return K.batch_norm_elemt(input, weight, bias, mean, invstd, eps, **where)
 

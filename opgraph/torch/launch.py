@@ -97,7 +97,12 @@ def _rank_main(fn: RankFn, rank: int, world_size: int, port: int, args: Sequence
     try:
         # plain pickle: torch's multiprocessing reducers would pass tensors as shared-memory
         # handles that die with this process
-        conn.send_bytes(pickle.dumps(message))
+        try:
+            data = pickle.dumps(message)
+        except Exception as e:  # a result that cannot travel: say so, as an error of this rank
+            data = pickle.dumps(("error", f"the rank's result could not be pickled: "
+                                          f"{type(e).__name__}: {e}"))
+        conn.send_bytes(data)
         conn.close()
     finally:
         leave_group()

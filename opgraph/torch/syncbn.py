@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from opgraph.capture import active as capturing
+from opgraph.capture import CaptureError, active as capturing, on_replay
 from opgraph.core.config import BackendRef
 from . import captured, kernels as K
 from .kernels import PlatformRef
@@ -221,15 +221,22 @@ class SyncBatchNorm(_BatchNorm):
     def forward(self, input: Tensor) -> Tensor:
         self._check_input_dim(input)
         factor = 0.0 if self.momentum is None else self.momentum
-        if self.training and self.track_running_stats:
-            self.num_batches_tracked.add_(1)
-            if self.momentum is None:  # cumulative moving average
-                factor = 1.0 / float(self.num_batches_tracked)
         bn_training = self.training or (self.running_mean is None and self.running_var is None)
         track = not self.training or self.track_running_stats
         running_mean = self.running_mean if track else None
         running_var = self.running_var if track else None
         world_size = self._world_size() if bn_training and self.training else 1
+        if self.training and self.track_running_stats:
+            if world_size > 1 and capturing():  # a step of the program: counted on every replay
+                if self.momentum is None:
+                    raise CaptureError("SyncBatchNorm(momentum=None) in a capture: its cumulative "
+                                       "average takes 1/num_batches_tracked afresh every step, "
+                                       "which a captured program would fix; give a momentum")
+                on_replay(functools.partial(self.num_batches_tracked.add_, 1))
+            else:
+                self.num_batches_tracked.add_(1)
+                if self.momentum is None:  # cumulative moving average
+                    factor = 1.0 / float(self.num_batches_tracked)
         if world_size < 2:
             return F.batch_norm(input, running_mean, running_var, self.weight, self.bias,
                                 bn_training, factor, self.eps)
