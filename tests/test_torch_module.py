@@ -124,6 +124,22 @@ def test_convert_a_lone_batchnorm_and_the_classmethod():
     assert ot.convert_sync_batchnorm(lin) is lin
 
 
+def test_reconverting_keeps_backend_and_platform_unless_given():
+    bn = ot.SyncBatchNorm(C, backend="numpy", platform="Ascend950")
+    again = ot.convert_sync_batchnorm(bn)
+    assert (again.backend, again.platform) == ("numpy", "Ascend950") and again.weight is bn.weight
+    other = ot.convert_sync_batchnorm(bn, platform="Ascend910B")
+    assert (other.backend, other.platform) == ("numpy", "Ascend910B")
+
+
+@pytest.mark.parametrize("kwargs, message", [({"backend": "nope"}, "unknown backend 'nope'"),
+                                             ({"platform": "nope"}, "unknown platform 'nope'")])
+def test_an_unknown_backend_or_platform_fails_when_the_layer_is_made(kwargs, message):
+    """Not at its first multi-rank step (with one rank or no group it would never be used)."""
+    with pytest.raises(Exception, match=message):
+        ot.SyncBatchNorm(C, **kwargs)
+
+
 def test_it_is_not_torchs_syncbatchnorm():
     """DDP refuses torch.nn.SyncBatchNorm layers on CPU: ours must not be one."""
     assert not isinstance(ot.SyncBatchNorm(C), nn.SyncBatchNorm)

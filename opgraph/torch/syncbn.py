@@ -203,6 +203,8 @@ class SyncBatchNorm(_BatchNorm):
                  platform: PlatformRef = None) -> None:
         super().__init__(num_features, eps, momentum, affine, track_running_stats,
                          device=device, dtype=dtype, bias=bias)
+        with K.on(backend, platform):  # an unknown backend or platform fails here, not at a step
+            pass
         self.process_group = process_group
         self.backend, self.platform = backend, platform
 
@@ -270,7 +272,8 @@ def convert_sync_batchnorm(module: torch.nn.Module, process_group: Any = None, *
                            platform: PlatformRef = None) -> torch.nn.Module:
     """``module`` with every ``BatchNorm*d`` (any ``_BatchNorm``, torch's SyncBatchNorm
     included) replaced by an opgraph :class:`SyncBatchNorm` sharing its parameters, running
-    stats and ``num_batches_tracked``, with the same training flag (and qconfig).
+    stats and ``num_batches_tracked``, with the same training flag (and qconfig); an opgraph
+    SyncBatchNorm keeps its ``backend`` and ``platform`` unless others are given.
 
     >>> net = torch.nn.Sequential(torch.nn.Conv2d(1, 4, 3), torch.nn.BatchNorm2d(4))
     >>> type(convert_sync_batchnorm(net)[1]).__name__
@@ -278,6 +281,9 @@ def convert_sync_batchnorm(module: torch.nn.Module, process_group: Any = None, *
     """
     out = module
     if isinstance(module, _BatchNorm):
+        if isinstance(module, SyncBatchNorm):  # re-converted: its own unless others are given
+            backend = module.backend if backend is None else backend
+            platform = module.platform if platform is None else platform
         out = SyncBatchNorm(module.num_features, module.eps, module.momentum, module.affine,
                             module.track_running_stats, process_group,
                             bias=module.bias is not None, backend=backend, platform=platform)
