@@ -300,11 +300,13 @@ def check_output(path: "str | None", option: str = "-o/--output") -> None:
 
 
 def write_output(text: "str | bytes", path: "str | None", summary: "str | None" = None,
-                 option: str = "-o/--output") -> int:
-    """Write ``text`` to stdout (``path`` None or '-') or to ``path`` (bytes: binary; see
-    :func:`write_files`), then print ``summary`` when a file was written; a failed write is a
-    CliError naming ``option`` and leaves ``path`` as it was."""
-    write_files([(path, text, option)])
+                 option: str = "-o/--output",
+                 also: Sequence[tuple[str, "str | bytes", str]] = ()) -> int:
+    """Write ``text`` to stdout (``path`` None or '-') or to ``path`` (bytes: binary), together
+    with the files ``also`` (``(path, content, option)``: all or none, see :func:`write_files`),
+    then print ``summary`` when ``path`` was a file; a failed write is a CliError naming its
+    option and leaves every path as it was."""
+    write_files([*also, (path, text, option)])
     if summary and path not in (None, "-"):
         print(f"wrote {path}: {summary}")
     return 0
@@ -314,8 +316,9 @@ def write_files(files: Sequence[tuple["str | None", "str | bytes", str]]) -> Non
     """Write every ``(path, content, option)`` or none: each file's content goes to a temporary
     file beside it, and only once all are written are they renamed into place (a device, a
     FIFO or a file in a directory that cannot take a temporary is written in place after them;
-    ``path`` None or '-' is stdout). On a failed write the temporaries and any directory made for them are removed,
-    every path keeps what it held, and a CliError names the option and the path.
+    ``path`` None or '-' is stdout). On a failed write the temporaries and any directory made
+    for them are removed, every path keeps what it held, and a CliError names the option and
+    the path.
 
     >>> import tempfile; d = tempfile.mkdtemp()
     >>> write_files([(os.path.join(d, "a.txt"), "A", "-o"), (os.path.join(d, "sub", "b.bin"), b"B", "--x")])

@@ -26,7 +26,7 @@ from opgraph.passes import (DumpInstrument, Instrument, Pass, PassManager, PassS
                             Rule, graph_stats, optimize, pipeline)
 from opgraph.passes.stats import node_traffic
 from .cases import add_op_subparsers, build_case, recorded_executor
-from .common import CliError, check_output, conflict, write_files, write_output
+from .common import CliError, check_output, conflict, write_output
 
 FORMATS = ("text", "json", "dot", "table", "onnx")
 
@@ -223,7 +223,7 @@ def check_dump_dir(path: str) -> None:
 def run_passes(graph: Graph, args: argparse.Namespace, level: int
                ) -> tuple[list[PassStep], list[tuple[str, str, str]]]:
     """Run --level's pipeline recording every step; returns the steps and --dump-dir's files
-    as ``(path, text, option)`` for :func:`~.common.write_files` (none without --dump-dir)."""
+    as ``(path, text, option)`` for :func:`~.common.write_output` (none without --dump-dir)."""
     instruments, files = [], []
     if args.dump_dir is not None:
         instruments.append(DumpInstrument(args.dump_dir, write=lambda path, text: files.append(
@@ -272,10 +272,7 @@ def run(args: argparse.Namespace) -> int:
     graph = recorded_executor(case).graph
     if args.stats or args.passes or args.dump_dir is not None:
         text, files = _report(graph, args, case.level)
-        write_files([*files, (args.output, text, "-o/--output")])  # all or none
-        if args.output not in (None, "-"):
-            print(f"wrote {args.output}: report")
-        return 0
+        return write_output(text, args.output, "report", also=files)  # all or none
     if case.level > 0 or args.fast_math:
         graph = optimize(graph, case.level, fast_math=args.fast_math)
     text = render(graph, args.format)

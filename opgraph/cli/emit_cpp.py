@@ -22,7 +22,7 @@ from typing import Any
 
 from backends.aclnn.emit_cpp import emit_cpp
 from .cases import add_op_subparsers
-from .common import CliError, check_memory, check_output, non_negative_int, same_path, write_files
+from .common import CliError, check_memory, check_output, non_negative_int, same_path, write_output
 from .plan import case_plan
 
 BIN_OPTION = "-o/--output (its .bin inputs)"
@@ -37,24 +37,22 @@ def run(args: argparse.Namespace) -> int:
                  f"the inputs embedded as C++ text (~{EMBED_BYTES} B an element while it is built)",
                  f" --embed-limit {args.embed_limit}")
     src, files = emit_cpp(plan, data, embed_limit=args.embed_limit)
-    folder = os.path.dirname(os.path.abspath(args.output)) if args.output not in (None, "-") else "."
+    to_file = args.output not in (None, "-")
+    folder = os.path.dirname(os.path.abspath(args.output)) if to_file else "."
     bins = {os.path.join(folder, name): blob for name, blob in files.items()}
     check_output(args.output)
-    if bins and args.output not in (None, "-") and os.path.exists(args.output) \
-            and not os.path.isfile(args.output):
+    if bins and to_file and os.path.exists(args.output) and not os.path.isfile(args.output):
         raise CliError(f"-o/--output {args.output!r} is not a regular file: the program's "
                        f"{len(bins)} .bin input files are written beside it; name a file", code=2)
     for path in bins:  # all of them before writing any
-        if args.output not in (None, "-") and same_path(args.output, path):
+        if to_file and same_path(args.output, path):
             raise CliError(f"-o/--output {args.output!r}: the program would overwrite its input "
                            f"data {os.path.basename(path)}: choose another name", code=2)
         check_output(path, BIN_OPTION)
     # all or none: the .bin files and the program (a failed write leaves none of them)
-    write_files([*((path, blob, BIN_OPTION) for path, blob in bins.items()), (args.output, src, "-o/--output")])
-    if args.output not in (None, "-"):
-        print(f"wrote {args.output}: {len(plan.calls)} aclnn calls (level {plan.level}), "
-              f"{len(files)} .bin files")
-    elif bins:
+    write_output(src, args.output, f"{len(plan.calls)} aclnn calls (level {plan.level}), "
+                 f"{len(files)} .bin files", also=[(path, blob, BIN_OPTION) for path, blob in bins.items()])
+    if bins and not to_file:
         print(f"opgraph: wrote the program's {len(bins)} .bin input files to {folder}", file=sys.stderr)
     return 0
 

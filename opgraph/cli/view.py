@@ -24,7 +24,7 @@ from opgraph.core.layout import ENGINES, LayoutUnavailable, default_engine
 from opgraph.core.onnx_export import OnnxUnavailable
 from opgraph.passes import graph_stats, optimize
 from .cases import Case, add_op_subparsers, build_case, check, execute, record, recorded_executor
-from .common import CliError, check_output, parse_backend, write_files, write_output
+from .common import CliError, check_output, parse_backend, write_output
 from .dump import PassStep, trace_passes
 from .run import Profile, profiled_execute
 
@@ -152,9 +152,7 @@ def run(args: argparse.Namespace) -> int:
     summary = f"{len(LEVELS)} levels, {len(tabs) - len(LEVELS)} pass tabs (layout: {engine})"
     if onnx is None:
         return write_output(page, args.output, summary)
-    write_files([(args.output, page, "-o/--output"), (onnx_file, onnx, "--netron")])  # both or none
-    if args.output not in (None, "-"):
-        print(f"wrote {args.output}: {summary}")
+    write_output(page, args.output, summary, also=[(onnx_file, onnx, "--netron")])  # both or none
     print(f"wrote {onnx_file}: ONNX for Netron")
     return serve_in_netron(netron, onnx_file)
 

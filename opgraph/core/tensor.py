@@ -420,7 +420,7 @@ def tensor(array: "np.ndarray | Sequence", format: "Format | str" = "ND", dtype:
                                          False, a.view(), dt, sid, array_address(a))
             if 0 < a.ndim <= MAX_RANK and a.size:
                 t = Tensor._unchecked(a.reshape(-1), a.shape, row_major_strides(a.shape),
-                                      Format.ND, a.shape, False, a.view())
+                                      Format.ND, a.shape, False, a.view(), address=array_address(a))
                 _CONTIGUOUS.put(key, (t.dtype, t.strides, t.signature_id))
                 return t
     if not isinstance(array, np.ndarray) and hasattr(array, "__dlpack__"):
