@@ -268,6 +268,13 @@ def _load(x: np.ndarray, d: DataType) -> np.ndarray:
     return x
 
 
+def _method(fn: Callable, name: str, arg: Any) -> Callable:
+    """``fn`` (which computes ``x.name(arg)``), marked so that a generated straight line
+    (:mod:`.straight_line`) makes the method call itself rather than call ``fn``."""
+    fn.method = (name, arg)  # type: ignore[attr-defined]
+    return fn
+
+
 def compile_instr(ins: Instr, types: dict) -> Callable[..., np.ndarray]:
     """A callable computing ``ins`` on register arrays (the numpy semantics of the primitive)."""
     d = ins.dtype
@@ -277,7 +284,7 @@ def compile_instr(ins: Instr, types: dict) -> Callable[..., np.ndarray]:
         return lambda: const
     if ins.op == "view":
         shape = tuple(ins.shape)
-        return lambda x: x.reshape(shape)
+        return _method(lambda x: x.reshape(shape), "reshape", shape)
     if ins.op == "sum":  # the ordered reduction of ReduceSum: all axes, or to ``shape`` (keepdims)
         src = tuple(ins.over) if ins.over is not None else types[ins.args[0]][1]
         axes = (tuple(range(len(src))) if ins.shape is None
@@ -310,7 +317,7 @@ def compile_instr(ins: Instr, types: dict) -> Callable[..., np.ndarray]:
                 return lambda x: _rounded(x.astype(np.float32), d)
             return lambda x: x.astype(d.np).astype(np.float32)
         if d == F32 and src.np.kind in "iub":  # an integer counter: what cast_array does, directly
-            return lambda x: x.astype(np.float32)
+            return _method(lambda x: x.astype(np.float32), "astype", np.float32)
         return lambda x: _load(cast_array(x.astype(src.np) if src in (F16, BF16) else x, d), d)
     ufunc = ARITH[ins.op]
     if d == F16:  # like a float32 ufunc, writes ``out`` when given (rounded there in place)

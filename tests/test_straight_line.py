@@ -55,3 +55,32 @@ def test_a_program_of_no_steps_returns_its_input_register():
     x = np.float16([1.5, 2.0])
     got = straight_line([], [True, False], 0, False)(x, np.float32([3.0]), None)
     assert got.dtype == np.float32 and got.tolist() == [1.5, 2.0]
+
+
+def marked(name, arg):
+    """A step marked as the method call ``x.name(arg)`` whose callable must not run (the
+    generated code makes the call itself)."""
+    def never(x):
+        raise AssertionError("the generated run called a marked step's callable")
+    never.method = (name, arg)
+    return never
+
+
+def test_marked_steps_run_as_method_calls():
+    x = np.int32([[1, 2, 3], [4, 5, 6]])
+    steps = [(marked("astype", np.float32), (0,)), (marked("reshape", (3, 2)), (1,)),
+             (np.multiply, (2, 2))]
+    got = straight_line(steps, [False], 3, True)(x, None)
+    assert got.dtype == np.float32 and got.tolist() == [[1, 4], [9, 16], [25, 36]]
+
+
+def test_a_marked_last_step_is_not_given_out_and_unknown_methods_are_called():
+    x = np.float32([1, 2, 3, 4])
+
+    def flip(y):
+        return y[::-1]
+    flip.method = ("__class__", None)  # not a method the generator writes: called as a function
+    steps = [(flip, (0,)), (marked("reshape", (2, 2)), (1,))]
+    out = np.zeros((2, 2), np.float32)
+    got = straight_line(steps, [False], 2, True)(x, out)  # a reshape takes no out=: returned
+    assert got.tolist() == [[4, 3], [2, 1]] and not out.any()
