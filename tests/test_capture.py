@@ -180,6 +180,43 @@ def test_replay_refuses_bad_inputs_and_leaves_outputs_untouched():
     assert np.array_equal(got["y"], y)
 
 
+def test_replay_refuses_rebound_tensors_that_share_memory_with_one_written():
+    """The capture kept every written tensor apart from the other inputs; a replay's rebinding
+    must too (else the compiled program's reads and writes meet in another order than the
+    calls'): refused naming both, nothing written. Read-only inputs may share memory."""
+    with capture() as prog:
+        got = ex.step(SHAPE)
+    prog.replay()
+    before = {name: prog.inputs[name].numpy() for name in prog.outputs}
+    x = np.random.default_rng(0).standard_normal(SHAPE).astype(np.float32)
+    big = np.zeros((2, *SHAPE), np.float32)
+    c = np.ones(3, np.float32)
+    refused = [
+        (dict(output=x, input=x), "output: shares memory with input"),        # an output over an input
+        (dict(gradInput=prog.inputs["input"].view()), "gradInput: shares memory with input"),  # captured
+        (dict(input=got["y"]), "input: shares memory with output"),           # an input over a captured output
+        (dict(output=big[0], gradInput=big[0]), "output: shares memory with gradInput"),  # two outputs
+        (dict(output=big.reshape(-1)[5:5 + x.size].reshape(SHAPE), gradInput=big[0]),
+         "output: shares memory with gradInput"),                              # partly
+        (dict(runningMean=c, runningVar=c), "runningMean: shares memory with runningVar"),
+        (dict(runningMean=c, weight=c), "runningMean: shares memory with weight"),
+    ]
+    for rebind, message in refused:
+        with pytest.raises(ValueError, match=f"replay: {message}; the program writes"):
+            prog.replay(**rebind)
+        for name in prog.outputs:
+            assert np.array_equal(bits(prog.inputs[name].numpy()), bits(before[name])), name
+    assert not big.any() and (c == 1).all() and not x.size == 0
+    prog.replay(weight=c, bias=c)  # read-only inputs on one array: allowed
+    y = prog.replay(input=x, output=big[0], gradInput=big[1])["output"]  # apart: allowed
+    assert np.shares_memory(y, big[0]) and big[0].any()
+    prog.replay(input=x, output=big[0], gradInput=big[1])  # the same tensors again: known apart
+    t = opgraph.tensor(c)
+    prog.replay(weight=t, bias=t)
+    with pytest.raises(ValueError, match="replay: runningMean: shares memory with runningVar"):
+        prog.replay(runningMean=t, runningVar=t)  # the same tensors under other names: checked
+
+
 def test_program_is_built_at_the_end_of_the_block():
     with capture() as prog:
         with pytest.raises(CaptureError, match="the program is built when the capture block ends"):

@@ -33,6 +33,7 @@ from opgraph.core.backend import Addressed, LoweringTable, data_addresses
 from opgraph.core.ir import Graph
 from opgraph.core.memory import MemoryPlan
 from opgraph.core.platform import Platform
+from opgraph.core.quiet import restore, silence
 from opgraph.core.tensor import Tensor
 from ..numpy_backend import NUMPY_LOWERINGS, NumpyBackend, NumpyExecutable, takes_out
 from . import render, team
@@ -322,7 +323,8 @@ class NativeExecutable(NumpyExecutable):
         :func:`.bound.repeats`) binds the steps to them (:class:`.bound.Bound`); later runs with
         the same ones run the bound steps, and a run with other tensors of the same layouts
         rebinds only the nodes that touch the ones that changed, and runs bound."""
-        with np.errstate(all="ignore"):  # binding evaluates numpy too (per-channel values)
+        token = silence()  # binding evaluates numpy too (per-channel values)
+        try:
             bound, same = self.bound, False
             if self.profile is None and bound is not None:
                 same = bound.matches(bindings, workspace)
@@ -340,6 +342,8 @@ class NativeExecutable(NumpyExecutable):
                 if repeats(last, key):
                     self.bound = Bound(self, bindings, workspace, _NATIVE)
             return out
+        finally:
+            restore(token)
 
     def release(self, bindings: Mapping[str, Tensor]) -> None:
         """Forget the bound steps and the last key when they hold ``bindings``' tensors."""

@@ -37,6 +37,7 @@ from opgraph.core.executor import CompiledProgram, Executor
 from opgraph.core.memory import plan_memory
 from opgraph.core.opapi import OpApiSpec, Param, register_op_api
 from opgraph.core.opdef import L0Error
+from opgraph.core.quiet import restore, silence
 from opgraph.core.platform import get_platform
 from opgraph.core.status import AclnnError, Status
 from opgraph.core.tensor import Tensor, extent, overlaps_itself, same_view
@@ -387,9 +388,12 @@ def run_executor(workspace: Any, workspace_size: int, executor: Optional[Executo
             run = exe.run_repeatable if executor.repeatable else exe.run
             if exe.quiet:
                 run(executor.bindings, ws)
-            else:
-                with np.errstate(all="ignore"):  # IEEE results are defined; the NPU does not warn
+            else:  # IEEE results are defined; the NPU does not warn
+                token = silence()
+                try:
                     run(executor.bindings, ws)
+                finally:
+                    restore(token)
         except Exception as e:  # a backend failure is a runtime error, never a raw traceback
             return fail(Status.ACLNN_ERR_RUNTIME_ERROR,
                         f"backend {backend.name!r} failed: {type(e).__name__}: {e}")

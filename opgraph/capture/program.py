@@ -13,7 +13,7 @@ same types.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -25,7 +25,8 @@ from opgraph.core.executor import tensor_type
 from opgraph.core.ir import Graph
 from opgraph.core.memory import MemoryPlan, plan_memory
 from opgraph.core.platform import Platform
-from opgraph.core.tensor import Tensor, tensor
+from opgraph.core.quiet import restore, silence
+from opgraph.core.tensor import Tensor, extent, tensor
 from opgraph.passes import optimize
 from opgraph.passes.program import optimize_program
 from .recorder import CaptureError
@@ -122,6 +123,7 @@ class Program:
         self._executables: dict[int, tuple[Backend, Executable]] = {}
         self._workspace: Optional[bytearray] = None
         self._rebound: dict[str, tuple[Any, Any, Tensor]] = {}  # name: (object, layout, Tensor)
+        self._apart: tuple = ()  # the (name, tensor) pairs last rebound and found apart
 
     def at_level(self, level: int) -> "Program":
         """The same recorded program compiled at another level (same tensors)."""
@@ -163,7 +165,32 @@ class Program:
                 if why:
                     raise ValueError(f"replay: {name}: {why}")
             bindings[name] = t
+        if new:
+            self._check_apart(bindings, new)
         return bindings
+
+    def _check_apart(self, bindings: Mapping[str, Tensor], rebound: Iterable[str]) -> None:
+        """Refuse a rebound tensor that shares memory with another input where either is
+        written: the capture kept such tensors apart (:class:`~.recorder.Recorder` refuses an
+        overlap and makes one input of the very same view), and the compiled program's order of
+        reads and writes relies on it. Skipped when the rebound tensors are the last checked."""
+        checked = tuple([(name, bindings[name]) for name in rebound])
+        if checked == self._apart:
+            return
+        written = self._written
+        for name in rebound:
+            lo, hi = extent(bindings[name])
+            if lo == hi:
+                continue
+            for other, t in bindings.items():
+                if other != name and (name in written or other in written):
+                    olo, ohi = extent(t)
+                    if olo < hi and lo < ohi:
+                        w, r = (name, other) if name in written else (other, name)
+                        raise ValueError(f"replay: {name}: shares memory with {other}; the program "
+                                         f"writes {w} and was captured with {w} and {r} apart "
+                                         "(pass tensors that do not overlap, or capture again)")
+        self._apart = checked
 
     def _viewed(self, name: str, value: Any) -> Tensor:
         """``tensor(value)``; the same Tensor as the last replay's when ``value`` is the same
@@ -202,8 +229,11 @@ class Program:
             if self.workspace_size and (self._workspace is None
                                         or len(self._workspace) < self.workspace_size):
                 self._workspace = bytearray(self.workspace_size)
-            with np.errstate(all="ignore"):
+            token = silence()  # IEEE results are defined; the NPU does not warn
+            try:
                 self.executable(be).run_repeatable(bindings, self._workspace if self.workspace_size else None)
+            finally:
+                restore(token)
         for effect in self.on_replay:
             effect()
         return {name: bindings[name].view() for name in self.outputs}
