@@ -110,14 +110,34 @@ def aclnnUserOddGetWorkspaceSize(ex, x):
 @pytest.mark.parametrize("body, words", [
     ("sys.exit(0)", ["user code called sys.exit(0)"]),
     ("sys.exit('bye')", ["user code called sys.exit('bye')"]),
-    ("raise GeneratorExit('g')", ["GeneratorExit: g"])])
+    ("raise GeneratorExit('g')", ["in user code at", "userop.py:8: GeneratorExit: g"]),
+    ("raise RuntimeError('bad cfg')", ["error: in user code at", "userop.py:8: RuntimeError: bad cfg"])])
 def test_user_code_that_ends_oddly_gives_one_line(tmp_path, body, words):
     """(In a process of its own: the op_api it registers must not reach other tests.)"""
     mod = tmp_path / "userop.py"
     mod.write_text(USER_OP.format(make_inputs=body))
     proc = opgraph_process(["run", "aclnnUserOdd", "--load", str(mod), "--shape", "2,3"], tmp_path)
-    assert proc.returncode == 1
+    assert proc.returncode == 1 and "internal error" not in proc.stderr
     one_error_line(proc, *words)
+
+
+def test_a_failure_in_a_loaded_package_names_its_line_and_an_opgraph_bug_stays_internal(tmp_path):
+    """A package --load'ed by name: its submodules are user code too. A failure that no user
+    frame is part of is still labelled internal."""
+    pkg = tmp_path / "userpkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("from . import ops\n")
+    (pkg / "ops.py").write_text(USER_OP.format(make_inputs="raise RuntimeError('in the package')"))
+    proc = opgraph_process(["run", "aclnnUserOdd", "--load", "userpkg", "--shape", "2,3"], tmp_path)
+    one_error_line(proc, "in user code at", "ops.py:8: RuntimeError: in the package")
+    (pkg / "ops.py").write_text(USER_OP.format(make_inputs="pass"))
+    crash = tmp_path / "sitecustomize.py"  # an opgraph function failing, outside user code
+    crash.write_text("import opgraph.cli.run as r\n"
+                     "def boom(*a, **k):\n    raise RuntimeError('opgraph bug')\n"
+                     "r.build_case = boom\n")
+    proc = opgraph_process(["run", "aclnnUserOdd", "--load", "userpkg", "--shape", "2,3"], tmp_path,
+                           PYTHONPATH=f"{tmp_path}:{ROOT}")
+    assert proc.stderr.startswith("opgraph: internal error: RuntimeError: opgraph bug"), proc.stderr
 
 
 @pytest.mark.parametrize("source, words", [

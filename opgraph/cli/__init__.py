@@ -111,9 +111,12 @@ def split_load(argv: Sequence[str]) -> tuple[list[str], list[str]]:
     return mods, rest
 
 
+USER_CODE: list[str] = []  # the files (and package directories, ending in os.sep) --load imported
+
+
 def load(target: str) -> None:
     """Import a module by name (installed, or in the current directory) or a ``.py`` file by
-    path (CliError naming --load on failure)."""
+    path (CliError naming --load on failure); its code is noted in :data:`USER_CODE`."""
     try:
         if target.endswith(".py"):
             name = "opgraph_user_" + "".join(c if c.isalnum() else "_" for c in target)
@@ -122,6 +125,7 @@ def load(target: str) -> None:
                 raise ImportError(f"cannot load {target!r}")
             module = importlib.util.module_from_spec(spec)
             sys.modules[name] = module
+            USER_CODE.append(os.path.realpath(target))
             spec.loader.exec_module(module)
         elif os.path.isfile(target):  # `--load graph.json` would import graph, then graph.json
             raise CliError(f"--load {target!r}: a file that is not a .py file; --load takes a "
@@ -130,6 +134,11 @@ def load(target: str) -> None:
             if os.getcwd() not in sys.path and "" not in sys.path:
                 sys.path.append(os.getcwd())  # as `python -m` finds it; installed names first
             load_module(target)
+            module = sys.modules[target]
+            if getattr(module, "__path__", None):  # a package: every file under it
+                USER_CODE.extend(os.path.join(os.path.realpath(d), "") for d in module.__path__)
+            elif getattr(module, "__file__", None):
+                USER_CODE.append(os.path.realpath(module.__file__))
     except (KeyboardInterrupt, CliError):
         raise
     except SystemExit as e:  # not a usage error of opgraph's: name the culprit
@@ -189,13 +198,29 @@ def _run(argv: Optional[Sequence[str]]) -> int:
         if getattr(sys.stdout, "closed", False):  # user code (a capture step) closed it
             _say("opgraph: error: stdout was closed")
             return 1
-        _say(f"opgraph: internal error: {type(e).__name__}: {e} (rerun with --traceback)")
+        where = user_code_line(e)  # an op_api --load registered failed: not opgraph's bug
+        label = f"error: in user code at {where}" if where else "internal error"
+        _say(f"opgraph: {label}: {type(e).__name__}: {e} (rerun with --traceback)")
         return 1
     except BaseException as e:  # GeneratorExit and the like, from user code: one line
         if wanted:
             raise
-        _say(f"opgraph: error: {type(e).__name__}: {e} (rerun with --traceback)")
+        where = user_code_line(e)
+        _say(f"opgraph: error: {f'in user code at {where}: ' if where else ''}{type(e).__name__}: "
+             f"{e} (rerun with --traceback)")
         return 1
+
+
+def user_code_line(e: BaseException) -> Optional[str]:
+    """``FILE:LINE`` of the innermost frame of ``e``'s traceback in code --load imported
+    (:data:`USER_CODE`), or None: then the exception is opgraph's own."""
+    found, tb = None, e.__traceback__
+    while tb is not None:
+        path = os.path.realpath(tb.tb_frame.f_code.co_filename)
+        if any(path == u or (u.endswith(os.sep) and path.startswith(u)) for u in USER_CODE):
+            found = f"{tb.tb_frame.f_code.co_filename}:{tb.tb_lineno}"
+        tb = tb.tb_next
+    return found
 
 
 def _discard_stdout() -> None:
