@@ -37,6 +37,8 @@ def test_stats_table_levels(capsys):
     assert all(r[2] == r[5] == "2" for r in rows)          # two collectives either way
     assert int(rows[2][1]) <= int(rows[2][4])               # launches at level 2
     assert int(rows[2][3]) < int(rows[2][6])                # bytes at level 2
+    code, out, _ = run(capsys, EXAMPLE, "--shape", "4,3,5,5", "--format", "stats", "--level", "1")
+    assert code == 0 and [line.split() for line in out.splitlines()[1:]] == [rows[1]]  # its row only
 
 
 def test_json_round_trips_and_table_and_run(capsys, tmp_path):

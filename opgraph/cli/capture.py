@@ -16,7 +16,7 @@ import importlib.util
 import math
 import os
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from l0ops.collectives import is_collective
 from opgraph.capture import CaptureError, Program, capture
@@ -70,11 +70,12 @@ def _capture(step: Callable[..., Any], shape: tuple, dtype: DataType, level: int
     return prog
 
 
-def stats_table(step: Callable[..., Any], shape: tuple, dtype: DataType, path: str) -> str:
+def stats_table(step: Callable[..., Any], shape: tuple, dtype: DataType, path: str,
+                levels: Sequence[int] = (0, 1, 2)) -> str:
     """Launches, collectives and bytes per level: the program and the calls one by one."""
     rows = ["level  captured: launches  collectives  bytes moved   one by one: launches  "
             "collectives  bytes moved"]
-    for level in (0, 1, 2):
+    for level in levels:
         prog = _capture(step, shape, dtype, level, path)
         s, o = prog.stats(), prog.stats_one_by_one()
         rows.append(f"{level:>5}  {s.launches:>18}  {s.collectives:>11}  {s.bytes_moved:>11}  "
@@ -99,10 +100,12 @@ def run(args: argparse.Namespace) -> int:
                        ">= 1", code=2)
     check_memory(shape, math.prod(shape) * args.dtype.np.itemsize * 8, "the step's tensors")
     step = load_step(args.file)
-    if args.format == "stats":
-        return write_output(stats_table(step, shape, args.dtype, args.file), args.output)
-    prog = _capture(step, shape, args.dtype, args.level, args.file)
-    g = prog.graph if args.level == 0 else prog.compiled
+    if args.format == "stats":  # every level, or the one --level names
+        levels = (0, 1, 2) if args.level is None else (args.level,)
+        return write_output(stats_table(step, shape, args.dtype, args.file, levels), args.output)
+    level = 2 if args.level is None else args.level
+    prog = _capture(step, shape, args.dtype, level, args.file)
+    g = prog.graph if level == 0 else prog.compiled
     if args.format == "json":
         text = g.to_json()
     elif args.format == "dot":
@@ -114,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         s, o = prog.stats(), prog.stats_one_by_one()
         head = (f"// {len(prog.calls)} op_api calls and {s.collectives} collectives captured from "
-                f"{args.file}, level {args.level}: {s.launches} launches + {s.collectives} "
+                f"{args.file}, level {level}: {s.launches} launches + {s.collectives} "
                 f"collectives, {fmt_bytes(s.bytes_moved)} moved (one by one: {o.launches} + "
                 f"{o.collectives}, {fmt_bytes(o.bytes_moved)})\n")
         text = head + str(g) + "\n"
@@ -137,11 +140,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--shape", type=parse_shape, default=(8, 16, 14, 14), help="N,C[,...] "
                    "(default 8,16,14,14)")
     p.add_argument("--dtype", type=parse_dtype, default=DataType.FLOAT, help="default float32")
-    p.add_argument("--level", type=int, choices=(0, 1, 2), default=2,
-                   help="0 as recorded, 1 what CANN launches, 2 fused across the calls (default)")
+    p.add_argument("--level", type=int, choices=(0, 1, 2),
+                   help="0 as recorded, 1 what CANN launches, 2 fused across the calls (default; "
+                        "with --format stats: every level unless one is given)")
     p.add_argument("--format", choices=FORMATS, default="text",
                    help="text (default), json, dot, table (one row per node), html (the "
-                        "viewer page: opgraph view's drawing) or stats (levels 0-2 side by side)")
+                        "viewer page: opgraph view's drawing) or stats (levels 0-2, or --level's, "
+                        "side by side with the calls one by one)")
     p.add_argument("--run", type=parse_backend, metavar="BACKEND",
                    help="also replay the program on BACKEND and print the time")
     p.add_argument("-o", "--output", metavar="FILE", help="write to FILE instead of stdout")
