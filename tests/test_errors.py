@@ -443,6 +443,14 @@ def test_pythonic_api_raises_aclnn_error(mutate, status, name):
     assert out_bytes(args) == before
 
 
+def test_aclnn_error_is_a_runtime_error_as_torchs_kernel_errors_are():
+    """Code written for torch's batch-norm kernels catches RuntimeError: opgraph's kernels
+    (opgraph.torch) raise AclnnError, which must be one."""
+    args = valid_args()
+    with pytest.raises(RuntimeError, match="161001.*mean"):
+        opgraph.ops.batch_norm_elemt_backward(*[None if n == "mean" else args[n] for n in NAMES])
+
+
 def test_pythonic_api_null_input_without_out():
     args = valid_args()
     with pytest.raises(opgraph.AclnnError) as e:

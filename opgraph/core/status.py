@@ -44,8 +44,9 @@ class Status(enum.IntEnum):
     ACLNN_ERR_INNER_KEY_CONFILICT = 561105  # the vendor's old spelling (an alias)
 
 
-class AclnnError(Exception):
-    """An aclnn call rejected its arguments: ``.status`` is the code, the message names the rule."""
+class AclnnError(RuntimeError):
+    """An aclnn call rejected its arguments: ``.status`` is the code, the message names the rule.
+    A RuntimeError, as torch's kernels raise on bad input and opgraph's other errors are."""
 
     def __init__(self, status: Status, message: str):
         self.status = Status(status)
