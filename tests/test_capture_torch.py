@@ -200,3 +200,49 @@ def test_a_one_rank_capture_needs_no_process_group():
     got = [t.detach() for t in outs] + state
     assert [bool(torch.equal(a.view(torch.int32), g.view(torch.int32))) for a, g in zip(want, got)] \
         == [True] * 4
+
+
+def test_the_module_captured_on_one_rank_takes_the_op_apis_and_eval_mode_is_refused():
+    """Without a process group the module runs torch's F.batch_norm, which a capture would not
+    record: captured, a training step takes the op_apis (as SyncBatchNormFunction on one rank,
+    bit for bit, close to torch's BatchNorm2d), counting its replays; eval mode is refused
+    before anything moves."""
+    assert not torch.distributed.is_initialized()
+    x, dy, x2, dy2 = _data(0, torch.float32)
+    bn = ot.SyncBatchNorm(C, backend="numpy")
+    with torch.no_grad():
+        bn.weight.copy_(torch.linspace(0.5, 2, C))
+        bn.bias.copy_(torch.linspace(-1, 1, C))
+    function_state = [bn.running_mean.clone(), bn.running_var.clone()]
+    torch_bn = torch.nn.BatchNorm2d(C)
+    torch_bn.load_state_dict(bn.state_dict())
+    with opgraph.capture() as prog:
+        outs = _step(bn, x, dy)
+    assert [n.op for n in prog.graph.nodes if n.op.startswith("All")] == ["AllGather", "AllReduce"]
+    assert int(bn.num_batches_tracked) == 0  # counted by the replays
+    for _ in range(2):
+        prog.replay(input=x2, gradOut=dy2)
+    assert int(bn.num_batches_tracked) == 2
+
+    def function_step(xs, dys):
+        xi = xs.clone().requires_grad_()
+        y = ot.SyncBatchNormFunction.apply(xi, bn.weight, bn.bias, *function_state, 1e-5, 0.1,
+                                           None, 1, {"backend": "numpy"})
+        return [y, *torch.autograd.grad(y, (xi, bn.weight, bn.bias), dys)]
+    for _ in range(2):
+        want = [t.detach() for t in function_step(x2, dy2)]
+    got = [t.detach() for t in outs] + [bn.running_mean, bn.running_var]
+    want += function_state
+    assert all(torch.equal(a.view(torch.int32), g.view(torch.int32)) for a, g in zip(want, got))
+    for _ in range(2):  # torch's own layer, the same two steps
+        ref = [t.detach() for t in _step(torch_bn, x2, dy2)]
+    ref += [torch_bn.running_mean, torch_bn.running_var]
+    for a, r in zip(got, ref):
+        assert torch.allclose(a, r, rtol=1e-5, atol=1e-5)
+
+    bn.eval()
+    before = bn.state_dict()
+    with pytest.raises(CaptureError, match="SyncBatchNorm in eval mode in a capture"):
+        with opgraph.capture():
+            bn(x)
+    assert all(torch.equal(before[k], v) for k, v in bn.state_dict().items())

@@ -6,7 +6,9 @@ count < 1 → batch_norm_gather_stats_with_counts (running stats updated in plac
 batch_norm_elemt. Backward: batch_norm_backward_reduce → all_reduce of [sum_dy, sum_dy_xmu] →
 batch_norm_backward_elemt. On a one-rank group the collectives, which would return the rank's
 own values, are skipped. Without an initialised process group, with one rank, or in eval mode
-it is ordinary batch norm (``F.batch_norm``), as in torch. Two differences: an empty rank sends
+it is ordinary batch norm (``F.batch_norm``), as in torch — but in an ``opgraph.capture()``,
+which records only op_api calls, a one-rank training step takes the op_apis (their exchanges
+local) and eval mode is refused. Two differences: an empty rank sends
 float32 zeros, the dtype the other ranks' statistics have (torch sends the input's dtype, which
 gloo cannot gather together with float32 rows when the input is half precision); and where the
 gather refuses half-precision running stats (the Ascend950's, 561103) they are updated in
@@ -228,8 +230,13 @@ class SyncBatchNorm(_BatchNorm):
         running_mean = self.running_mean if track else None
         running_var = self.running_var if track else None
         world_size = self._world_size() if bn_training and self.training else 1
+        in_capture = capturing()
+        if in_capture and not self.training:  # (before anything moves)
+            raise CaptureError("SyncBatchNorm in eval mode in a capture: that is torch's "
+                               "F.batch_norm, which a capture does not record (its replays "
+                               "would skip the layer); capture a training step")
         if self.training and self.track_running_stats:
-            if world_size > 1 and capturing():  # a step of the program: counted on every replay
+            if in_capture:  # a step of the program: counted on every replay
                 if self.momentum is None:
                     raise CaptureError("SyncBatchNorm(momentum=None) in a capture: its cumulative "
                                        "average takes 1/num_batches_tracked afresh every step, "
@@ -239,7 +246,7 @@ class SyncBatchNorm(_BatchNorm):
                 self.num_batches_tracked.add_(1)
                 if self.momentum is None:  # cumulative moving average
                     factor = 1.0 / float(self.num_batches_tracked)
-        if world_size < 2:
+        if world_size < 2 and not in_capture:  # (captured: the op_apis, their exchanges local)
             return F.batch_norm(input, running_mean, running_var, self.weight, self.bias,
                                 bn_training, factor, self.eps)
         if input.device.type != "cpu":
