@@ -399,3 +399,29 @@ def test_coverage_counts_writes_past_a_cores_range():
     assert [(w.start, w.stop, w.core, w.tile) for w in trace.of("write-past-end")] == [
         (896, 1024, 1, 0), (1024, 1408, 1, 1)]
     assert not trace.of("double-write") and not trace.of("unwritten")
+
+
+@pytest.mark.parametrize("soc", ["Ascend910B", "Ascend950"])
+def test_level_2_fuses_the_kernel_away_and_runs_numpys_bits_without_a_trace(soc):
+    """As the README says: the simulation needs the vendor kernel in the graph (levels 0 and 1);
+    level 2's fused kernel has no vendor counterpart, so the graph runs on numpy, untraced — on
+    the Ascend950 too, whose DAV_3510 kernel levels 0 and 1 refuse as unmodelled."""
+    rng = np.random.default_rng(3)
+    x, dy = (rng.standard_normal((2, 3, 4)).astype(np.float32) for _ in range(2))
+    c = [rng.random(3).astype(np.float32) + 0.5 for _ in range(5)]
+    args = (dy, x, *c, np.full(1, 8, np.int32))
+    with opgraph.platform(soc), opgraph.opt_level(2):
+        with opgraph.use_backend("numpy"):
+            want = opgraph.ops.batch_norm_elemt_backward(*args)
+        with opgraph.use_backend("ascend-sim"):
+            got = opgraph.ops.batch_norm_elemt_backward(*args)
+    assert np.array_equal(want.view(np.uint32), got.view(np.uint32))
+    assert backends.get("ascend-sim").last_trace is None
+    with opgraph.platform(soc), opgraph.opt_level(1), opgraph.use_backend("ascend-sim"):
+        if soc == "Ascend950":
+            with pytest.raises(opgraph.AclnnError, match="NotModelledError"):
+                opgraph.ops.batch_norm_elemt_backward(*args)
+        else:
+            assert np.array_equal(opgraph.ops.batch_norm_elemt_backward(*args).view(np.uint32),
+                                  want.view(np.uint32))
+            assert backends.get("ascend-sim").last_trace is not None

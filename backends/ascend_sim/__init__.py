@@ -1,7 +1,9 @@
 """The ``ascend-sim`` backend: SyncBatchNormBackwardElemt runs as a simulation of the DAV_2201
 (910B) kernel — tiled over AI Vector cores, CopyIn → Compute → CopyOut, UB checked — and every
 other node runs on numpy. Results are bit-identical to the numpy backend; each kernel launch
-leaves a :class:`KernelTrace` (``backend.last_trace``).
+leaves a :class:`KernelTrace` (``backend.last_trace``). Only graphs recorded at levels 0 and 1
+hold the vendor kernel: level 2 fuses it into opgraph's own kernel, which runs on numpy with no
+trace (``last_trace`` None).
 
     >>> import numpy as np, opgraph, backends
     >>> x = np.arange(8, dtype=np.float32).reshape(1, 2, 4)
