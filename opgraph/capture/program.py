@@ -208,7 +208,7 @@ class Program:
         """``backend``'s executable of the compiled program (compiled once per backend)."""
         hit = self._executables.get(id(backend))
         if hit is None or hit[0] is not backend:
-            hit = (backend, backend.compile(self.compiled, self.memory_plan, self.platform))
+            hit = (backend, backend.compile_checked(self.compiled, self.memory_plan, self.platform))
             self._executables[id(backend)] = hit
         return hit[1]
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from types import ModuleType
 from typing import Optional, Sequence
 
 import importlib.util
@@ -111,7 +112,8 @@ def split_load(argv: Sequence[str]) -> tuple[list[str], list[str]]:
     return mods, rest
 
 
-USER_CODE: list[str] = []  # the files (and package directories, ending in os.sep) --load imported
+USER_CODE: list[str] = []  # files (and package directories, ending in os.sep) of --load'ed and
+# installed (entry point) op_api modules
 
 
 def load(target: str) -> None:
@@ -134,11 +136,7 @@ def load(target: str) -> None:
             if os.getcwd() not in sys.path and "" not in sys.path:
                 sys.path.append(os.getcwd())  # as `python -m` finds it; installed names first
             load_module(target)
-            module = sys.modules[target]
-            if getattr(module, "__path__", None):  # a package: every file under it
-                USER_CODE.extend(os.path.join(os.path.realpath(d), "") for d in module.__path__)
-            elif getattr(module, "__file__", None):
-                USER_CODE.append(os.path.realpath(module.__file__))
+            note_user_code(sys.modules[target])
     except (KeyboardInterrupt, CliError):
         raise
     except SystemExit as e:  # not a usage error of opgraph's: name the culprit
@@ -155,7 +153,12 @@ def _run(argv: Optional[Sequence[str]]) -> int:
         argv = [a for a in argv if a != "--traceback"]
         if "" in mods:
             raise CliError("--load: expected a module name or a .py path", code=2)
-        load_entry_points()
+        for ep in load_entry_points():  # installed op_apis: user code too
+            if ep.error is not None:
+                _say(f"opgraph: warning: the op_api entry point {ep.name!r} ({ep.module}) failed "
+                     f"to import, skipped: {one_line(f'{type(ep.error).__name__}: {ep.error}')}")
+            else:
+                note_user_code(sys.modules[ep.module])
         for m in mods:
             load(m)
         parser = build_parser()
@@ -209,6 +212,14 @@ def _run(argv: Optional[Sequence[str]]) -> int:
         _say(f"opgraph: error: {f'in user code at {where}: ' if where else ''}{type(e).__name__}: "
              f"{e} (rerun with --traceback)")
         return 1
+
+
+def note_user_code(module: ModuleType) -> None:
+    """Count ``module``'s code (every file under it, for a package) as user code."""
+    if getattr(module, "__path__", None):
+        USER_CODE.extend(os.path.join(os.path.realpath(d), "") for d in module.__path__)
+    elif getattr(module, "__file__", None):
+        USER_CODE.append(os.path.realpath(module.__file__))
 
 
 def user_code_line(e: BaseException) -> Optional[str]:

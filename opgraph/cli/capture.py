@@ -20,6 +20,7 @@ from typing import Any, Callable, Sequence
 
 from l0ops.collectives import is_collective
 from opgraph.capture import CaptureError, Program, capture
+from opgraph.core.backend import BackendUnavailable
 from opgraph.core.dtypes import DataType
 from .common import (CliError, called_exit, check_memory, conflict, fmt_bytes, parse_backend,
                      parse_dtype, parse_shape, same_path, write_output)
@@ -122,11 +123,22 @@ def run(args: argparse.Namespace) -> int:
                 f"{o.collectives}, {fmt_bytes(o.bytes_moved)})\n")
         text = head + str(g) + "\n"
     if args.run:
-        prog.replay(backend=args.run)  # the first run compiles for the backend
+        _replay(prog, args.run)  # the first run compiles for the backend
         start = time.perf_counter()
-        prog.replay(backend=args.run)
+        _replay(prog, args.run)
         text += f"// replayed on {args.run}: {(time.perf_counter() - start) * 1e3:.2f} ms\n"
     return write_output(text, args.output, f"{len(g.nodes)} nodes")
+
+
+def _replay(prog: Program, backend: str) -> None:
+    """``prog.replay(backend=...)``; the backend's own failure (a plugin's compile or run) is one
+    line naming it, as phase 2 reports it for the other commands."""
+    try:
+        prog.replay(backend=backend)
+    except BackendUnavailable as e:
+        raise CliError(f"--run: {e}") from None
+    except Exception as e:
+        raise CliError(f"--run: backend {backend!r} failed: {type(e).__name__}: {e}") from None
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:

@@ -89,14 +89,18 @@ def fusion_note(graph: Graph) -> "str | None":
     """A line saying level 2 fused nothing, and which kernels could not be fused (None when it
     fused something or there was nothing to fuse)."""
     fused = optimize(graph, 2)
-    if any(n.op == "FusedElementwise" for n in fused.nodes):
+    if any(n.op in FUSED_KERNELS for n in fused.nodes):
         return None
     stuck = sorted({n.op for n in fused.nodes if not n.opdef.is_free(n) and n.opdef.expand is None
                     and not n.opdef.has_effects})
     if not stuck:
         return None
-    return (f"note: level 2 fused nothing: {', '.join(stuck)} define no expansion into elementwise "
+    return (f"note: level 2 fused nothing: {', '.join(stuck)} "
+            f"{'defines' if len(stuck) == 1 else 'define'} no expansion into elementwise "
             "primitives (see README 'Define an l0 op')")
+
+
+FUSED_KERNELS = ("FusedElementwise", "FusedReduce")  # what level 2's fusion passes make
 
 
 # --- what each pass did --------------------------------------------------------------------------

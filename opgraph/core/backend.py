@@ -128,6 +128,15 @@ class Backend:
     def compile(self, graph: Graph, memory_plan: MemoryPlan, platform: Platform) -> Executable:
         raise NotImplementedError
 
+    def compile_checked(self, graph: Graph, memory_plan: MemoryPlan, platform: Platform) -> Executable:
+        """:meth:`compile`, checked: what opgraph calls. A plugin whose compile returns
+        anything but an :class:`Executable` is named here (TypeError), not at its first run."""
+        built = self.compile(graph, memory_plan, platform)
+        if not isinstance(built, Executable):
+            raise TypeError(f"backend {self.name!r}: compile() returned {type(built).__name__}, "
+                            "not an opgraph.core.backend.Executable")
+        return built
+
     def run(self, graph: Graph, bindings: Mapping[str, Tensor], workspace: Any = None) -> Any:
         """Compile and run once (for ad-hoc graphs): plans memory, allocates the arena if
         ``workspace`` is None, runs on the current platform; returns what the executable's run
@@ -135,7 +144,7 @@ class Backend:
         plan = plan_memory(graph)
         if workspace is None and plan.size:
             workspace = bytearray(plan.size)
-        return self.compile(graph, plan, get_platform()).run(bindings, workspace)
+        return self.compile_checked(graph, plan, get_platform()).run(bindings, workspace)
 
     def __repr__(self) -> str:
         return f"<backend {self.name}>"
@@ -192,7 +201,10 @@ _DISCOVERED = False
 
 
 def register(name: str, factory: Union[Factory, Backend], *, replace: bool = False) -> None:
-    """Register a backend class / zero-argument factory (called on first use) or an instance."""
+    """Register a backend class / zero-argument factory (called on first use) or an instance.
+    The built-in and installed backends count as registered whether or not they were looked up
+    yet: replacing one needs ``replace``."""
+    _discover()
     if name in _FACTORIES and not replace:
         raise ValueError(f"backend {name!r} is already registered (pass replace=True)")
     if isinstance(factory, Backend):
@@ -240,13 +252,20 @@ def get(name: Union[str, Backend]) -> Backend:
             except KeyError:
                 raise BackendUnavailable(
                     f"unknown backend {name!r} (registered: {', '.join(names())})") from None
-            inst = factory()
+            try:
+                inst = factory()
+            except Exception as e:  # a plugin that does not import or construct: named
+                raise BackendUnavailable(f"backend {name!r} failed to load: "
+                                         f"{type(e).__name__}: {e}") from e
             if not isinstance(inst, Backend):
                 raise BackendUnavailable(f"backend {name!r}: its factory returned "
                                          f"{type(inst).__name__}, not a Backend")
             _INSTANCES[name] = inst
         backend = _INSTANCES[name]
-    ok, why = backend.availability()
+    try:
+        ok, why = backend.availability()
+    except Exception as e:  # its probe failed: unavailable, named
+        ok, why = False, f"its availability() raised {type(e).__name__}: {e}"
     if not ok:
         raise BackendUnavailable(f"backend {backend.name!r} is unavailable: {why}")
     return backend
@@ -268,8 +287,6 @@ def status() -> dict[str, str]:
             out[n] = "ok"
         except BackendUnavailable as e:
             out[n] = str(e)
-        except Exception as e:  # a broken third-party plugin must not break the listing
-            out[n] = f"failed to load: {type(e).__name__}: {e}"
     return out
 
 

@@ -75,7 +75,7 @@ class CompiledProgram:
         with self._lock:
             built = self.built_executable(backend)
             if built is None:
-                built = backend.compile(self.compiled, self.memory_plan, self.platform)
+                built = backend.compile_checked(self.compiled, self.memory_plan, self.platform)
                 if self.family is not None:
                     self.family.setdefault(id(backend), (backend, built))
                 self._executables[id(backend)] = (backend, built)

@@ -159,15 +159,31 @@ def register_op_api(spec: OpApiSpec, *, replace: bool = False) -> OpApiSpec:
     return spec
 
 
-def load_entry_points() -> list[str]:
-    """Import the modules of the ``opgraph.op_apis`` entry points (once); returns their names."""
+@dataclass(frozen=True)
+class EntryPointLoad:
+    """One ``opgraph.op_apis`` entry point imported by :func:`load_entry_points`: its ``name``,
+    ``module`` and, when importing it failed, the exception (``error``; the plugin is skipped)."""
+
+    name: str
+    module: str
+    error: Optional[Exception] = None
+
+
+def load_entry_points() -> list[EntryPointLoad]:
+    """Import the modules of the ``opgraph.op_apis`` entry points (the first call; later calls
+    return []). A plugin that fails to import is skipped, its exception returned: one broken
+    package must not break every other op_api."""
     global _ENTRY_POINTS_LOADED
     loaded = []
     if not _ENTRY_POINTS_LOADED:
         _ENTRY_POINTS_LOADED = True
         for ep in metadata.entry_points(group=GROUP):
-            ep.load()
-            loaded.append(ep.name)
+            try:
+                ep.load()
+            except Exception as e:  # (not KeyboardInterrupt and the like)
+                loaded.append(EntryPointLoad(ep.name, ep.module, e))
+            else:
+                loaded.append(EntryPointLoad(ep.name, ep.module))
     return loaded
 
 
