@@ -58,7 +58,9 @@ def add_common_options(p: argparse.ArgumentParser, spec: OpApiSpec, *,
         _add_option(p, o)
     p.add_argument("--platform", type=parse_platform, default=DEFAULT_PLATFORM, metavar="SOC",
                    help=f"SoC preset: {', '.join(PRESETS)} (default: {DEFAULT_PLATFORM})")
-    shown = "the library default" if level_default is None else level_default
+    shown = ("the library default, 1 on --backend ascend-sim, whose kernels exist up to it"
+             if level_default is None and backend else
+             "the library default" if level_default is None else level_default)
     p.add_argument("--level", type=int, choices=OPT_LEVELS, default=level_default,
                    help="optimisation level: 0 as recorded, 1 what CANN launches, 2 fused "
                         f"(default: {shown})")
