@@ -9,6 +9,7 @@ import pytest
 
 import l0ops
 import opgraph
+from backends import get as get_backend, native
 from opgraph import passes
 from opgraph.aclnn import aclnnBatchNormElemtBackward as run_phase2
 from opgraph.aclnn import aclnnBatchNormElemtBackwardGetWorkspaceSize as phase1
@@ -319,3 +320,23 @@ def test_chunked_fused_execution_matches_level0_and_leaves_inputs_alone(dtype):
     assert np.array_equal(outs[0], outs[1])
     for a, b in zip(arrays, before):
         assert a is None or np.array_equal(a.view(np.uint8), b.view(np.uint8))
+
+
+@pytest.mark.parametrize("first", [0.0, -0.0])
+@pytest.mark.parametrize("level", [0, 1, 2])
+def test_signed_zero_constants_stay_apart(first, level):
+    """``-0.0 == 0.0``, but x / -0.0 is -inf: neither the attribute memo nor CSE may take one
+    constant for the other (they did: the second Fill got the first one's attrs)."""
+    g = Graph("zeros")
+    x = g.add_input("x", TensorType((4,), DataType.FLOAT))
+    zeros = (first, -first)
+    g.outputs = [g.add_node("RealDiv", [x, g.add_node("Fill", [], shape=(4,), value=v,
+                                                        dtype=DataType.FLOAT).outputs[0]]).outputs[0]
+                 for v in zeros]
+    assert [n.attrs.value for n in g.nodes if n.op == "Fill"] == list(zeros)
+    assert [str(n.attrs.value) for n in g.nodes if n.op == "Fill"] == [str(v) for v in zeros]
+    opt = passes.optimize(g, level)
+    for name in ["numpy"] + (["native"] if native.available() else []):
+        got = get_backend(name).run(opt, {"x": opgraph.tensor(np.ones(4, np.float32))})
+        want = [np.full(4, np.copysign(np.inf, v), np.float32) for v in zeros]
+        assert all(np.array_equal(got[v.name], w) for v, w in zip(opt.outputs, want)), (name, got)

@@ -16,6 +16,7 @@ defined by its expansion.
 """
 from __future__ import annotations
 
+import math
 import os
 import sys
 from dataclasses import dataclass
@@ -38,6 +39,29 @@ class OpAttrs(BaseModel):
     """Base of every op's attribute model: frozen, no unknown fields."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
+
+    @property
+    def exact(self) -> tuple:
+        """A key equal only for attributes that compute the same bits (:func:`exact_key`):
+        ``==`` takes ``-0.0`` for ``0.0``, which a division or a sign tells apart."""
+        return exact_key(self)
+
+
+def exact_key(value: Any) -> Any:
+    """``value`` as a hashable key that tells apart what ``==`` identifies: a float by its sign
+    too (-0.0 is not 0.0), numbers by their type; tuples, lists and attribute models item by
+    item. NaNs stay unequal to everything, as they are.
+
+    >>> exact_key(-0.0) == exact_key(0.0), exact_key((1, 2.0)) == exact_key((1, 2.0))
+    (False, True)
+    """
+    if isinstance(value, float):
+        return (float, value, math.copysign(1.0, value))
+    if isinstance(value, (tuple, list)):
+        return (type(value), tuple(exact_key(v) for v in value))
+    if isinstance(value, BaseModel):
+        return (type(value), tuple((k, exact_key(v)) for k, v in value.__dict__.items()))
+    return (type(value), value)
 
 
 # A DataType attribute: accepts DataType, numbers or names; serialises as the enum name.
@@ -113,7 +137,7 @@ class OpDef:
     def make_attrs(self, **kwargs: Any) -> OpAttrs:
         """Validated attrs; frozen, so equal arguments share one instance (memoised)."""
         try:
-            key = (self.name, tuple(sorted(kwargs.items())))
+            key = (self.name, tuple(sorted((k, exact_key(v)) for k, v in kwargs.items())))
             hit = _ATTRS_CACHE.get(key)
         except TypeError:  # unhashable attribute values: validate every time
             key = hit = None

@@ -97,7 +97,7 @@ def _cse(g: Graph) -> dict[str, int]:
     for n in list(g.nodes):
         if n.opdef.written(n):
             continue
-        key = (n.op, tuple(id(v) for v in n.inputs), n.attrs)  # attrs are frozen and hashable
+        key = (n.op, tuple(id(v) for v in n.inputs), n.attrs.exact)  # (-0.0 is not 0.0)
         first = seen.get(key)
         if first is None:
             seen[key] = n
