@@ -106,7 +106,8 @@ ReduceSum = define_op(
 
 
 def _count(shape, axes) -> int:
-    return math.prod(shape[d] for d in _norm_axes("reduce", axes, len(shape)))
+    """The elements each result averages (1 on a 0-d tensor, whose axis 0 is itself)."""
+    return math.prod(shape[d] for d in _norm_axes("reduce", axes, len(shape)) if d < len(shape))
 
 
 def _mean_infer(ts, a):

@@ -9,6 +9,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+import backends
 import opgraph
 from opgraph import passes
 from opgraph.cli import main
@@ -131,3 +132,18 @@ def test_every_op_api_exports_at_every_level(name, soc, tmp_path):
                 assert len(fn.output) == len(node.output)
                 returns = [n for n in fn.node if n.op_type in ("return", "store")]
                 assert [o for n in returns for o in n.output] == list(fn.output)
+
+
+@pytest.mark.parametrize("op", ["ReduceSum", "ReduceMean"])
+@pytest.mark.parametrize("level", [0, 1, 2])
+def test_a_0d_reduction_runs_and_exports_at_every_level(op, level):
+    """Axis 0 of a 0-d tensor is the tensor itself (as numpy and torch take it): the mean's
+    count is 1 (it indexed the empty shape), and the fused body's empty ``over`` exports."""
+    g = opgraph.Graph("zero_d")
+    x = g.add_input("x", opgraph.TensorType((), opgraph.DataType.FLOAT))
+    g.outputs = [g.add_node(op, [x], axes=(0,), keepdims=False).outputs[0]]
+    opt = passes.optimize(g, level)
+    model = onnx.load_from_string(opt.to_onnx().SerializeToString())
+    onnx.checker.check_model(model)
+    got = backends.get("numpy").run(opt, {"x": opgraph.tensor(np.array(3.5, np.float32))})
+    assert [float(got[v.name]) for v in opt.outputs] == [3.5]

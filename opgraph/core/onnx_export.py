@@ -85,8 +85,8 @@ def _fused_function(helper: Any, node: Node, name: str) -> Any:
             attrs["shape"] = list(ins.shape) if ins.shape else "[]"
         if ins.value is not None:
             attrs["value"] = float(ins.value)
-        if getattr(ins, "over", None) is not None:
-            attrs["over"] = list(ins.over)
+        if getattr(ins, "over", None) is not None:  # (an empty list has no ONNX type: "[]")
+            attrs["over"] = list(ins.over) if ins.over else "[]"
         nodes.append(helper.make_node(ins.op, list(ins.args), [f"t{k}"], name=f"t{k}",
                                       domain=DOMAIN_PRIM, **attrs))
     results = getattr(a, "results", None)
