@@ -144,6 +144,16 @@ MALFORMED = {
     "rank 65": _doc(inputs=[{"name": "x", "shape": [1] * 65, "dtype": "FLOAT"}]),
     "not utf-8": b"\xff\xfe\x00",
     "not a string": 12,
+    # names no output can carry: a lone surrogate (no encoding), a NUL (breaks DOT), an ESC
+    "surrogate name": _doc(inputs=[{"name": "x\ud800", "shape": [2], "dtype": "FLOAT"}],
+                           outputs=["x\ud800"]),
+    "NUL name": _doc(inputs=[{"name": "a\u0000b", "shape": [2], "dtype": "FLOAT"}], outputs=["a\u0000b"]),
+    "ESC in an attribute": _doc(nodes=[{"op": "AllReduce", "inputs": ["x"], "attrs": {
+        "group": "g\u001b[2J", "seq": 0}, "outputs": [{"name": "0", "shape": [2], "dtype": "FLOAT"}]}]),
+    "empty graph name": _doc(name=""),
+    "strides of another rank": _doc(inputs=[{"name": "x", "shape": [2, 3], "strides": [1],
+                                             "dtype": "FLOAT"}]),
+    "an input twice": _doc(inputs=[{"name": "x", "shape": [2], "dtype": "FLOAT"}] * 2),
 }
 
 
@@ -154,6 +164,29 @@ def test_malformed_json_is_a_graph_error_quickly(label):
     with pytest.raises(GraphError):
         opgraph.Graph.from_json(MALFORMED[label])
     assert time.perf_counter() - t0 < 5.0  # "quickly": a bound far above the ~ms it takes
+
+
+def test_loading_is_linear_in_the_inputs_and_the_users_of_a_value():
+    """20,000 inputs, and one value with 20,000 users, each load in well under a second (a
+    scan per input and per use made them ~10 s)."""
+    import time
+    inputs = [{"name": f"x{k}", "shape": [2], "dtype": "FLOAT"} for k in range(20_000)]
+    users = [{"op": "Add", "inputs": ["x", "x"], "attrs": {},
+              "outputs": [{"name": str(k), "shape": [2], "dtype": "FLOAT"}]} for k in range(20_000)]
+    for doc in (_doc(inputs=inputs, outputs=["x0"]), _doc(nodes=users, outputs=["19999"])):
+        t0 = time.perf_counter()
+        opgraph.Graph.from_json(doc)
+        assert time.perf_counter() - t0 < 3.0  # (~0.5 s here; quadratic: ~10 s)
+
+
+def test_numbers_as_input_names_do_not_collide_with_made_up_names():
+    """A pass names new values by counting; an input called %42 (or %0) must not be
+    taken again."""
+    doc = json.loads(_doc(inputs=[{"name": "0", "shape": [2], "dtype": "FLOAT"},
+                                  {"name": "42", "shape": [2], "dtype": "FLOAT"}], outputs=["42"]))
+    g = opgraph.Graph.from_json(json.dumps(doc))
+    new = g.add_node("Add", g.inputs)
+    assert new.outputs[0].name not in ("0", "42") and g.verify() is g
 
 
 # --- smaller items -------------------------------------------------------------------------------

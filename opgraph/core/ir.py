@@ -104,17 +104,25 @@ class Graph:
         self._next = 0
 
     # --- building -------------------------------------------------------------------------
-    def add_input(self, name: str, type: TensorType) -> Value:
-        if any(v.name == name for v in self.inputs):
+    def add_input(self, name: str, type: TensorType, *, unique: bool = False) -> Value:
+        """A new graph input; ``unique``: the caller knows no other input has ``name``
+        (a loader that checked, saving a scan of the inputs per input)."""
+        if not unique and any(v.name == name for v in self.inputs):
             raise GraphError(f"graph input %{name} defined twice")
         v = Value(name, type)
         self.inputs.append(v)
+        self._claim(name)
         return v
 
     def fresh_name(self) -> str:
         name = str(self._next)
         self._next += 1
         return name
+
+    def _claim(self, name: str) -> None:
+        """Keep :meth:`fresh_name` past a number given as a name (an input ``%42``)."""
+        if name.isascii() and name.isdigit():
+            self._next = max(self._next, int(name) + 1)
 
     def add_node(self, op: str, inputs: Sequence[Value], attrs: "BaseModel | None" = None,
                  *, out_names: "Sequence[str] | None" = None, index: "int | None" = None,
@@ -127,7 +135,12 @@ class Graph:
             attrs = opdef.make_attrs(**attr_kwargs)
         if out_types is None:
             out_types = opdef.infer_types([v.type for v in inputs], attrs)
-        names = list(out_names) if out_names else [self.fresh_name() for _ in out_types]
+        if out_names:
+            names = list(out_names)
+            for name in names:
+                self._claim(name)
+        else:
+            names = [self.fresh_name() for _ in out_types]
         return self.add_typed_node(op, inputs, attrs, list(zip(names, out_types)), source, index)
 
     def add_typed_node(self, op: str, inputs: Sequence[Value], attrs: BaseModel,
@@ -192,6 +205,8 @@ class Graph:
             if v.name in defined:
                 raise GraphError(f"value %{v.name} defined twice")
             defined[v.name] = v
+        users = {id(v): {id(u) for u in v.users} for v in self.values()}  # (a list scan per use
+        # made a value with thousands of users quadratic)
         for i, n in enumerate(self.nodes):
             try:
                 opdef = get_op(n.op)
@@ -200,7 +215,7 @@ class Graph:
             for v in n.inputs:
                 if defined.get(v.name) is not v:
                     raise GraphError(f"node {i} uses %{v.name} before it is defined: {n}")
-                if n not in v.users:
+                if id(n) not in users[id(v)]:
                     raise GraphError(f"node {i} is missing from the users of %{v.name}: {n}")
             try:
                 types = opdef.infer_types([v.type for v in n.inputs], n.attrs)

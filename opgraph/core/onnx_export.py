@@ -127,7 +127,7 @@ def to_onnx(graph: Graph) -> Any:
         onode.attribute.extend(_node_attrs(helper, n))
         nodes.append(onode)
     call = f" (recorded by {graph.call.api})" if getattr(graph, "call", None) is not None else ""
-    g = helper.make_graph(nodes, graph.name, [info(v) for v in graph.inputs],
+    g = helper.make_graph(nodes, graph.name or "graph", [info(v) for v in graph.inputs],  # (ONNX needs one)
                           [info(v) for v in graph.outputs],
                           value_info=[info(v) for n in graph.nodes for v in n.outputs
                                       if v not in graph.outputs],

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any, Optional
 
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
 from .dtypes import DataType, Format, dtype_of, format_of
 from .opdef import get_op
@@ -29,6 +29,33 @@ Graph = Node = Value = Any
 SCHEMA = "opgraph.graph"
 SCHEMA_VERSION = 1
 INT64_LIMIT = 1 << 63  # aclTensor dims and strides are int64
+
+
+def printable(text: str, what: str) -> str:
+    """``text`` if every output can carry it — no control character (a NUL breaks DOT, an ESC
+    a terminal), no lone surrogate (no encoding writes it) — else ValueError naming ``what``.
+
+    >>> printable("mean", "value name")
+    'mean'
+    """
+    bad = next((c for c in text if c < " " and c not in "\t\n" or c == "\x7f"
+                or "\ud800" <= c <= "\udfff"), None)
+    if bad is not None:
+        raise ValueError(f"{what} {text!r} holds {bad!r}, which no graph output can carry")
+    return text
+
+
+def _printable_strings(value: Any, what: str) -> None:
+    """:func:`printable` on every string in a JSON value."""
+    if isinstance(value, str):
+        printable(value, what)
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            _printable_strings(k, what)
+            _printable_strings(v, what)
+    elif isinstance(value, list):
+        for v in value:
+            _printable_strings(v, what)
 
 
 class _Strict(BaseModel):
@@ -69,7 +96,13 @@ class ValueModel(_Strict):
     def _name(cls, v: str) -> str:
         if not v or any(c in v for c in " \t\n%\"{}"):
             raise ValueError(f"bad value name {v!r}")
-        return v
+        return printable(v, "value name")
+
+    @model_validator(mode="after")
+    def _strides_rank(self) -> "ValueModel":
+        if self.strides is not None and len(self.strides) != len(self.shape):
+            raise ValueError(f"%{self.name}: {len(self.strides)} strides for rank {len(self.shape)}")
+        return self
 
     def to_type(self) -> TensorType:
         return TensorType(tuple(self.shape), dtype_of(self.dtype), format_of(self.format),
@@ -88,6 +121,12 @@ class NodeModel(_Strict):
     attrs: dict[str, Any] = {}
     outputs: list[ValueModel]
     source: Optional[str] = None
+
+    @field_validator("attrs")
+    @classmethod
+    def _texts(cls, v: dict) -> dict:
+        _printable_strings(v, "attribute")
+        return v
 
 
 class CallArgModel(_Strict):
@@ -115,6 +154,13 @@ class GraphModel(_Strict):
     schema_: str = SCHEMA
     version: int = SCHEMA_VERSION
     name: str
+
+    @field_validator("name")
+    @classmethod
+    def _graph_name(cls, v: str) -> str:
+        if not v:
+            raise ValueError("the graph name is empty")
+        return printable(v, "graph name")
     call: Optional[CallModel] = None
     inputs: list[ValueModel]
     nodes: list[NodeModel]
@@ -186,8 +232,9 @@ def _graph_from_raw(raw: Any, graph_cls: type) -> Graph:
     g = graph_cls(model.name, None if model.call is None else model.call.to_call())
     env: dict[str, Value] = {}
     for vm in model.inputs:
-        env[vm.name] = g.add_input(vm.name, vm.to_type())
-    max_id = -1
+        if vm.name in env:
+            raise GraphError(f"graph JSON input %{vm.name} defined twice")
+        env[vm.name] = g.add_input(vm.name, vm.to_type(), unique=True)
     for i, nm in enumerate(model.nodes):
         try:
             opdef = get_op(nm.op)
@@ -213,8 +260,6 @@ def _graph_from_raw(raw: Any, graph_cls: type) -> Graph:
             if vm.name in env:
                 raise GraphError(f"graph JSON node {i}: value %{vm.name} defined twice")
             env[vm.name] = v
-            if vm.name.isdigit():
-                max_id = max(max_id, int(vm.name))
         if len(node.outputs) != len(nm.outputs):
             raise GraphError(f"graph JSON node {i}: {nm.op} has {len(node.outputs)} outputs, "
                              f"{len(nm.outputs)} recorded")
@@ -222,7 +267,6 @@ def _graph_from_raw(raw: Any, graph_cls: type) -> Graph:
         g.outputs = [env[name] for name in model.outputs]
     except KeyError as e:
         raise GraphError(f"graph JSON output %{e.args[0]} is not defined") from None
-    g._next = max_id + 1
     return g.verify()
 
 
