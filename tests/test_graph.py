@@ -2,6 +2,7 @@
 user-defined l0 ops. Dumps (JSON, DOT, networkx) are tested in test_dumps.py."""
 from __future__ import annotations
 
+import json
 import re
 import uuid
 
@@ -394,3 +395,29 @@ def test_builtin_ops_are_registered():
                  "ViewCopy", "SyncBatchNormBackwardElemt"):
         assert name in ops
     assert ops["ViewCopy"].has_effects and not ops["Cast"].has_effects
+
+
+@pytest.mark.parametrize("level", [0, 1, 2])
+def test_json_is_standard_with_non_finite_floats_and_round_trips(level):
+    """eps=inf (the call and its attributes) and Fill values of ±inf and NaN, at every level
+    (fused bodies too): the file parses as standard JSON (no bare NaN or Infinity, which
+    JavaScript's JSON.parse and jq refuse) and loads back to the same floats."""
+    x = opgraph.tensor(np.ones((2, 3, 4), np.float32))
+    mean, invstd = (opgraph.tensor(np.zeros(3, np.float32)) for _ in range(2))
+    with opgraph.opt_level(level):
+        st, _, ex = opgraph.aclnn.aclnnBatchNormStatsGetWorkspaceSize(x, float("inf"), mean, invstd)
+    assert st == 0
+    g = ex.graph if level == 0 else ex.compiled
+    g.call = ex.graph.call
+    for v in (float("inf"), float("-inf"), float("nan")):
+        g.add_node("Fill", [], shape=(2,), value=v, dtype=DataType.FLOAT)
+    text = g.to_json()
+
+    def refuse(constant):
+        raise ValueError(f"non-standard JSON constant {constant}")
+    json.loads(text, parse_constant=refuse)
+    back = opgraph.Graph.from_json(text)
+    assert back.to_json() == text
+    assert dict((n, v) for n, _, v in back.call.args)["eps"] == float("inf")
+    fills = [n.attrs.value for n in back.nodes if n.op == "Fill"][-3:]
+    assert fills[:2] == [float("inf"), float("-inf")] and np.isnan(fills[2])

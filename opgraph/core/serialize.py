@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import json
+import math
 from typing import TYPE_CHECKING, Any, Optional
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
@@ -147,13 +148,21 @@ class CallModel(_Strict):
     args: list[CallArgModel]
 
     def to_call(self) -> RecordedCall:
-        return RecordedCall(self.api, tuple((a.name, a.kind, a.value) for a in self.args))
+        return RecordedCall(self.api, tuple(
+            (a.name, a.kind, float(a.value) if a.kind in ("double", "float") and a.value in NON_FINITE
+             else a.value) for a in self.args))
 
 
 class GraphModel(_Strict):
     schema_: str = SCHEMA
     version: int = SCHEMA_VERSION
     name: str
+    call: Optional[CallModel] = None
+    inputs: list[ValueModel]
+    nodes: list[NodeModel]
+    outputs: list[str]
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
     @field_validator("name")
     @classmethod
@@ -161,12 +170,6 @@ class GraphModel(_Strict):
         if not v:
             raise ValueError("the graph name is empty")
         return printable(v, "graph name")
-    call: Optional[CallModel] = None
-    inputs: list[ValueModel]
-    nodes: list[NodeModel]
-    outputs: list[str]
-
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
     def __init__(self, **data: Any):
         if "schema" in data:
@@ -192,7 +195,24 @@ def graph_to_dict(g: Graph) -> dict:
 
 
 def to_json(g: Graph, indent: "int | None" = 1) -> str:
-    return json.dumps(graph_to_dict(g), indent=indent)
+    """Standard JSON (what any parser reads): a float attribute or call argument that is not
+    finite is written as the string ``"inf"``, ``"-inf"`` or ``"nan"``, which loading turns
+    back into the float."""
+    return json.dumps(_finite(graph_to_dict(g)), indent=indent, allow_nan=False)
+
+
+NON_FINITE = ("inf", "-inf", "nan")
+
+
+def _finite(value: Any) -> Any:
+    """``value`` (a JSON-ready dict/list tree) with every non-finite float as its string."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
 
 
 def from_json(text: "str | bytes", graph_cls: type) -> Graph:
