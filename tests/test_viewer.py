@@ -19,7 +19,7 @@ from opgraph.cli import main
 from passnames import pass_stems, stem
 from opgraph.core import layout as layout_mod
 from opgraph.core.graphdiff import diff_nodes
-from opgraph.core.html import Panel, Tab, diff_tab, render_html
+from opgraph.core.html import Panel, Tab, diff_tab, panel_data, render_html
 from opgraph.core.layout import Box, Link, LayoutUnavailable, layout
 
 OP = "aclnnBatchNormElemtBackward"
@@ -274,3 +274,30 @@ def test_view_bad_options_name_the_option(capsys, argv, option):
     assert main(["view", OP, *argv]) == 2
     err = capsys.readouterr().err
     assert err.startswith("opgraph: error:") and option in err and err.count("\n") == 1
+
+
+def test_an_op_output_named_like_an_input_or_output_box_keeps_its_edges():
+    """An op's box is keyed by its output's name, which may read "in:x" or "out:0" — the keys
+    of the input and output boxes: each edge still joins the boxes it joins in the graph."""
+    g = opgraph.Graph("keys")
+    x = g.add_input("x", opgraph.TensorType((3,), opgraph.DataType.FLOAT))
+    a = g.add_node("Cast", [x], to=opgraph.DataType.FLOAT16, out_names=["in:x"]).outputs[0]
+    b = g.add_node("Cast", [a], to=opgraph.DataType.FLOAT, out_names=["out:0"]).outputs[0]
+    g.outputs = [b]
+    data = panel_data(Panel(g), engine="grandalf" if HAVE_GRANDALF else None)
+    kind = {d["id"]: (d["kind"], d["lines"][0]) for d in data["nodes"]}
+    edges = sorted((kind[e["from"]], kind[e["to"]]) for e in data["edges"])
+    assert edges == sorted([(("input", "%x"), ("op", "%in:x = Cast")),
+                            (("op", "%in:x = Cast"), ("op", "%out:0 = Cast")),
+                            (("op", "%out:0 = Cast"), ("output", "return %out:0"))])
+
+
+@pytest.mark.skipif(not HAVE_GRANDALF, reason="pip install grandalf (opgraph[viz])")
+def test_a_graph_too_wide_for_grandalf_is_layout_unavailable():
+    """grandalf recurses once per box of a layer: 1000 users of one value overflowed Python's
+    stack (a raw RecursionError); it is LayoutUnavailable, naming dot as the way out."""
+    g = opgraph.Graph("wide")
+    x = g.add_input("x", opgraph.TensorType((1,), opgraph.DataType.FLOAT))
+    g.outputs = [[g.add_node("Add", [x, x]) for _ in range(1000)][0].outputs[0]]
+    with pytest.raises(LayoutUnavailable, match="grandalf cannot lay out this graph .*graphviz"):
+        panel_data(Panel(g), engine="grandalf")

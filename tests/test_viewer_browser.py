@@ -120,6 +120,17 @@ def test_screenshot_is_not_blank(page, browser):
     assert sum(p == (219, 232, 255) for p in pixels) > 500  # kernel boxes (--kernel: #dbe8ff)
 
 
+@pytest.mark.parametrize("hash_", ["constructor", "__proto__", "toString", "%E0", "nosuchtab"])
+def test_an_unknown_or_malformed_hash_opens_the_default_tab(page, browser, hash_):
+    """Names Object.prototype has, and an escape decodeURIComponent refuses, are unknown tabs:
+    the default one is drawn, without a script error (they threw)."""
+    browser.open(page.as_uri() + "#tab=" + hash_)
+    assert browser.eval("document.body.dataset.ready") == "1"
+    default = browser.eval("document.body.dataset.tab")
+    assert default.startswith("level") and browser.eval(COUNT.format(NODES.format(default))) > 0
+    assert browser.problems() == []
+
+
 def test_page_reports_script_errors_and_the_harness_sees_them(page, browser):
     """The checks above could fail: an error thrown in the page shows in #errors and in the
     console events the tests read."""

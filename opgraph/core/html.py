@@ -166,21 +166,22 @@ def panel_data(panel: Panel, engine: Optional[str] = None) -> dict:
     nodes += [{"key": f"out:{k}", "kind": "output", "cls": ["output"], "lines": [f"return %{v.name}"],
                "body": [], "info": {"op": "graph output", "outputs": [[f"%{v.name}", str(v.type)]]}}
               for k, v in enumerate(g.outputs)]
-    ids = {}
+    ids = {}  # by (kind, key): an op's key is its output's name, which may read "in:x"
     for i, d in enumerate(nodes):
         d["id"] = f"v{i}"
-        ids[d["key"]] = d["id"]
+        ids[d["kind"], d["key"]] = d["id"]
         width = max(len(s) for s in d["lines"]) * CHAR_W + 2 * PAD
         d["w"], d["h"] = round(max(width, 56.0), 1), LINE_H * len(d["lines"]) + PAD
-    source = lambda v: ids[node_key(v.producer)] if v.producer is not None else ids[f"in:{v.name}"]  # noqa: E731
+    source = lambda v: (ids["op", node_key(v.producer)] if v.producer is not None  # noqa: E731
+                        else ids["input", f"in:{v.name}"])
     links, kinds = [], []
     for n in g.nodes:
         dst = set(n.opdef.written(n))
         for k, v in enumerate(n.inputs):
-            links.append(Link(source(v), ids[node_key(n)], ("write " if k in dst else "") + str(v.type)))
+            links.append(Link(source(v), ids["op", node_key(n)], ("write " if k in dst else "") + str(v.type)))
             kinds.append("write" if k in dst else "")
     for k, v in enumerate(g.outputs):
-        links.append(Link(source(v), ids[f"out:{k}"], ""))
+        links.append(Link(source(v), ids["output", f"out:{k}"], ""))
         kinds.append("out")
     placed: Placed = layout([Box(d["id"], d["w"], d["h"]) for d in nodes], links, engine)
     for d in nodes:

@@ -104,7 +104,8 @@ JS = r"""
   var data = JSON.parse(document.getElementById("graph-data").textContent);
   var nav = document.getElementById("tabs"), main = document.getElementById("tabpanels");
   var details = document.getElementById("details");
-  var sections = {}, buttons = {}, pinned = null;
+  var sections = Object.create(null), buttons = Object.create(null), pinned = null;  // (no
+  // inherited keys: #tab=constructor is an unknown tab, not Object's constructor)
 
   function el(tag, attrs, parent) {
     var e = document.createElementNS(NS, tag);
@@ -269,7 +270,11 @@ JS = r"""
 
   function hashTab() {
     var m = /(?:^#|&)tab=([^&]+)/.exec(location.hash);
-    return m ? decodeURIComponent(m[1]) : null;
+    try {
+      return m ? decodeURIComponent(m[1]) : null;
+    } catch (e) {  // a malformed escape (#tab=%E0): the default tab
+      return null;
+    }
   }
 
   data.tabs.forEach(function (t) {

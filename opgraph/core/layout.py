@@ -177,8 +177,13 @@ def _grandalf(boxes: Sequence[Box], links: Sequence[Link]) -> Placed:
         sug = SugiyamaLayout(comp)
         sug.xspace, sug.yspace = 24, 34 if any(e.label for e in links) else 24
         sug.route_edge = route_with_lines
-        sug.init_all()
-        sug.draw()
+        try:
+            sug.init_all()
+            sug.draw()
+        except RecursionError:  # grandalf recurses per node of a layer: a very wide graph
+            raise LayoutUnavailable(f"grandalf cannot lay out this graph ({len(boxes)} boxes: "
+                                    "too wide for its recursion); install graphviz for dot "
+                                    "(apt-get install graphviz)") from None
         vs = list(comp.sV)
         left = min(v.view.xy[0] - v.view.w / 2 for v in vs)
         right = max(v.view.xy[0] + v.view.w / 2 for v in vs)
