@@ -29,8 +29,11 @@ from typing import Any, Callable, Sequence, TypeVar
 
 import numpy as np
 
+from pydantic import field_validator
+
 from opgraph.core.dtypes import DataType
 from opgraph.core.opdef import DType, L0Error, OpAttrs, require
+from opgraph.core.tensor import MAX_RANK
 from opgraph.core.types import TensorType, broadcast_shape
 from .ordered import sum_plan
 from .rounding import round_to_half, widen
@@ -93,6 +96,13 @@ class Instr(OpAttrs):
     shape: "tuple[int, ...] | None" = None
     value: "float | None" = None
     over: "tuple[int, ...] | None" = None
+
+    @field_validator("shape", "over")
+    @classmethod
+    def _dims(cls, v: "tuple[int, ...] | None") -> "tuple[int, ...] | None":
+        if v is not None and (len(v) > MAX_RANK or any(not 0 <= n < 2 ** 63 for n in v)):
+            raise ValueError(f"{list(v)}: at most {MAX_RANK} dims, each in [0, 2**63)")
+        return v
 
     def render(self, dst: str) -> str:
         shape = "" if self.shape is None else "[" + ",".join(map(str, self.shape)) + "]"

@@ -132,6 +132,16 @@ def _doc(**over) -> str:
     return json.dumps(d)
 
 
+def _fused_doc(first: dict) -> str:
+    """A FusedElementwise over %x (f32[2]) whose body starts with ``first``, sums it to a
+    scalar and adds that to x (a shape the sum hides still type-checks)."""
+    body = [first, {"op": "sum", "args": ["t0"], "dtype": "FLOAT"},
+            {"op": "add", "args": ["in0", "t1"], "dtype": "FLOAT"}]
+    return _doc(nodes=[{"op": "FusedElementwise", "inputs": ["x"], "attrs": {
+        "shape": [2], "body": body, "result": "t2", "out_dtype": "FLOAT"},
+        "outputs": [{"name": "0", "shape": [2], "dtype": "FLOAT"}]}], outputs=["0"])
+
+
 MALFORMED = {
     "deep array": "[" * 100_000 + "]" * 100_000,
     "deep object": '{"a":' * 100_000 + "1" + "}" * 100_000,
@@ -154,6 +164,12 @@ MALFORMED = {
     "strides of another rank": _doc(inputs=[{"name": "x", "shape": [2, 3], "strides": [1],
                                              "dtype": "FLOAT"}]),
     "an input twice": _doc(inputs=[{"name": "x", "shape": [2], "dtype": "FLOAT"}] * 2),
+    "an int attribute past int64": _doc(nodes=[{"op": "AllReduce", "inputs": ["x"], "attrs": {
+        "group": "g", "seq": 2 ** 63}, "outputs": [{"name": "0", "shape": [2], "dtype": "FLOAT"}]}]),
+    **{f"a fused body's {what}": _fused_doc(instr) for what, instr in [
+        ("negative fill shape", {"op": "fill", "dtype": "FLOAT", "shape": [-1], "value": 1.0}),
+        ("huge fill shape", {"op": "fill", "dtype": "FLOAT", "shape": [10 ** 30], "value": 1.0}),
+        ("view of negative dims", {"op": "view", "args": ["in0"], "dtype": "FLOAT", "shape": [-1, -2]})]},
 }
 
 

@@ -46,17 +46,21 @@ def printable(text: str, what: str) -> str:
     return text
 
 
-def _printable_strings(value: Any, what: str) -> None:
-    """:func:`printable` on every string in a JSON value."""
+def _check_values(value: Any, what: str) -> None:
+    """Every string in a JSON value :func:`printable`, every integer an int64 (what ONNX and
+    the C backends take)."""
     if isinstance(value, str):
         printable(value, what)
+    elif isinstance(value, int) and not isinstance(value, bool):
+        if not -INT64_LIMIT <= value < INT64_LIMIT:
+            raise ValueError(f"{what} {value} is outside int64")
     elif isinstance(value, dict):
         for k, v in value.items():
-            _printable_strings(k, what)
-            _printable_strings(v, what)
+            _check_values(k, what)
+            _check_values(v, what)
     elif isinstance(value, list):
         for v in value:
-            _printable_strings(v, what)
+            _check_values(v, what)
 
 
 class _Strict(BaseModel):
@@ -125,8 +129,8 @@ class NodeModel(_Strict):
 
     @field_validator("attrs")
     @classmethod
-    def _texts(cls, v: dict) -> dict:
-        _printable_strings(v, "attribute")
+    def _values(cls, v: dict) -> dict:
+        _check_values(v, "attribute")
         return v
 
 
