@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import networkx as nx
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -99,38 +100,13 @@ def test_imports_go_down_the_layers(module):
 
 
 def test_no_import_cycle():
-    graph = {m: {t for t, _, _ in EDGES[m]} for m in MODULES}
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on: set[str] = set()
-    cycles = []
-    sys.setrecursionlimit(10000)
-
-    def strong(v: str) -> None:
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        on.add(v)
-        for w in graph[v]:
-            if w not in index:
-                strong(w)
-                low[v] = min(low[v], low[w])
-            elif w in on:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            comp = []
-            while True:
-                w = stack.pop()
-                on.discard(w)
-                comp.append(w)
-                if w == v:
-                    break
-            if len(comp) > 1 or v in graph[v]:
-                cycles.append(sorted(comp))
-
-    for v in graph:
-        if v not in index:
-            strong(v)
+    graph = nx.DiGraph()
+    graph.add_nodes_from(MODULES)
+    graph.add_edges_from((m, t) for m in MODULES for t, _, _ in EDGES[m])
+    # (networkx's components, not a recursive walk: that needed a raised recursion limit,
+    # which then stayed raised for every later test)
+    cycles = [sorted(c) for c in nx.strongly_connected_components(graph)
+              if len(c) > 1 or any(graph.has_edge(v, v) for v in c)]
     assert not cycles, f"import cycles: {cycles}"
 
 

@@ -299,5 +299,10 @@ def test_a_graph_too_wide_for_grandalf_is_layout_unavailable():
     g = opgraph.Graph("wide")
     x = g.add_input("x", opgraph.TensorType((1,), opgraph.DataType.FLOAT))
     g.outputs = [[g.add_node("Add", [x, x]) for _ in range(1000)][0].outputs[0]]
-    with pytest.raises(LayoutUnavailable, match="grandalf cannot lay out this graph .*graphviz"):
-        panel_data(Panel(g), engine="grandalf")
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(1000)  # Python's default, whatever ran before
+    try:
+        with pytest.raises(LayoutUnavailable, match="grandalf cannot lay out this graph .*graphviz"):
+            panel_data(Panel(g), engine="grandalf")
+    finally:
+        sys.setrecursionlimit(limit)
