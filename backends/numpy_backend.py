@@ -194,6 +194,8 @@ class NumpyExecutable(Executable):
                bindings: Mapping[str, Tensor]) -> np.ndarray:
         if slot.user is not None:  # a contiguous user tensor, viewed with the value's shape
             dst = bindings[slot.user].view().reshape(slot.shape)
+        elif slot.size == 0:  # an empty value: no bytes of the workspace (which may be none)
+            dst = np.empty(slot.shape, slot.dtype)
         else:
             if arena is None:
                 raise ValueError("the graph needs a workspace but none was given")

@@ -206,7 +206,8 @@ class Emitter:
     def tensor(self, t: TensorDesc) -> None:
         v = ident(t.id)
         addr = (f"dev_{ident(t.user)[2:]}" if t.buffer in ("user", "plan")
-                else f"static_cast<char *>(arena) + {t.ws_offset}")
+                else f"static_cast<char *>(arena) + {t.ws_offset}" if self.plan.workspace_size
+                else "nullptr")  # (an empty intermediate: no workspace, no arena)
         self.w(f"std::vector<int64_t> {v}_dims = {ints(t.dims)}, {v}_strides = {ints(t.strides)}, "
                f"{v}_storage = {ints(t.storage_dims)};")
         self.w(f"aclTensor *{v} = aclCreateTensor({v}_dims.data(), {v}_dims.size(), {t.dtype}, "
