@@ -8,6 +8,7 @@ there)."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -19,7 +20,9 @@ import pytest
 import backends
 import opgraph
 import opgraph.core.backend as registry
+from opgraph.aclnn import op_api
 from opgraph.core.backend import Backend, BackendUnavailable
+from opgraph.core.opapi import Param, op_api_specs
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -231,3 +234,41 @@ def test_capture_run_on_a_failing_backend_is_one_line(tmp_path):
     assert proc.returncode == 1
     assert proc.stderr == ("opgraph: error: --run: backend 'exploding' failed: RuntimeError: "
                            "plugin compiler exploded\n"), proc.stderr
+
+
+def test_an_op_api_spec_with_an_unknown_platform_or_a_bad_rank_is_refused_when_registered():
+    for spec, words in [(dict(platforms=("Ascend999",)), "platforms ['Ascend999']: unknown 'Ascend999'"),
+                        (dict(platforms=()), "platforms []: none"),
+                        (dict(rank=(3, 2)), "rank (3, 2) is not (min, max)")]:
+        with pytest.raises(ValueError, match=re.escape(words)):
+            @op_api("aclnnNeverRegistered", params=(Param("x", "tensor", "input"),), **spec)
+            def compose(ex, x):
+                pass
+    assert "aclnnNeverRegistered" not in op_api_specs()
+
+
+RANKED_OP = '''
+import numpy as np
+from opgraph.aclnn import op_api
+from opgraph.core.opapi import Param
+
+def make_inputs(cfg, rng):
+    return {"x": np.ones(cfg.shape, np.float32)}
+
+@op_api("aclnnOnly950", params=(Param("x", "tensor", "input"),), make_inputs=make_inputs,
+        platforms=("Ascend950",), rank=(2, 3), default_shape=(2, 3))
+def aclnnOnly950GetWorkspaceSize(ex, x):
+    pass
+'''
+
+
+def test_the_cli_keeps_an_op_apis_rank_and_defaults_to_a_platform_it_lists(tmp_path):
+    (tmp_path / "ranked.py").write_text(RANKED_OP)
+    run = ["run", "aclnnOnly950", "--load", "ranked.py"]
+    proc = opgraph_with("", *run, "--shape", "2,3,4,5", cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stderr == (
+        "opgraph: error: --shape: aclnnOnly950 needs rank <= 3 (N, C, ...), got [2, 3, 4, 5]\n")
+    proc = opgraph_with("", *run, "--help", cwd=tmp_path)
+    assert "(default: Ascend950)" in " ".join(proc.stdout.split())
+    proc = opgraph_with("", *run, "--shape", "2,3", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr

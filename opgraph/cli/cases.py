@@ -56,8 +56,9 @@ def add_common_options(p: argparse.ArgumentParser, spec: OpApiSpec, *,
                    help="dtype of the data tensors: float32, float16, bfloat16 (default: float32)")
     for o in spec.options:
         _add_option(p, o)
-    p.add_argument("--platform", type=parse_platform, default=DEFAULT_PLATFORM, metavar="SOC",
-                   help=f"SoC preset: {', '.join(PRESETS)} (default: {DEFAULT_PLATFORM})")
+    soc = DEFAULT_PLATFORM if DEFAULT_PLATFORM in spec.platforms else spec.platforms[0]
+    p.add_argument("--platform", type=parse_platform, default=soc, metavar="SOC",
+                   help=f"SoC preset: {', '.join(PRESETS)} (default: {soc})")
     shown = ("the library default, 1 on --backend ascend-sim, whose kernels exist up to it"
              if level_default is None and backend else
              "the library default" if level_default is None else level_default)
@@ -132,9 +133,10 @@ def build_case(args: argparse.Namespace, seed: "int | None" = None, peak: int = 
     ``peak``: what the command will hold at once, in multiples of the inputs and outputs (the
     memory limit applies to that)."""
     spec = get_op_api(args.op)
-    low = spec.rank[0]
-    if len(args.shape) < low:
-        raise CliError(f"--shape: {spec.name} needs rank >= {low} (N, C, ...), "
+    low, high = spec.rank
+    if not low <= len(args.shape) <= high:
+        need = f"rank >= {low}" if len(args.shape) < low else f"rank <= {high}"
+        raise CliError(f"--shape: {spec.name} needs {need} (N, C, ...), "
                        f"got {list(args.shape)}", code=2)
     if spec.make_inputs is None:
         raise CliError(f"{spec.name} has no input generator (make_inputs), so the CLI cannot "

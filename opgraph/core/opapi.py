@@ -118,6 +118,14 @@ class OpApiSpec:
     in_place: bool = False
 
     def __post_init__(self) -> None:
+        unknown = [soc for soc in self.platforms if soc not in PRESETS]
+        if unknown or not self.platforms:
+            raise ValueError(f"op_api {self.name}: platforms {list(self.platforms)}: "
+                             f"{'unknown ' + ', '.join(map(repr, unknown)) if unknown else 'none'} "
+                             f"(the presets: {', '.join(PRESETS)})")
+        if not 0 <= self.rank[0] <= self.rank[1]:
+            raise ValueError(f"op_api {self.name}: rank {self.rank} is not (min, max) with "
+                             "0 <= min <= max")
         if self.aclnn_api == "":
             object.__setattr__(self, "aclnn_api", self.name)
         if not self.aclnn_header and self.aclnn_api:  # aclnnBatchNormStats -> aclnn_batch_norm_stats.h
