@@ -272,3 +272,39 @@ def test_the_cli_keeps_an_op_apis_rank_and_defaults_to_a_platform_it_lists(tmp_p
     assert "(default: Ascend950)" in " ".join(proc.stdout.split())
     proc = opgraph_with("", *run, "--shape", "2,3", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
+
+
+SHADOW = '''
+import numpy as np
+import opgraph
+from opgraph.aclnn import op_api
+from opgraph.aclnn.batch_norm_stats import aclnnBatchNormStatsGetWorkspaceSize as builtin
+from opgraph.core.status import AclnnError, Status
+
+x = opgraph.tensor(np.ones((2, 3, 4), np.float32))
+out = [opgraph.tensor(np.zeros(3, np.float32)) for _ in range(2)]
+assert builtin(x, 1e-5, *out)[0] == 0  # compiled and cached
+try:
+    @op_api("aclnnBatchNormStats", params=builtin.spec.params)
+    def shadow(ex, input, eps, mean, invstd):
+        raise AclnnError(Status.ACLNN_ERR_PARAM_INVALID, "the replacement ran")
+except ValueError as e:
+    print(e)
+
+@op_api("aclnnBatchNormStats", params=builtin.spec.params, replace=True)
+def replacement(ex, input, eps, mean, invstd):
+    raise AclnnError(Status.ACLNN_ERR_PARAM_INVALID, "the replacement ran")
+
+print(replacement(x, 1e-5, *out)[0], opgraph.aclnn.aclGetRecentErrMsg())
+'''
+
+
+def test_an_op_api_name_from_another_file_needs_replace_and_replacing_empties_the_caches(tmp_path):
+    (tmp_path / "shadow.py").write_text(SHADOW)
+    proc = subprocess.run([sys.executable, "shadow.py"], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stderr
+    refused, replaced = proc.stdout.splitlines()
+    assert refused.startswith("op_api 'aclnnBatchNormStats' is already registered (from ")
+    assert refused.endswith("batch_norm_stats.py); pass replace=True to op_api() to replace it")
+    assert replaced.startswith("161002") and "the replacement ran" in replaced  # not the cached program

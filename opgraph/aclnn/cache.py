@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 import operator
 import threading
+import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Generic, Hashable, Optional, Sequence, TypeVar
 
@@ -127,6 +128,7 @@ class ExecutorCache(Generic[Entry]):
         self._root[:] = [self._root, self._root, None, None]
         self._lock = threading.Lock()
         self.hits = self.misses = 0
+        _CACHES.add(self)
 
     def _to_end(self, link: list) -> None:
         """Link ``link`` (unlinked) in as the most recently used."""
@@ -183,4 +185,12 @@ class ExecutorCache(Generic[Entry]):
             return out
 
 
+def clear_all_caches() -> None:
+    """Empty every executor cache (phase 1's, the structures', the direct calls'): what they
+    hold was compiled from op_apis as registered, and one was registered again."""
+    for c in list(_CACHES):
+        c.clear()
+
+
+_CACHES: "weakref.WeakSet[ExecutorCache]" = weakref.WeakSet()
 EXECUTOR_CACHE: ExecutorCache[CachedOp] = ExecutorCache()

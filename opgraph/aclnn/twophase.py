@@ -35,7 +35,7 @@ from opgraph.core.backend import BackendUnavailable, made
 from opgraph.core.config import current_backend, current_backend_ref, get_opt_level
 from opgraph.core.executor import CompiledProgram, Executor
 from opgraph.core.memory import plan_memory
-from opgraph.core.opapi import OpApiSpec, Param, register_op_api
+from opgraph.core.opapi import OpApiSpec, Param, op_api_specs, register_op_api
 from opgraph.core.opdef import L0Error
 from opgraph.core.quiet import restore, silence
 from opgraph.core.platform import get_platform
@@ -43,7 +43,7 @@ from opgraph.core.status import AclnnError, Status
 from opgraph.core.tensor import Tensor, extent, overlaps_itself, same_view
 from opgraph.core.types import RecordedCall
 from opgraph.passes import optimize
-from .cache import EXECUTOR_CACHE, CachedOp, cache_key, written_inputs
+from .cache import EXECUTOR_CACHE, CachedOp, cache_key, clear_all_caches, written_inputs
 from .structure import STRUCTURE_CACHE, UNTEMPLATED, Template, build_template, structure_key
 
 P = ParamSpec("P")
@@ -191,8 +191,11 @@ def op_api(name: str, *, params: Sequence[Param], **spec: Any
     make_inputs, reference, options, rank, aclnn_api, summary). Successful compilations are
     cached by argument metadata (:mod:`.cache`): a later call with the same shapes, dtypes,
     strides, formats, NULL pattern, scalars, platform and level only rebinds the tensors; a
-    call with new sizes of a known structure (:mod:`.structure`) skips recording and passes."""
+    call with new sizes of a known structure (:mod:`.structure`) skips recording and passes.
+    A name registered from another file needs ``replace=True`` (a reload of the same file does
+    not); registering again empties the caches."""
     params = tuple(params)
+    replace = bool(spec.pop("replace", False))
 
     def deco(compose: Callable[..., None]) -> Callable[..., Phase1]:
         sig = inspect.signature(compose)
@@ -246,8 +249,16 @@ def op_api(name: str, *, params: Sequence[Param], **spec: Any
         get_workspace_size.__signature__ = sig.replace(  # type: ignore[attr-defined]
             parameters=list(sig.parameters.values())[1:], return_annotation=Phase1)
         get_workspace_size.op_name = name  # type: ignore[attr-defined]
-        get_workspace_size.spec = register_op_api(OpApiSpec(  # type: ignore[attr-defined]
-            name, params, get_workspace_size, run_executor, **spec), replace=True)
+        get_workspace_size.source_file = compose.__code__.co_filename  # type: ignore[attr-defined]
+        made = OpApiSpec(name, params, get_workspace_size, run_executor, **spec)
+        before = op_api_specs().get(name)
+        if before is not None:  # the same file again (a reload), or replace=True
+            where = getattr(before.get_workspace_size, "source_file", "?")
+            if not replace and where != compose.__code__.co_filename:
+                raise ValueError(f"op_api {name!r} is already registered (from {where}); pass "
+                                 "replace=True to op_api() to replace it")
+            clear_all_caches()  # what they hold was compiled from the one replaced
+        get_workspace_size.spec = register_op_api(made, replace=True)  # type: ignore[attr-defined]
         return get_workspace_size
     return deco
 
