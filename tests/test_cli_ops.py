@@ -109,7 +109,7 @@ UNFUSABLE = textwrap.dedent('''
     @op_api("aclnnTestTwice", params=(Param("x", "tensor", "input"), Param("out", "tensor", "output")),
             make_inputs=lambda cfg, rng: {"x": np.ones(cfg.shape, np.float32),
                                           "out": np.zeros(cfg.shape, np.float32)},
-            aclnn_api=None)
+            aclnn_api=None, replace=True)  # (each parametrised run writes its own file)
     def aclnnTestTwiceGetWorkspaceSize(ex, x, out):
         ex.output(ViewCopy(ex, Twice(ex, Contiguous(ex, ex.input("x", x))), ex.input("out", out)))
 ''')
