@@ -308,3 +308,41 @@ def test_an_op_api_name_from_another_file_needs_replace_and_replacing_empties_th
     assert refused.startswith("op_api 'aclnnBatchNormStats' is already registered (from ")
     assert refused.endswith("batch_norm_stats.py); pass replace=True to op_api() to replace it")
     assert replaced.startswith("161002") and "the replacement ran" in replaced  # not the cached program
+
+
+INSTALLED_KIT = '''
+import warnings
+from opgraph.core.opapi import op_api_specs
+from opgraph.testing import check_backend
+assert "aclnnInstalledCast" not in op_api_specs()  # nothing imported the plugin yet
+with warnings.catch_warnings(record=True) as seen:
+    warnings.simplefilter("always")
+    report = check_backend("numpy", levels=(0,), layouts=("contiguous",),
+                           op_apis=None, platforms=("Ascend910B",), dtypes=("float32",))
+print("aclnnInstalledCast" in op_api_specs(), [str(w.message) for w in seen])
+'''
+
+INSTALLED_OP = '''
+import numpy as np
+from l0ops.basic import Cast, ViewCopy
+from opgraph.aclnn import op_api
+from opgraph.core.dtypes import DataType
+from opgraph.core.opapi import Param
+
+@op_api("aclnnInstalledCast", params=(Param("x", "tensor", "input"), Param("out", "tensor", "output")),
+        make_inputs=lambda cfg, rng: {"x": np.ones(cfg.shape, np.float32),
+                                      "out": np.zeros(cfg.shape, np.float16)})
+def aclnnInstalledCastGetWorkspaceSize(ex, x, out):
+    ex.output(ViewCopy(ex, Cast(ex, ex.input("x", x), to=DataType.FLOAT16), ex.input("out", out)))
+'''
+
+
+def test_check_backend_takes_installed_op_apis_and_warns_of_broken_ones(tmp_path):
+    site = installed(tmp_path, "opgraph.op_apis", {"good": "opg_installed_cast", "bad": "opg_gone"},
+                     {"opg_installed_cast": INSTALLED_OP})
+    (tmp_path / "kit.py").write_text(INSTALLED_KIT)
+    proc = subprocess.run([sys.executable, "kit.py"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=600, env={**os.environ, "PYTHONPATH": f"{site}:{ROOT}"})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == ("True [\"the op_api entry point 'bad' (opg_gone) failed to import, "
+                                   "skipped: ModuleNotFoundError: No module named 'opg_gone'\"]")
