@@ -163,9 +163,12 @@ def _recording(p: Pass, hits: dict[str, list[str]]) -> Pass:
         return p
 
     def wrap(rule: Rule) -> Rule:
-        def then(graph: Graph, node: Any) -> None:
-            hits.setdefault(rule.name, []).append(node_key(node))
-            rule.then(graph, node)
+        def then(graph: Graph, node: Any) -> "bool | None":
+            key = node_key(node)  # (before the rewrite detaches the node)
+            done = rule.then(graph, node)
+            if done is not False:
+                hits.setdefault(rule.name, []).append(key)
+            return done
         return Rule(rule.name, rule.op, rule.when, then)
 
     q = copy.copy(p)

@@ -59,6 +59,25 @@ def buffer_root_value(v: Any) -> Any:
     return v
 
 
+def memory_of(v: Any) -> Any:
+    """The value whose memory ``v`` is: through free views, and through in-place writes to the
+    tensor they wrote (a ViewCopy's result is its destination).
+
+        >>> from opgraph.core.ir import Graph, TensorType
+        >>> from opgraph.core.dtypes import DataType
+        >>> import l0ops
+        >>> g = Graph(); x = g.add_input("x", TensorType((4,), DataType.FLOAT))
+        >>> out = g.add_input("out", TensorType((4,), DataType.FLOAT))
+        >>> copied = g.add_node("ViewCopy", [x, out]).outputs[0]
+        >>> memory_of(copied).name
+        'out'
+    """
+    v = buffer_root_value(v)
+    while v.producer is not None and v.producer.opdef.written(v.producer):
+        v = buffer_root_value(v.producer.inputs[v.producer.opdef.written(v.producer)[0]])
+    return v
+
+
 def plan_memory(graph: Any) -> MemoryPlan:
     """Liveness over the node order, then first-fit offsets (lowest gap that fits)."""
     plan = MemoryPlan()

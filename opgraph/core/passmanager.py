@@ -116,8 +116,8 @@ class RewritePass(Pass):
                 if not node.outputs:  # removed by an earlier rule this round (detached)
                     continue
                 for rule in by_op.get(node.op, generic):
-                    if rule.when(node):
-                        rule.then(graph, node)
+                    # (a then that returns False found it could not rewrite after all)
+                    if rule.when(node) and rule.then(graph, node) is not False:
                         counts[rule.name] += 1
                         fired = True
                         break

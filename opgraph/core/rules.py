@@ -17,9 +17,10 @@ Graph = Node = Any  # opgraph.core.ir types (ir imports this module through opde
 @dataclass(frozen=True)
 class Rule:
     """On nodes of op ``op`` (None: any) for which ``when(node)`` holds, ``then(graph, node)``
-    rewrites the graph (dead nodes are swept afterwards)."""
+    rewrites the graph (dead nodes are swept afterwards); a ``then`` that returns False, having
+    found in the graph that it cannot rewrite after all, changed nothing."""
 
     name: str
     op: Optional[str]
     when: Callable[[Node], bool]
-    then: Callable[[Graph, Node], None]
+    then: Callable[[Graph, Node], "bool | None"]

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from l0ops.fused import FusedAttrs, Instr
 from opgraph.core.ir import Graph, Node, Value
+from opgraph.core.memory import memory_of
 from opgraph.core.opdef import all_ops
 from opgraph.core.passmanager import FunctionPass, RewritePass, sweep_dead
 from opgraph.core.rules import Rule
@@ -52,9 +53,20 @@ def _full_view_of_input(n: Node, numel: int) -> bool:
     return False
 
 
-def _group(seed: Node, taken: set) -> list[Node]:
+def moves_past_a_write(g: Graph, node: Node, to: int) -> bool:
+    """Whether running ``node`` at position ``to`` (later than its own) would read a tensor
+    that a node in between writes: it would see the new contents, not those it read."""
+    at = g.nodes.index(node)
+    mems = {id(memory_of(v)) for v in node.inputs}
+    return any(id(memory_of(m.inputs[k])) in mems for m in g.nodes[at + 1:to]
+               for k in m.opdef.written(m))
+
+
+def _group(g: Graph, seed: Node, taken: set) -> list[Node]:
     """The seed plus every absorbable producer all of whose users are already in the group
-    (but a full-size view of a graph input, :func:`_full_view_of_input`)."""
+    (but a full-size view of a graph input, :func:`_full_view_of_input`, and a producer whose
+    reads would move past a write: the fused kernel runs where the seed is)."""
+    seed_at = g.nodes.index(seed)
     group = {id(seed): seed}
     numel = seed.outputs[0].type.numel
     changed = True
@@ -65,7 +77,7 @@ def _group(seed: Node, taken: set) -> list[Node]:
                 p = v.producer
                 if p is None or id(p) in group or id(p) in taken or not _absorbable(p):
                     continue
-                if _full_view_of_input(p, numel):
+                if _full_view_of_input(p, numel) or moves_past_a_write(g, p, seed_at):
                     continue
                 if all(id(u) in group for u in p.outputs[0].users):
                     group[id(p)] = p
@@ -108,7 +120,7 @@ def _fuse(g: Graph) -> dict[str, int]:
             continue
         if any(id(u) in taken for u in seed.outputs[0].users):
             continue
-        group = _group(seed, taken)
+        group = _group(g, seed, taken)
         if len(group) < 2:
             continue
         order = [n for n in g.nodes if any(n is m for m in group)]
@@ -132,14 +144,18 @@ def _store_ok(n: Node) -> bool:
             and len(n.inputs[0].users) == 1)
 
 
-def _fuse_store(g: Graph, n: Node) -> None:
-    """ViewCopy(fused, y) → the fused kernel stores into y directly (strided or not)."""
+def _fuse_store(g: Graph, n: Node) -> bool:
+    """ViewCopy(fused, y) → the fused kernel stores into y directly (strided or not), where the
+    copy runs; False (nothing done) when a node in between writes what the kernel reads."""
     p = n.inputs[0].producer
+    if moves_past_a_write(g, p, g.nodes.index(n)):
+        return False
     attrs = p.attrs.model_copy(update={"store": True})
     new = g.add_node("FusedElementwise", p.inputs + [n.inputs[1]], attrs, index=g.nodes.index(n),
                      source=p.source)
     g.replace_all_uses_with(n.outputs[0], new.outputs[0])
     g.remove_node(n)
+    return True
 
 
 fuse_elementwise = FunctionPass("fuse-elementwise", _fuse)

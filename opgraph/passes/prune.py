@@ -16,8 +16,8 @@ from __future__ import annotations
 import numpy as np
 
 from l0ops.primitives import cast_array
-from opgraph.core.ir import Graph, Node
-from opgraph.core.memory import buffer_root_value
+from opgraph.core.ir import Graph, Node, Value
+from opgraph.core.memory import buffer_root_value, memory_of
 from opgraph.core.passmanager import FunctionPass, RewritePass, sweep_dead
 from opgraph.core.rules import Rule
 
@@ -94,10 +94,17 @@ def _cse(g: Graph) -> dict[str, int]:
     """Merge nodes with the same op, operands and attributes (effects are never merged)."""
     seen: dict[tuple, Node] = {}
     merged = 0
+    writes: dict[int, int] = {}  # id of a written tensor -> writes to it so far, in order
     for n in list(g.nodes):
-        if n.opdef.written(n):
+        written = n.opdef.written(n)
+        if written:
+            for k in written:
+                mem = id(memory_of(n.inputs[k]))
+                writes[mem] = writes.get(mem, 0) + 1
             continue
-        key = (n.op, tuple(id(v) for v in n.inputs), n.attrs.exact)  # (-0.0 is not 0.0)
+        # (-0.0 is not 0.0; a tensor read before and after a write holds two values)
+        versions = tuple(writes.get(id(memory_of(v)), 0) for v in n.inputs) if writes else ()
+        key = (n.op, tuple(id(v) for v in n.inputs), n.attrs.exact, versions)
         first = seen.get(key)
         if first is None:
             seen[key] = n
@@ -122,14 +129,35 @@ def _redirect_ok(n: Node, taken: set[str]) -> bool:
             and not p.opdef.is_free(p) and not p.opdef.written(p) and root.name not in taken)
 
 
+def _order_safe(g: Graph, copy_at: int, src_root: Value) -> bool:
+    """Whether redirecting the ViewCopy at ``copy_at`` keeps what every node reads: the source's
+    kernel would write the destination when it runs, so no node between them may touch the
+    destination, and no later write may clobber it while the source is still read."""
+    dst = memory_of(g.nodes[copy_at].inputs[1])
+    p = src_root.producer
+    start = g.nodes.index(p)
+    if any(memory_of(v) is dst for m in g.nodes[start + 1:copy_at] for v in m.inputs):
+        return False
+    src = {id(src_root)}
+    for m in g.nodes[start + 1:]:  # the source's views, by position
+        if m.opdef.is_free(m) and not m.opdef.written(m) and m.inputs and id(m.inputs[0]) in src:
+            src.update(id(v) for v in m.outputs)
+    last_read = max([k for k, m in enumerate(g.nodes) if any(id(v) in src for v in m.inputs)]
+                    + ([len(g.nodes)] if any(id(v) in src for v in g.outputs) else []), default=-1)
+    return not any(memory_of(m.inputs[k]) is dst for m in g.nodes[copy_at + 1:last_read]
+                   for k in m.opdef.written(m))
+
+
 def _redirect(g: Graph) -> dict[str, int]:
     """ViewCopy into a contiguous user tensor from a kernel's fresh output (or a free view of
     it) becomes a redirect: no copy kernel; the memory planner places the kernel's output in the
-    user tensor, where its other readers find it too. One redirect per kernel output."""
+    user tensor, where its other readers find it too. One redirect per kernel output, and only
+    where no node reads or writes the tensor in between (:func:`_order_safe`)."""
     count = 0
     taken: set[str] = set()
     for i, n in enumerate(g.nodes):
-        if n.op == "ViewCopy" and _redirect_ok(n, taken):
+        if (n.op == "ViewCopy" and _redirect_ok(n, taken)
+                and _order_safe(g, i, buffer_root_value(n.inputs[0]))):
             taken.add(buffer_root_value(n.inputs[0]).name)
             g.nodes[i] = Node(n.op, n.inputs, n.attrs.model_copy(update={"redirect": True}), n.source)
             g.nodes[i].outputs = n.outputs
