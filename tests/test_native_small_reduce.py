@@ -158,3 +158,30 @@ def test_a_profiled_run_sees_every_node(shape):
     assert seen == ["FusedReduce", "ViewCopy", "ViewCopy"]
     want, _ = run("numpy", "stats", x)
     assert all(np.array_equal(g.view(np.uint32), w.view(np.uint32)) for g, w in zip(got, want))
+
+
+def _broadcast_results(kind: str) -> opgraph.Graph:
+    """A FusedReduce one of whose results is a broadcast: of the input itself, or of its sum."""
+    g = opgraph.Graph(kind)
+    ch = g.add_input("ch", opgraph.TensorType((3,), opgraph.DataType.FLOAT))
+    total = g.add_node("ReduceSum", [ch], axes=(0,), keepdims=kind == "sum").outputs[0]
+    spread = ch if kind == "input" else total
+    row = g.add_node("UnsqueezeNd", [spread], dims=(0,)).outputs[0] if kind == "input" else spread
+    g.outputs = [total, g.add_node("BroadcastTo", [row], shape=(2, 3)).outputs[0]]
+    return opgraph.passes.optimize(g, 2)
+
+
+@pytest.mark.parametrize("kind", ["input", "sum"])
+def test_a_broadcast_result_of_the_serial_call_is_read_after_it_runs(kind):
+    """The reader of a broadcast result copied the scratch when it was made, before the call:
+    the first run gave garbage, later ones the previous run's values."""
+    opt = _broadcast_results(kind)
+    assert [n.op for n in opt.nodes] == ["FusedReduce"]
+    for values in ([1, 2, 3], [10, 20, 30], [-1, 0.5, 7]):
+        got = {name: backend_registry.get(name).run(opt, {"ch": opgraph.tensor(np.float32(values))})
+               for name in ("numpy", "native")}
+        total = float(np.float32(values).sum())
+        spread = [values, values] if kind == "input" else [[total] * 3] * 2
+        for name, out in got.items():
+            assert np.ravel(out[opt.outputs[0].name]).tolist() == [total], (name, values)
+            assert out[opt.outputs[1].name].tolist() == spread, (name, values)

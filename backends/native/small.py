@@ -168,9 +168,11 @@ def _readers(plan: SmallPlan, a: FusedReduceAttrs, scr: np.ndarray) -> list[Call
     readers: list[Callable[[], np.ndarray]] = []
     for (off, shape, strides, dtype), out_shape in zip(plan.results, a.out_shapes):
         v = np.ndarray(shape, np.float32, scr, 4 * off, strides)
-        if dtype == F32:
-            view = as_output(v, out_shape)
+        view = as_output(v, out_shape) if dtype == F32 else None
+        if view is not None and np.shares_memory(view, scr):  # a view: made once, read live
             readers.append(lambda view=view: view)
+        elif dtype == F32:  # a broadcast (or a reshape that copies): copied from each call's values
+            readers.append(lambda v=v, s=out_shape: as_output(v, s))
         else:
             readers.append(lambda v=v, t=dtype.np, s=out_shape: as_output(v.astype(t), s))
     return readers
