@@ -105,6 +105,12 @@ ReduceSum = define_op(
     doc="Sum over ``axes`` (empty axes is the identity); BOOL sums to INT64.")
 
 
+def _inverse(n: int) -> float:
+    """1/n for the f32 scale of a mean; inf for n = 0, as float32 division gives it (so a mean of
+    no elements is 0 × inf: NaN, not a ZeroDivisionError)."""
+    return 1.0 / n if n else math.inf
+
+
 def _count(shape, axes) -> int:
     """The elements each result averages (1 on a 0-d tensor, whose axis 0 is itself)."""
     return math.prod(shape[d] for d in _norm_axes("reduce", axes, len(shape)) if d < len(shape))
@@ -121,7 +127,7 @@ def _mean_expand(emit, args, a, ts):
         return args[0]
     axes = _norm_axes("ReduceMean", a.axes, t.rank)
     s = emit("sum", [_f32(emit, args[0], t)], F32, shape=_keep(t, axes), over=t.shape)
-    return _finish(emit, emit("mul", [s, _fill(emit, 1.0 / _count(t.shape, axes))], F32), out)
+    return _finish(emit, emit("mul", [s, _fill(emit, _inverse(_count(t.shape, axes)))], F32), out)
 
 
 ReduceMean = define_op(
@@ -149,7 +155,7 @@ def _var_expand(emit, args, a, ts):
     axes = _norm_axes("ReduceVar", a.axes, t.rank)
     R = _count(t.shape, axes)
     x = _f32(emit, args[0], t)
-    mean = emit("mul", [emit("sum", [x], F32, shape=_keep(t, axes), over=t.shape), _fill(emit, 1.0 / R)], F32)
+    mean = emit("mul", [emit("sum", [x], F32, shape=_keep(t, axes), over=t.shape), _fill(emit, _inverse(R))], F32)
     scale = _fill(emit, 1.0 / (R - a.correction) if R > a.correction else np.inf)
     d = emit("sub", [x, mean], F32)
     var = emit("sum", [emit("mul", [emit("mul", [d, scale], F32), d], F32)], F32, shape=_keep(t, axes),
@@ -209,7 +215,7 @@ def _std_expand(emit, args, a, ts):
     t, out = ts[0], _std_infer(ts, a)[0]
     axes = _norm_axes("ReduceStdWithMean", a.axes, t.rank)
     d = emit("sub", [x, mean], F32)
-    q = emit("mul", [emit("mul", [d, d], F32), _fill(emit, 1.0 / (_count(t.shape, axes) - a.correction))], F32)
+    q = emit("mul", [emit("mul", [d, d], F32), _fill(emit, _inverse(_count(t.shape, axes) - a.correction))], F32)
     v = emit("add", [emit("sum", [q], F32, shape=_keep(t, axes), over=t.shape), _fill(emit, a.eps)], F32)
     y = emit("sqrt", [emit("div", [_fill(emit, 1.0), v], F32) if a.invert else v], F32)
     return _finish(emit, y, out)

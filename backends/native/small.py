@@ -54,7 +54,9 @@ class SmallPlan:
     results: tuple[tuple[int, tuple[int, ...], tuple[int, ...], DataType], ...]
 
     def __post_init__(self) -> None:
-        self.pointers = PointerArray(max(len(self.small), 1))  # packs the addresses
+        packs = PointerArray(max(len(self.small), 1))  # packs the addresses (one slot at least:
+        # a body of constants reads no input, and its call gets a NULL it never reads)
+        self.pointers = packs if self.small else lambda *_: packs(0)
 
 
 def _plan(a: FusedReduceAttrs, inputs: Sequence[np.ndarray]) -> SmallPlan:

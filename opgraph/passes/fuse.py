@@ -79,6 +79,8 @@ def _group(g: Graph, seed: Node, taken: set) -> list[Node]:
                     continue
                 if _full_view_of_input(p, numel) or moves_past_a_write(g, p, seed_at):
                     continue
+                if p.op == "BroadcastTo" and any(u.opdef.kind == "view" for u in p.outputs[0].users):
+                    continue  # (its expansion is its operand, unbroadcast: a view of it would not fit)
                 if all(id(u) in group for u in p.outputs[0].users):
                     group[id(p)] = p
                     changed = True
@@ -141,7 +143,8 @@ def _fuse(g: Graph) -> dict[str, int]:
 def _store_ok(n: Node) -> bool:
     p = n.inputs[0].producer
     return (p is not None and p.op == "FusedElementwise" and not p.attrs.store
-            and len(n.inputs[0].users) == 1)
+            and len(n.inputs[0].users) == 1  # (a copy between one-element shapes may reshape)
+            and p.outputs[0].type.shape == n.inputs[1].type.shape)
 
 
 def _fuse_store(g: Graph, n: Node) -> bool:
