@@ -1,10 +1,12 @@
 """Valid graphs a fuzz of the passes crashed on or mis-shaped, each at levels 0/1/2 on numpy
 and native, against values worked out by hand: constants folded from 0-d Fills, 0-d results
-(they came out 1-d), a mean over no elements (NaN, not ZeroDivisionError), a view of a
-broadcast inside a fused group, a fused store between one-element shapes that differ, and a
-fused reduction of constants only (no input for the native call)."""
+(fused kernels and Contiguous made them 1-d), a mean over no elements (NaN, not
+ZeroDivisionError), a view of a broadcast inside a fused group, a fused store between
+one-element shapes that differ, and a fused reduction of constants only (no input for the
+native call)."""
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -69,7 +71,15 @@ def reduction_of_constants():
     return g, {"x": np.float32([0])}, [np.float32([4.5])]
 
 
-CASES = [folded_0d_fills, zero_d_results, mean_of_nothing, view_of_a_broadcast,
+def contiguous_0d():
+    g = Graph("contiguous_0d")
+    x = g.add_input("x", TensorType((), DataType.BF16))
+    same = node(g, "Contiguous", x)
+    g.outputs = [same, node(g, "Cast", same, to=F)]
+    return g, {"x": np.array(2.5, ml_dtypes.bfloat16)}, [np.array(2.5, ml_dtypes.bfloat16), np.float32(2.5)]
+
+
+CASES = [folded_0d_fills, zero_d_results, contiguous_0d, mean_of_nothing, view_of_a_broadcast,
          store_between_one_element_shapes, reduction_of_constants]
 
 
