@@ -112,7 +112,7 @@ def split_load(argv: Sequence[str]) -> tuple[list[str], list[str]]:
     return mods, rest
 
 
-USER_CODE: list[str] = []  # files (and package directories, ending in os.sep) of --load'ed and
+USER_CODE: set[str] = set()  # files (and package directories, ending in os.sep) of --load'ed and
 # installed (entry point) op_api modules
 
 
@@ -127,7 +127,7 @@ def load(target: str) -> None:
                 raise ImportError(f"cannot load {target!r}")
             module = importlib.util.module_from_spec(spec)
             sys.modules[name] = module
-            USER_CODE.append(os.path.realpath(target))
+            USER_CODE.add(os.path.realpath(target))
             spec.loader.exec_module(module)
         elif os.path.isfile(target):  # `--load graph.json` would import graph, then graph.json
             raise CliError(f"--load {target!r}: a file that is not a .py file; --load takes a "
@@ -217,9 +217,9 @@ def _run(argv: Optional[Sequence[str]]) -> int:
 def note_user_code(module: ModuleType) -> None:
     """Count ``module``'s code (every file under it, for a package) as user code."""
     if getattr(module, "__path__", None):
-        USER_CODE.extend(os.path.join(os.path.realpath(d), "") for d in module.__path__)
+        USER_CODE.update(os.path.join(os.path.realpath(d), "") for d in module.__path__)
     elif getattr(module, "__file__", None):
-        USER_CODE.append(os.path.realpath(module.__file__))
+        USER_CODE.add(os.path.realpath(module.__file__))
 
 
 def user_code_line(e: BaseException) -> Optional[str]:
