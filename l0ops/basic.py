@@ -29,7 +29,7 @@ def _same(ts, a):
 
 
 def _contiguous(xs, a):
-    return [np.ascontiguousarray(xs[0]).reshape(np.shape(xs[0]))]  # (it makes 0-d arrays 1-d)
+    return [np.asarray(xs[0], order="C")]  # (not ascontiguousarray, which makes 0-d arrays 1-d)
 
 
 Contiguous = define_op(

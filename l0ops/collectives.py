@@ -68,12 +68,12 @@ def _gather(xs, a: GatherAttrs):
     if group.world_size != a.world:
         raise L0Error(f"AllGather: group {a.group!r} has {group.world_size} ranks, the graph was "
                       f"captured with {a.world}")
-    xs = [np.ascontiguousarray(x).reshape(np.shape(x)) for x in xs]  # (0-d stays 0-d)
+    xs = [np.asarray(x, order="C") for x in xs]  # (0-d stays 0-d)
     return _checked("AllGather", group.all_gather(xs), [((a.world,) + x.shape, x.dtype) for x in xs])
 
 
 def _reduce(xs, a: CollectiveAttrs):
-    xs = [np.ascontiguousarray(x).reshape(np.shape(x)) for x in xs]  # (0-d stays 0-d)
+    xs = [np.asarray(x, order="C") for x in xs]  # (0-d stays 0-d)
     return _checked("AllReduce", get_group(a.group).all_reduce(xs), [(x.shape, x.dtype) for x in xs])
 
 

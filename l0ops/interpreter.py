@@ -378,8 +378,8 @@ def run_fused(a: FusedAttrs, inputs: Sequence[np.ndarray], out: "np.ndarray | No
     prog = program(a, inputs)
     full = prog.full
     if prog.straight():  # small: no hoisting, no chunks
-        if out is None:  # (ascontiguousarray makes a 0-d result 1-d: shaped back)
-            return np.ascontiguousarray(np.broadcast_to(prog.run_flat(inputs), full)).reshape(full)
+        if out is None:  # (not ascontiguousarray, which makes a 0-d result 1-d)
+            return np.asarray(np.broadcast_to(prog.run_flat(inputs), full), order="C")
         prog.run_flat(inputs, out)
         return out
     values = prog.hoist(inputs)

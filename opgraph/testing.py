@@ -166,15 +166,14 @@ def check_backend(backend: Union[str, Backend], *, op_apis: Optional[Sequence[st
     """Run op_apis through ``backend`` (a registered name or an instance) and the numpy reference
     backend on identical inputs — every registered op_api (installed ones too) unless ``op_apis``
     names some, on its platforms, dtypes, generator flags, ``shapes`` (default:
-    :func:`default_shapes`), ``levels`` and output ``layouts`` — and report every case whose outputs differ, and every case whose
-    phase 2 fails on both (the generator's inputs are valid; a phase 1 both refuse, such as an
-    output layout the op_api does not take, is not reported)."""
+    :func:`default_shapes`), ``levels`` and output ``layouts`` — and report every case whose
+    outputs differ, and every case whose phase 2 fails on both (the generator's inputs are valid;
+    a phase 1 both refuse, such as an output layout the op_api does not take, is not reported)."""
     target = get(backend)
     report = BackendReport(target.name)
     for ep in load_entry_points():  # installed op_apis are registered ones too (as in the CLI)
         if ep.error is not None:
-            warnings.warn(f"the op_api entry point {ep.name!r} ({ep.module}) failed to import, "
-                          f"skipped: {type(ep.error).__name__}: {ep.error}", stacklevel=2)
+            warnings.warn(ep.failure, stacklevel=2)
     specs = [get_op_api(n) for n in op_apis] if op_apis else list(op_api_specs().values())
     for spec in specs:
         if spec.make_inputs is None:

@@ -19,8 +19,9 @@ import numpy as np
 from opgraph.core.executor import Executor
 from opgraph.core.opapi import op_api_specs
 from opgraph.core.status import Status
-from opgraph.core.tensor import Tensor, overlapping, same_view
-from .twophase import fail, succeed, unwritable_reason, writes_shared_memory, written_inputs
+from opgraph.core.tensor import Tensor
+from .twophase import (fail, memory_partner, succeed, unwritable_reason, writes_shared_memory,
+                       written_inputs)
 
 
 def _bad_executor(executor: Any) -> Optional[Status]:
@@ -105,10 +106,8 @@ def _sharing(executor: Executor, bindings: dict[str, Tensor], name: str) -> Opti
     in_place = spec is not None and spec.in_place
     if not writes_shared_memory(args, written_at, read_at, in_place):
         return None
-    t = bindings[name]
-    others = [n for n in names if n != name and overlapping([t, bindings[n]])
-              and not (in_place and same_view(t, bindings[n]) and (n in written) != (name in written))]
-    return f"%{others[0]}" if others else "another argument"
+    other = memory_partner({n: bindings[n] for n in names}, written, name, in_place)
+    return f"%{other}" if other else "another argument"
 
 
 def aclSetInputTensorAddr(executor: Optional[Executor], index: int, t: Tensor) -> Status:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import inspect
 import threading
-from typing import Any, Callable, Concatenate, Optional, ParamSpec, Sequence
+from typing import Any, Callable, Concatenate, Container, Mapping, Optional, ParamSpec, Sequence
 
 import numpy as np
 
@@ -303,6 +303,31 @@ def writes_shared_memory(args: tuple, written_at: Sequence[int], read_at: Sequen
                 if wlo < hi and lo < whi and lo < hi and not (in_place and same_view(w, r)):
                     return True
     return False
+
+
+def memory_partner(tensors: Mapping[str, Tensor], written: Container[str], name: str,
+                   in_place: bool = False) -> Optional[str]:
+    """The first other name in ``tensors`` whose tensor shares memory with ``name``'s where
+    either is ``written`` — :func:`writes_shared_memory`'s rule, naming the clash; None if none.
+
+        >>> import numpy as np, opgraph
+        >>> a = np.zeros(4, np.float32)
+        >>> ts = {"x": opgraph.tensor(a), "y": opgraph.tensor(a[2:]), "z": opgraph.tensor(a)}
+        >>> memory_partner(ts, {"y"}, "x"), memory_partner(ts, set(), "x")
+        ('y', None)
+    """
+    t = tensors[name]
+    lo, hi = extent(t)
+    if lo == hi:  # (an empty tensor shares nothing)
+        return None
+    for other, u in tensors.items():
+        if other == name or not (name in written or other in written):
+            continue
+        olo, ohi = extent(u)
+        if olo < hi and lo < ohi and not (in_place and (name in written) != (other in written)
+                                          and same_view(t, u)):
+            return other
+    return None
 
 
 def _reused(hit: CachedOp, args: tuple) -> Phase1:

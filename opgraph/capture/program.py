@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 import numpy as np
 
 from l0ops.collectives import is_collective
-from opgraph.aclnn.twophase import unwritable_reason, written_inputs
+from opgraph.aclnn.twophase import memory_partner, unwritable_reason, written_inputs
 from opgraph.core.backend import Backend, Executable, get as get_backend, made
 from opgraph.core.config import BackendRef, check_level, current_backend_ref
 from opgraph.core.executor import tensor_type
@@ -26,7 +26,7 @@ from opgraph.core.ir import Graph
 from opgraph.core.memory import MemoryPlan, plan_memory
 from opgraph.core.platform import Platform
 from opgraph.core.quiet import restore, silence
-from opgraph.core.tensor import Tensor, extent, tensor
+from opgraph.core.tensor import Tensor, tensor
 from opgraph.passes import optimize
 from opgraph.passes.program import optimize_program
 from .recorder import CaptureError
@@ -177,19 +177,13 @@ class Program:
         checked = tuple([(name, bindings[name]) for name in rebound])
         if checked == self._apart:
             return
-        written = self._written
         for name in rebound:
-            lo, hi = extent(bindings[name])
-            if lo == hi:
-                continue
-            for other, t in bindings.items():
-                if other != name and (name in written or other in written):
-                    olo, ohi = extent(t)
-                    if olo < hi and lo < ohi:
-                        w, r = (name, other) if name in written else (other, name)
-                        raise ValueError(f"replay: {name}: shares memory with {other}; the program "
-                                         f"writes {w} and was captured with {w} and {r} apart "
-                                         "(pass tensors that do not overlap, or capture again)")
+            other = memory_partner(bindings, self._written, name)
+            if other is not None:
+                w, r = (name, other) if name in self._written else (other, name)
+                raise ValueError(f"replay: {name}: shares memory with {other}; the program "
+                                 f"writes {w} and was captured with {w} and {r} apart "
+                                 "(pass tensors that do not overlap, or capture again)")
         self._apart = checked
 
     def _viewed(self, name: str, value: Any) -> Tensor:

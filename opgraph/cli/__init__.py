@@ -155,8 +155,7 @@ def _run(argv: Optional[Sequence[str]]) -> int:
             raise CliError("--load: expected a module name or a .py path", code=2)
         for ep in load_entry_points():  # installed op_apis: user code too
             if ep.error is not None:
-                _say(f"opgraph: warning: the op_api entry point {ep.name!r} ({ep.module}) failed "
-                     f"to import, skipped: {one_line(f'{type(ep.error).__name__}: {ep.error}')}")
+                _say(f"opgraph: warning: {ep.failure}")
             else:
                 note_user_code(sys.modules[ep.module])
         for m in mods:

@@ -176,6 +176,14 @@ class EntryPointLoad:
     module: str
     error: Optional[Exception] = None
 
+    @property
+    def failure(self) -> str:
+        """What went wrong, in one line ("" when it imported)."""
+        if self.error is None:
+            return ""
+        why = " ".join(f"{type(self.error).__name__}: {self.error}".split())
+        return f"the op_api entry point {self.name!r} ({self.module}) failed to import, skipped: {why}"
+
 
 def load_entry_points() -> list[EntryPointLoad]:
     """Import the modules of the ``opgraph.op_apis`` entry points (the first call; later calls

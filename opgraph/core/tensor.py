@@ -312,18 +312,6 @@ def extent(t: Tensor) -> tuple[int, int]:
     return lo, lo + span
 
 
-def overlapping(tensors: Sequence[Tensor]) -> bool:
-    """Whether the byte ranges of any two of ``tensors`` intersect (conservative: two strided
-    views that interleave without sharing an element count as overlapping; an empty tensor
-    overlaps nothing). Pairwise: meant for the few outputs of one call.
-
-    >>> a = np.zeros(8, np.float32)
-    >>> overlapping([tensor(a[:4]), tensor(a[4:])]), overlapping([tensor(a[:5]), tensor(a[4:])])
-    (False, True)
-    """
-    return len(tensors) > 1 and spans_overlap(map(extent, tensors))
-
-
 def overlaps_itself(t: Tensor) -> bool:
     """Whether two of ``t``'s elements may share memory: a stride of 0 on a dimension longer than
     1, or strides that interleave (conservative: dims taken innermost first, each stride must

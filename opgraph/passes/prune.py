@@ -64,9 +64,9 @@ def _fold_constant(g: Graph, n: Node) -> None:
         value = args[0]
     else:
         value = n.opdef.compute(args, n.attrs)[0]
-    out = n.outputs[0].type  # (one element, whatever shape compute gave it)
-    _replace(g, n, "Fill", [], shape=out.shape,
-             value=float(cast_array(np.asarray(value), out.dtype).reshape(())), dtype=out.dtype)
+    out = n.outputs[0].type
+    _replace(g, n, "Fill", [], shape=out.shape, value=float(cast_array(np.asarray(value), out.dtype)),
+             dtype=out.dtype)
 
 
 def _foldable(n: Node) -> bool:
