@@ -127,8 +127,8 @@ def _affine_body(in_types) -> tuple[tuple[Instr, ...], str]:
     b = emit("sub", [emit("fill", [], value=0.0), b0])
     d = emit("sub", [emit("mul", [mu, b0]), emit("mul", [md, a])])
     out = emit("add", [emit("add", [emit("mul", [g, a]), emit("mul", [x, b])]), d])
-    T = in_types[0].dtype
-    return tuple(body), (out if T == F32 else emit("cast", [out], T))
+    result = out if in_types[0].dtype == F32 else emit("cast", [out], in_types[0].dtype)
+    return tuple(body), result  # the body after the cast emitted last
 
 
 def _to_affine(g, n) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -211,6 +212,19 @@ def test_fast_math_error_within_documented_bound():
     exact = go * A + x * B + D
     bound = 8 * np.finfo(np.float32).eps * (np.abs(go * A) + np.abs(x * B) + np.abs(D))
     assert np.all(np.abs(out - exact) <= bound)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16])
+def test_fast_math_compiles_half_precision_graphs(dtype):
+    """The affine body of a float16/bfloat16 kernel ends with its cast back (once defined after
+    the body was taken, so the result register was undefined); tests/test_fast_math.py bounds
+    its error."""
+    ex, arrays, out = record(shape=(4, 3, 8, 8), dtype=dtype)
+    g = passes.optimize(ex.graph, 2, fast_math=True)
+    fused = [n for n in g.nodes if n.op == "FusedElementwise"]
+    assert len(fused) == 1 and fused[0].attrs.body[-1].op == "cast"
+    run_graph(g, ex)
+    assert out.dtype == dtype and np.all(np.isfinite(out.astype(np.float32)))
 
 
 # --- memory planner --------------------------------------------------------------------------
