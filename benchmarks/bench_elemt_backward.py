@@ -6,7 +6,9 @@ arithmetic is compute-bound) and ``c = a + b`` on the raw bits compiled with the
 compiler and flags, on the native thread team with 2 threads (the memory floor: read two
 tensors, write one, at the speed this machine's two cores allow). For fp16 also the floor of a
 bit-faithful kernel (``floor C fp16 steps``): the body's per-element steps, each rounded to fp16
-as on the NPU, in the native kernels' vector helpers (``bench_common.C_F16_STEPS``).
+as on the NPU, in the native kernels' vector helpers (``bench_common.C_F16_STEPS``). Variants
+marked ``FM*`` run level 2 under ``opgraph.fast_math()``: NOT bit-exact, shown for what the
+bit-faithful roundings cost.
 
 Variants run interleaved in one process, each repeat starting one variant later
 (``bench_common.interleaved``: what the variant before leaves in the caches moves a call's time);
@@ -61,12 +63,13 @@ def make_inputs(shape, dt, seed=0):
     return [on_huge_pages(a) for a in arr], on_huge_pages(np.zeros(shape, dt))
 
 
-def opgraph_variant(level: int, backend: str, arrays, out) -> Callable[[], None]:
+def opgraph_variant(level: int, backend: str, arrays, out, fast_math: bool = False
+                    ) -> Callable[[], None]:
     tensors = [opgraph.tensor(a) for a in arrays]
     out_t = opgraph.tensor(out)
 
     def call():
-        with opgraph.opt_level(level), opgraph.use_backend(backend):
+        with opgraph.opt_level(level), opgraph.use_backend(backend), opgraph.fast_math(fast_math):
             st, ws, ex = phase1(*tensors, out_t)
             st2 = phase2(bytearray(ws) if ws else None, ws, ex)
         assert st == 0 and st2 == 0
@@ -160,6 +163,8 @@ def bench_shape(shape, dname, reps: int, only: "set[str] | None" = None) -> None
     import backends
     if "native" in backends.available():
         others["opgraph L2 native"] = opgraph_variant(2, "native", arrays, out)
+    for backend in ("numpy", "native") if "native" in backends.available() else ("numpy",):
+        others[f"opgraph L2 {backend} FM*"] = opgraph_variant(2, backend, arrays, out, True)
     others["naive numpy"] = naive_variant(arrays, out)
     others.update(torch_variants(arrays, out))
     variants.update({k: f for k, f in others.items() if not only or any(w in k for w in only)})
@@ -171,15 +176,18 @@ def bench_shape(shape, dname, reps: int, only: "set[str] | None" = None) -> None
     cf, tc, l0 = (med.get(k) for k in ("floor C 2 threads", "torch.compile", "opgraph L0 numpy"))
     nbytes = out.nbytes
     print(f"\n{dname} {list(shape)}  ({reps} interleaved runs; tensor {nbytes / 2**20:.1f} MiB)")
-    print(f"  {'variant':20s} {'median':>10s} {'min–max':>19s} {'/floor':>7s} {'/bits':>7s} "
+    print(f"  {'variant':22s} {'median':>10s} {'min–max':>19s} {'/floor':>7s} {'/bits':>7s} "
           f"{'/Cfloor':>7s} {'/tcomp':>7s} {'/L0':>6s} {'peak extra':>11s}")
     for name, ts in times.items():
         m = med[name]
         peak = peak_extra_bytes(variants[name]) if not name.startswith("torch") else float("nan")
         peak_s = f"{peak / nbytes:9.2f}×T" if peak == peak else "        n/a"
-        print(f"  {name:20s} {m * 1e3:8.3f}ms {min(ts) * 1e3:8.3f}–{max(ts) * 1e3:8.3f}ms "
+        print(f"  {name:22s} {m * 1e3:8.3f}ms {min(ts) * 1e3:8.3f}–{max(ts) * 1e3:8.3f}ms "
               f"{_ratio(m, floor)} {_ratio(m, traffic)} {_ratio(m, cf)} {_ratio(m, tc)} "
               f"{_ratio(m, l0, 5)} {peak_s}")
+    if any(name.endswith("FM*") for name in times):
+        print("  * opgraph.fast_math(): NOT bit-exact (the per-channel affine form in float32, "
+              "one rounding to the output dtype)")
 
 
 def bench_latency(reps: int) -> None:

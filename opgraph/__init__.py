@@ -12,9 +12,9 @@ re-exports the public names, loading the layers in that order.
 """
 from .core import (AclnnError, Backend, BackendUnavailable, DataType, Executor, Format, Graph,
                    GraphError, Node, Platform, Status, Tensor, TensorType, Value, dtype_of,
-                   format_of, get_backend_name, get_opt_level, get_platform, is_contiguous,
-                   opt_level, platform, promote_types, set_backend, set_opt_level, set_platform,
-                   tensor, use_backend)
+                   fast_math, format_of, get_backend_name, get_fast_math, get_opt_level,
+                   get_platform, is_contiguous, opt_level, platform, promote_types, set_backend,
+                   set_fast_math, set_opt_level, set_platform, tensor, use_backend)
 import l0ops  # noqa: E402,F401  (registers the l0 ops)
 from . import passes, aclnn, ops, testing  # noqa: E402
 from .capture import Program, capture  # noqa: E402  (the function shadows the package name)
@@ -26,6 +26,6 @@ __all__ = [
     "Platform", "get_platform", "platform", "set_platform", "Tensor", "is_contiguous", "tensor",
     "Graph", "GraphError", "Node", "TensorType", "Value", "Executor", "Backend",
     "BackendUnavailable", "get_backend_name", "get_opt_level", "opt_level", "set_backend",
-    "set_opt_level", "use_backend", "aclnn", "ops", "passes", "testing", "capture", "Program",
-    "__version__",
+    "set_opt_level", "use_backend", "fast_math", "get_fast_math", "set_fast_math", "aclnn", "ops",
+    "passes", "testing", "capture", "Program", "__version__",
 ]

@@ -2,7 +2,8 @@
 
 The key holds, per argument, the tensor metadata (shape, strides, dtype, format, as the
 tensor's interned :attr:`~opgraph.core.tensor.Tensor.signature_id`) or None for a NULL,
-scalars by value, which arguments are the same tensor, the platform and the opt level —
+scalars by value, which arguments are the same tensor, the platform and the opt level (paired
+with "fast-math" when that is on: :func:`~opgraph.core.config.compile_setting`) —
 everything phase 1 depends on except data pointers and whether the outputs are writable,
 which a hit checks (:meth:`CachedOp.writable`). Phase 1 appends one more part when a tensor the
 call writes shares memory with another argument (:func:`~.twophase.writes_shared_memory`:
@@ -31,7 +32,7 @@ from opgraph.core.tensor import Tensor
 TensorMeta = Callable[[Any], Optional[Hashable]]
 
 
-def call_key(name: Hashable, args: Sequence[Any], platform: Any, level: int, meta: TensorMeta,
+def call_key(name: Hashable, args: Sequence[Any], platform: Any, level: Hashable, meta: TensorMeta,
              kinds: Any = Tensor) -> Optional[tuple]:
     """``(name, platform, level, one part per argument)``: ``meta(tensor)`` for a tensor's
     first appearance (a tensor: an instance of ``kinds``, opgraph Tensors unless a caller keys
@@ -61,7 +62,7 @@ def call_key(name: Hashable, args: Sequence[Any], platform: Any, level: int, met
     return tuple(parts)
 
 
-def cache_key(name: str, args: tuple, platform: Any, level: int) -> Optional[tuple]:
+def cache_key(name: str, args: tuple, platform: Any, level: Hashable) -> Optional[tuple]:
     """The cache key, or None when an argument cannot be keyed (then nothing is cached). A
     tensor is keyed by its signature's id; whether an output is writable is checked on a hit
     (:meth:`CachedOp.writable`), not keyed."""

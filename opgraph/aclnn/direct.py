@@ -6,7 +6,8 @@ workspace, as the SyncBatchNorm family's op_apis are at level 2, the default (at
 of them need one); native runs their one-kernel programs from the arrays' addresses).
 
 What phase 1 checks depends on the arguments' metadata, never on their values: on dtypes,
-shapes, strides, which are NULL or the same array, the scalars, the platform and the opt level.
+shapes, strides, which are NULL or the same array, the scalars, the platform and the opt level
+(with the fast-math setting).
 So the first call with given metadata runs the op_api as usual (:meth:`DirectCalls.call`'s
 ``slow``), which checks everything and raises on bad input; a recorder watches its phase 1, and
 the call is remembered when its program needs no workspace (or its backend runs it without one:
@@ -36,7 +37,7 @@ import numpy as np
 
 from opgraph.core import capturing
 from opgraph.core.backend import Executable, made
-from opgraph.core.config import current_backend_ref, get_opt_level
+from opgraph.core.config import compile_setting, current_backend_ref
 from opgraph.core.dtypes import DataType
 from opgraph.core.platform import get_platform
 from opgraph.core.tensor import Tensor as OpTensor, array_address, is_contiguous, spans_overlap
@@ -244,7 +245,7 @@ class DirectCalls:
             (None, ('=', 0), (<class 'float'>, 0.5, 1.0))
         """
         arrays = self.arrays
-        return op_call_key((name, current_backend_ref()), args, get_platform(), get_opt_level(),
+        return op_call_key((name, current_backend_ref()), args, get_platform(), compile_setting(),
                            arrays.metadata, arrays.kinds)
 
     def call(self, name: str, args: tuple, slow: Callable[[], Sequence[Any]]) -> Sequence[Any]:

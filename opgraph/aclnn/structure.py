@@ -27,7 +27,7 @@ executor cache alone. Bounded (LRU, 128 structures) and thread-safe, like the ex
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Hashable, Optional
 
 from opgraph.core.executor import CompiledProgram, Executor
 from opgraph.core.memo import BoundedMemo
@@ -43,7 +43,7 @@ MAX_PROBE_ELEMS = 1 << 24  # larger probes (high ranks, many distinct dims) are 
 _KINDS = BoundedMemo(limit=4096)
 
 
-def structure_key(name: str, args: tuple, platform: Any, level: int,
+def structure_key(name: str, args: tuple, platform: Any, level: Hashable,
                   key: Optional[tuple] = None) -> tuple[Optional[tuple], tuple[int, ...]]:
     """``(key, dims)``: the structure key (None when the call cannot take part) and the values
     of its independent dims, in order of first appearance. Built from the call's exact
@@ -88,6 +88,7 @@ class Template:
         assert probe.program is not None
         self.recorded, self.compiled = probe.graph, probe.program.compiled
         self.level, self.platform = probe.program.opt_level, probe.platform
+        self.fast_math = probe.program.fast_math
         self.positions, self.written = binding.positions, binding.written  # argument positions
         numbers = set(graph_numbers(self.recorded)) | set(graph_numbers(self.compiled))
         ints = {v for v in numbers if type(v) is int}
@@ -120,7 +121,8 @@ class Template:
                     else (lambda: self.resize_recorded(f, check=False)))
         plan = self.memory_plan or plan_memory(compiled)
         return CachedOp(CompiledProgram(recorded, compiled, plan, self.level, self.platform,
-                                        self.executables), self.positions, self.written)
+                                        self.executables, self.fast_math),
+                        self.positions, self.written)
 
     def reproduces(self, ex: Executor, dims: tuple[int, ...]) -> bool:
         """Whether the template at ``dims`` gives exactly ``ex``'s recorded and compiled graphs."""

@@ -32,7 +32,8 @@ import numpy as np
 
 from opgraph.core import capturing
 from opgraph.core.backend import BackendUnavailable, made
-from opgraph.core.config import current_backend, current_backend_ref, get_opt_level
+from opgraph.core.config import (compile_setting, current_backend, current_backend_ref, get_fast_math,
+                                 get_opt_level)
 from opgraph.core.executor import CompiledProgram, Executor
 from opgraph.core.memory import plan_memory
 from opgraph.core.opapi import OpApiSpec, Param, op_api_specs, register_op_api
@@ -158,22 +159,28 @@ def recorded_call(name: str, params: Sequence[Param], args: Sequence[Any]) -> Re
         for p, a in zip(params, args)))
 
 
-def compile_executor(ex: Executor, level: int) -> None:
-    """Optimise the recorded graph at ``level`` and plan its memory (the workspace size)."""
-    compiled = optimize(ex.graph, level, verify_each=False) if ex.graph.nodes else ex.graph
-    ex.program = CompiledProgram(ex.graph, compiled, plan_memory(compiled), level, ex.platform)
+def compile_executor(ex: Executor, level: int, fast_math: bool = False) -> None:
+    """Optimise the recorded graph at ``level`` (with the opt-in fast-math rewrites if asked)
+    and plan its memory (the workspace size)."""
+    compiled = (optimize(ex.graph, level, fast_math=fast_math, verify_each=False)
+                if ex.graph.nodes else ex.graph)
+    ex.program = CompiledProgram(ex.graph, compiled, plan_memory(compiled), level, ex.platform,
+                                 fast_math=fast_math)
 
 
 def record(name: str, compose: Callable[[Executor], None], call: Optional[RecordedCall] = None,
            as_recorded: bool = False) -> Phase1:
     """Phase 1: run ``compose(executor)`` (checks + l0 calls), then compile at the current level
-    (``as_recorded``: at level 0, whatever the current level)."""
+    and fast-math setting (``as_recorded``: at level 0 without fast-math, whatever is set)."""
     ex = Executor(name, call=call)
     try:
         with np.errstate(all="ignore"):  # IEEE results (inf, NaN) are defined; the NPU does not warn
             compose(ex)
             check_outputs_writable(ex)
-            compile_executor(ex, 0 if as_recorded else get_opt_level())
+            if as_recorded:
+                compile_executor(ex, 0)
+            else:
+                compile_executor(ex, get_opt_level(), get_fast_math())
     except AclnnError as e:
         return fail(e.status, e.message), 0, None
     except L0Error as e:
@@ -205,7 +212,7 @@ def op_api(name: str, *, params: Sequence[Param], **spec: Any
                              f"{[p.name for p in params]}")
 
         def get_workspace_size(*args: Any) -> Phase1:
-            platform, level = get_platform(), get_opt_level()
+            platform, level = get_platform(), compile_setting()
             shared = writes_shared_memory(args, written_at, read_at, in_place)
             key = cache_key(name, args, platform, level)
             if shared and key is not None:  # compiled as recorded: an entry of its own

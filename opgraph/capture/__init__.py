@@ -28,7 +28,7 @@ import numpy as np
 
 from opgraph.core import capturing
 from opgraph.core.collective import get_group
-from opgraph.core.config import get_opt_level, check_level
+from opgraph.core.config import check_level, get_fast_math, get_opt_level
 from opgraph.core.platform import get_platform
 from opgraph.core.tensor import Tensor
 from .program import Program, ProgramStats, check_schedule
@@ -38,14 +38,20 @@ from .recorder import CaptureError, Recorder
 class capture:
     """``with opgraph.capture(level=None, keep="outputs") as prog:`` — record the op_api calls
     of the block into a :class:`Program`, compiled at ``level`` (default: the current opt
-    level) when the block ends. ``keep="outputs"`` stores only the tensors no later call reads
-    (and in-out state such as running statistics); ``"all"`` stores every written tensor as the
-    calls one by one would. Inside the block, ``prog`` is not built yet."""
+    level) when the block ends, with the opt-in, NOT bit-exact fast-math rewrites if
+    ``fast_math`` (default: as :func:`opgraph.fast_math` has set it). ``keep="outputs"`` stores
+    only the tensors no later call reads (and in-out state such as running statistics);
+    ``"all"`` stores every written tensor as the calls one by one would. Inside the block,
+    ``prog`` is not built yet."""
 
-    def __init__(self, level: Optional[int] = None, *, keep: str = "outputs"):
+    def __init__(self, level: Optional[int] = None, *, keep: str = "outputs",
+                 fast_math: Optional[bool] = None):
         if keep not in ("outputs", "all"):
             raise ValueError(f"keep must be 'outputs' or 'all', got {keep!r}")
+        if fast_math is not None and not isinstance(fast_math, bool):
+            raise TypeError(f"fast_math must be True, False or None, got {fast_math!r}")
         self.level = get_opt_level() if level is None else check_level(level)
+        self.fast_math = get_fast_math() if fast_math is None else fast_math
         self.keep = keep
         self.recorder = Recorder()
         self.program: Optional[Program] = None
@@ -66,7 +72,7 @@ class capture:
         backend = next(iter(rec.backends)) if len(rec.backends) == 1 else None
         assert self.program is not None
         self.program.__init__(graph, tensors, self.level, rec.platform or get_platform(),  # type: ignore[misc]
-                              backend, rec.call_graphs, rec.on_replay)
+                              backend, rec.call_graphs, rec.on_replay, fast_math=self.fast_math)
 
 
 def _collective(op: str, arrays: tuple, group: str) -> list[np.ndarray]:

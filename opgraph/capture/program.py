@@ -99,18 +99,21 @@ def _layout_mark(value: Any) -> Optional[tuple]:
 
 class Program:
     """Many op_api calls as one graph. ``graph``: as recorded (level 0, the calls chained);
-    ``compiled``: optimised at ``level``; ``inputs``: the captured tensor of every graph input
-    (by name); ``outputs``: the names of the tensors a replay writes. Build one with
+    ``compiled``: optimised at ``level`` (with the opt-in, NOT bit-exact fast-math rewrites if
+    ``fast_math``); ``inputs``: the captured tensor of every graph input (by name);
+    ``outputs``: the names of the tensors a replay writes. Build one with
     :func:`opgraph.capture.capture`."""
 
     def __init__(self, graph: Graph, inputs: Mapping[str, Tensor], level: int,
                  platform: Platform, backend: Optional[BackendRef] = None,
-                 calls: "list[Graph] | None" = None, on_replay: Sequence[Callable[[], Any]] = ()):
+                 calls: "list[Graph] | None" = None, on_replay: Sequence[Callable[[], Any]] = (),
+                 *, fast_math: bool = False):
         self.graph, self.level, self.platform, self.backend = graph, check_level(level), platform, backend
+        self.fast_math = fast_math
         self.on_replay = tuple(on_replay)  # host effects after every replay (opgraph.capture.on_replay)
         self.inputs = dict(inputs)
         self.calls = list(calls or [])  # each captured op_api call's own recorded graph
-        self.compiled = optimize_program(graph, self.level) if graph.nodes else graph
+        self.compiled = optimize_program(graph, self.level, fast_math=fast_math) if graph.nodes else graph
         self.memory_plan = plan_memory(self.compiled)
         check_schedule(self.compiled, self.memory_plan)
         self.outputs = written_inputs(self.compiled)
@@ -128,7 +131,7 @@ class Program:
     def at_level(self, level: int) -> "Program":
         """The same recorded program compiled at another level (same tensors)."""
         return Program(self.graph, self.inputs, level, self.platform, self.backend, self.calls,
-                       self.on_replay)
+                       self.on_replay, fast_math=self.fast_math)
 
     @property
     def workspace_size(self) -> int:
@@ -141,7 +144,8 @@ class Program:
     def stats_one_by_one(self) -> ProgramStats:
         """The same figures for the calls run one by one, each compiled at ``level`` (workspace:
         the largest call's)."""
-        graphs = [optimize(g, self.level) if g.nodes else g for g in self.calls]
+        graphs = [optimize(g, self.level, fast_math=self.fast_math) if g.nodes else g
+                  for g in self.calls]
         return replace(ProgramStats.of(graphs),
                        collectives=sum(1 for n in self.graph.nodes if is_collective(n)))
 
@@ -244,7 +248,8 @@ class Program:
         if "compiled" not in self.__dict__:
             return "<Program (capturing)>"
         s = self.stats()
-        return (f"<Program of {len(self.calls)} op_api calls: level {self.level}, {s.launches} launches + "
+        level = f"{self.level} with fast-math" if self.fast_math else self.level
+        return (f"<Program of {len(self.calls)} op_api calls: level {level}, {s.launches} launches + "
                 f"{s.collectives} collectives, inputs {', '.join(self.inputs)}>")
 
 

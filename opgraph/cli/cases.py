@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterator, Optional
 import numpy as np
 
 from opgraph.aclnn.twophase import aclGetRecentErrMsg
-from opgraph.core.config import OPT_LEVELS, get_opt_level, opt_level, use_backend
+from opgraph.core.config import OPT_LEVELS, fast_math, get_opt_level, opt_level, use_backend
 from opgraph.core.dtypes import DataType
 from opgraph.core.executor import Executor
 from opgraph.core.opapi import Arrays, InputConfig, OpApiSpec, Option, get_op_api, op_api_specs
@@ -90,7 +90,8 @@ def add_op_subparsers(p: argparse.ArgumentParser,
 @dataclass
 class Case:
     """One op call ready to record: spec, arguments by parameter name (arrays, scalars, None =
-    NULL) and tensors over the arrays, plus the platform, level and backend to use."""
+    NULL) and tensors over the arrays, plus the platform, level, backend and fast-math setting
+    to use."""
 
     spec: OpApiSpec
     arrays: Arrays
@@ -99,6 +100,7 @@ class Case:
     backend: str = "numpy"
     formats: dict[str, str] = field(default_factory=dict)
     tensors: dict[str, Optional[Tensor]] = field(default_factory=dict)
+    fast_math: bool = False
 
     def __post_init__(self) -> None:
         self.tensors = {k: tensor(a, self.formats.get(k, "ND")) for k, a in self.arrays.items()
@@ -106,8 +108,9 @@ class Case:
 
     @contextlib.contextmanager
     def context(self) -> Iterator[None]:
-        """Platform, opt level and backend of this case, for the duration of a block."""
-        with platform(self.platform), opt_level(self.level), use_backend(self.backend):
+        """Platform, opt level, backend and fast-math of this case, for the duration of a block."""
+        with platform(self.platform), opt_level(self.level), use_backend(self.backend), \
+                fast_math(self.fast_math):
             yield
 
     @property
@@ -156,7 +159,8 @@ def build_case(args: argparse.Namespace, seed: "int | None" = None, peak: int = 
     level = args.level
     if level is None:  # ascend-sim simulates CANN's kernels, which exist up to level 1
         level = 1 if backend == "ascend-sim" else get_opt_level()
-    return Case(spec, arrays, args.platform, level, backend, dict(spec.formats(cfg)))
+    return Case(spec, arrays, args.platform, level, backend, dict(spec.formats(cfg)),
+                fast_math=bool(getattr(args, "fast_math", False)))
 
 
 def _blamed(spec: OpApiSpec, error: str) -> str:

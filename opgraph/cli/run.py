@@ -142,7 +142,8 @@ def run(args: argparse.Namespace) -> int:
     spec, p = case.spec, lookup(case.platform)
     print(f"op:            {spec.name} ({spec.summary})")
     print(f"platform:      {p.soc} ({p.arch_name}, {p.vector_cores} vector cores)")
-    print(f"backend:       {case.backend}, opt level {case.level}, seed {args.seed}")
+    fm = ", fast-math (NOT bit-exact)" if case.fast_math else ""
+    print(f"backend:       {case.backend}, opt level {case.level}{fm}, seed {args.seed}")
     written = case.outputs
     ins = ", ".join(f"{p.name} {fmt_type(case.tensors.get(p.name))}" if p.kind == "tensor"
                     else f"{p.name}={case.arrays.get(p.name)}"
@@ -156,7 +157,7 @@ def run(args: argparse.Namespace) -> int:
     ex = rec.executor
     compiled = ex.compiled or ex.graph
     print(f"graph:         {len(ex.graph.nodes)} recorded nodes, {len(compiled.nodes)} after level "
-          f"{ex.opt_level}, {ex.kernel_count} kernel launches")
+          f"{ex.opt_level}{' with fast-math' if ex.fast_math else ''}, {ex.kernel_count} kernel launches")
     prof = profiled_execute(case, rec) if args.trace_json else None
     status = prof.status if prof is not None else execute(case, rec)
     print(f"phase 2:       {fmt_status(status)}")
@@ -188,6 +189,9 @@ def _options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trace-json", metavar="FILE",
                    help="write phase 2's per-node timings as Chrome trace-event JSON (open in "
                         "Perfetto or chrome://tracing); ascend-sim adds one row per core")
+    p.add_argument("--fast-math", action="store_true",
+                   help="compile with the opt-in, NOT bit-exact fast-math rewrites (the error "
+                        "columns say how far they move the result)")
     p.set_defaults(func=run)
 
 

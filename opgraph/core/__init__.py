@@ -16,8 +16,8 @@ from .opdef import Fidelity, L0Error, OpAttrs, OpDef
 from .ir import Graph, Node, Value
 from .memory import MemoryPlan, plan_memory
 from .backend import Backend, BackendUnavailable, Executable, LoweringTable
-from .config import (current_backend, get_backend_name, get_opt_level, opt_level, set_backend,
-                     set_opt_level, use_backend)
+from .config import (current_backend, fast_math, get_backend_name, get_fast_math, get_opt_level,
+                     opt_level, set_backend, set_fast_math, set_opt_level, use_backend)
 from .executor import CompiledProgram, Executor
 from .opapi import InputConfig, OpApiSpec, Option, Param, get_op_api, op_apis
 
@@ -27,5 +27,6 @@ __all__ = ["DataType", "Format", "dtype_of", "format_of", "promote_types", "Acln
            "OpDef", "Graph", "Node", "Value", "MemoryPlan", "plan_memory", "Backend",
            "BackendUnavailable", "Executable", "LoweringTable", "current_backend",
            "get_backend_name", "get_opt_level", "opt_level", "set_backend", "set_opt_level",
+           "fast_math", "get_fast_math", "set_fast_math",
            "use_backend", "CompiledProgram", "Executor", "InputConfig", "OpApiSpec", "Option",
            "Param", "get_op_api", "op_apis"]

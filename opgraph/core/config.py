@@ -1,8 +1,12 @@
-"""Run-time choices that phase 1/2 read: the backend and the optimisation level (context vars).
+"""Run-time choices that phase 1/2 read: the backend, the optimisation level and the opt-in,
+NOT bit-exact fast-math rewrites (context vars).
 
     >>> with use_backend("numpy"), opt_level(1):
-    ...     get_backend_name(), get_opt_level()
-    ('numpy', 1)
+    ...     get_backend_name(), get_opt_level(), compile_setting()
+    ('numpy', 1, 1)
+    >>> with fast_math():
+    ...     get_fast_math(), compile_setting()
+    (True, (2, 'fast-math'))
 """
 from __future__ import annotations
 
@@ -22,6 +26,7 @@ BackendRef = Union[str, Backend]
 _backend: contextvars.ContextVar[BackendRef] = contextvars.ContextVar("opgraph_backend",
                                                                      default=DEFAULT_BACKEND)
 _level: contextvars.ContextVar[int] = contextvars.ContextVar("opgraph_opt_level", default=DEFAULT_OPT_LEVEL)
+_fast_math: contextvars.ContextVar[bool] = contextvars.ContextVar("opgraph_fast_math", default=False)
 
 
 def _check_backend(ref: BackendRef) -> BackendRef:
@@ -95,6 +100,43 @@ def opt_level(n: int) -> Iterator[int]:
         yield n
     finally:
         _level.reset(token)
+
+
+def get_fast_math() -> bool:
+    """Whether phase 1 adds the opt-in fast-math rewrites (off unless asked for)."""
+    return _fast_math.get()
+
+
+def set_fast_math(on: bool) -> None:
+    """From now on compile phase 1 with (``True``) or without the fast-math rewrites: NOT
+    bit-exact, each rule states its error bound (:mod:`opgraph.passes.fastmath`)."""
+    _fast_math.set(_check_flag(on))
+
+
+@contextlib.contextmanager
+def fast_math(on: bool = True) -> Iterator[bool]:
+    """``with opgraph.fast_math(): ...`` compiles the op_api calls of the block with the opt-in,
+    NOT bit-exact fast-math rewrites (e.g. aclnnBatchNormElemtBackward's per-channel affine
+    form, which computes float16 and bfloat16 in float32 and rounds once); ``fast_math(False)``
+    turns them off inside a block where they are on. The caches key calls by it."""
+    token = _fast_math.set(_check_flag(on))
+    try:
+        yield on
+    finally:
+        _fast_math.reset(token)
+
+
+def _check_flag(on: bool) -> bool:
+    if not isinstance(on, bool):
+        raise TypeError(f"fast_math takes True or False, got {on!r}")
+    return on
+
+
+def compile_setting() -> Union[int, tuple[int, str]]:
+    """What phase 1's passes depend on besides the call, as a cache key part: the opt level,
+    or ``(level, "fast-math")`` when the fast-math rewrites are on."""
+    level = _level.get()
+    return (level, "fast-math") if _fast_math.get() else level
 
 
 def env_number(name: str, default: float, unit: str) -> float:

@@ -40,12 +40,14 @@ class CompiledProgram:
     ``family``: the executables of the same compiled graph at other sizes, per backend, shared
     by a structure's programs (:mod:`opgraph.aclnn.structure`): a backend's first executable
     joins it, and a later program's executable is derived from it
-    (:meth:`~opgraph.core.backend.Executable.resized`) rather than compiled, when it can be."""
+    (:meth:`~opgraph.core.backend.Executable.resized`) rather than compiled, when it can be.
+    ``fast_math``: whether ``compiled`` holds the opt-in, NOT bit-exact fast-math rewrites."""
 
     def __init__(self, graph: "Graph | Callable[[], Graph]", compiled: Graph,
                  memory_plan: MemoryPlan, opt_level: int, platform: Platform,
-                 family: Optional[dict[int, tuple[Backend, Executable]]] = None):
-        self.family = family
+                 family: Optional[dict[int, tuple[Backend, Executable]]] = None,
+                 fast_math: bool = False):
+        self.family, self.fast_math = family, fast_math
         self._graph = graph if isinstance(graph, Graph) else None
         self._make_graph = None if isinstance(graph, Graph) else graph
         self.compiled, self.memory_plan = compiled, memory_plan
@@ -169,6 +171,11 @@ class Executor:
     def opt_level(self) -> int:
         return 0 if self.program is None else self.program.opt_level
 
+    @property
+    def fast_math(self) -> bool:
+        """Whether phase 1 compiled with the opt-in, NOT bit-exact fast-math rewrites."""
+        return self.program is not None and self.program.fast_math
+
     def input(self, name: str, t: Tensor) -> Value:
         """Register user tensor ``t`` as graph input ``%name`` and bind it."""
         v = self.graph.add_input(name, tensor_type(t))
@@ -186,7 +193,8 @@ class Executor:
         return sum(1 for n in self.graph.nodes if not n.opdef.is_free(n))
 
     def __repr__(self) -> str:
-        return (f"<Executor {self.name}: {len(self.graph.nodes)} recorded nodes, level {self.opt_level}, "
+        level = f"{self.opt_level} with fast-math" if self.fast_math else self.opt_level
+        return (f"<Executor {self.name}: {len(self.graph.nodes)} recorded nodes, level {level}, "
                 f"workspace {self.workspace_size} B, {self.platform.soc}>")
 
 

@@ -26,6 +26,7 @@ from opgraph.core.dtypes import DataType as D
 from opgraph.core.ir import Graph, Node
 from opgraph.core.passmanager import Instrument, Pass, PassError, PassManager, RewritePass
 from opgraph.core.rules import Rule
+from .fastmath import fast_math_pass
 from .fuse import fuse_elementwise, fuse_store, op_rewrites
 from .fuse_reduce import fuse_reductions_program
 from .prune import CLEANUP, LEVEL1, identities
@@ -53,21 +54,24 @@ cast_round_trip = RewritePass("cast-round-trip", [Rule("widen-narrow", "Cast", _
                                                        _drop_round_trip)])
 
 
-def program_pipeline(level: int) -> list[Pass]:
-    """The passes of ``level`` for a program graph (see the module docstring)."""
+def program_pipeline(level: int, fast_math: bool = False) -> list[Pass]:
+    """The passes of ``level`` for a program graph (see the module docstring); ``fast_math``
+    adds the opt-in bit-changing rewrites where :func:`~opgraph.passes.pipeline` does."""
     check_level(level)
+    fm = [fast_math_pass()] if fast_math else []
     if level == 0:
-        return []
+        return fm
     if level == 1:
-        return list(LEVEL1)
-    return [identities, op_rewrites(), cast_round_trip, fuse_elementwise,
-            fuse_reductions_program, fuse_store] + CLEANUP
+        return list(LEVEL1) + fm
+    return [identities] + fm + [op_rewrites(), cast_round_trip, fuse_elementwise,
+                                fuse_reductions_program, fuse_store] + CLEANUP
 
 
-def optimize_program(graph: Graph, level: int, *, instruments: Sequence[Instrument] = (),
-                     verify_each: bool = False) -> Graph:
+def optimize_program(graph: Graph, level: int, *, fast_math: bool = False,
+                     instruments: Sequence[Instrument] = (), verify_each: bool = False) -> Graph:
     """A new program graph optimised at ``level`` (the input graph is never modified)."""
-    out, _ = PassManager(program_pipeline(level), instruments, verify=verify_each).run(graph)
+    out, _ = PassManager(program_pipeline(level, fast_math), instruments,
+                         verify=verify_each).run(graph)
     try:
         out.verify()
     except Exception as e:
