@@ -88,8 +88,29 @@ def stored_across_a_write():
     return g, dict(x=X, out=OUT, out2=OUT), [(OUT + X) * X], dict(out=X, out2=(OUT + X) * X)
 
 
+def reduced_across_a_write():
+    """Σ(out·x) over out as it was before being overwritten with x: reduction fusion took the
+    product into a kernel that ran where the sum was, after the write."""
+    g, (x, out) = graph("x", "out")
+    product = op(g, "Mul", out, x)
+    g.add_node("ViewCopy", [x, out])
+    g.outputs = [g.add_node("ReduceSum", [product], axes=(0,)).outputs[0]]
+    return g, dict(x=X, out=OUT), [np.float32((OUT * X).sum())], dict(out=X)
+
+
+def read_of_a_reduced_value_moved_across_a_write():
+    """x·x + out reads out before it is overwritten, and x·x is also summed after the write:
+    the sum's kernel took x·x, so the re-sort moved the Add after the kernel, past the write."""
+    g, (x, out) = graph("x", "out")
+    sq = op(g, "Mul", x, x)
+    before = op(g, "Add", sq, out)
+    g.add_node("ViewCopy", [x, out])
+    g.outputs = [g.add_node("ReduceSum", [sq], axes=(0,)).outputs[0], before]
+    return g, dict(x=X, out=OUT), [np.float32((X * X).sum()), X * X + OUT], dict(out=X)
+
+
 CASES = [read_then_written, written_again, fused_across_a_write, merged_across_a_write,
-         stored_across_a_write]
+         stored_across_a_write, reduced_across_a_write, read_of_a_reduced_value_moved_across_a_write]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -16,8 +16,11 @@ op in the group is written as primitives by its own ``expand``.
 """
 from __future__ import annotations
 
+from typing import Callable, Optional
+
 from l0ops.fused_reduce import FusedReduceAttrs
 from opgraph.core.ir import Graph, Node, Value
+from opgraph.core.memory import memory_of
 from opgraph.core.passmanager import FunctionPass, sweep_dead
 from .fuse import body_of, expandable
 
@@ -69,13 +72,16 @@ _CHEAP = ("reduce", "movement", "view", "copy")  # results that cost no more tha
 
 
 def _grow(seed: Node, taken: set[int], keep_big_inside: bool = False,
-          outs: "set[int] | None" = None) -> list[Node]:
+          outs: "set[int] | None" = None,
+          order_ok: Optional[Callable[[set[int]], bool]] = None) -> list[Node]:
     """The seed plus expandable producers, consumers and siblings (other readers of the data it
     reads), to a fixed point. A node joins only when the group stays schedulable: no node
     outside it both reads one of its values and feeds it (a cycle, e.g. through a collective).
     With ``keep_big_inside`` (program graphs) an arithmetic node with a result as large as the
     seed's input joins only when that result need not leave the kernel: the kernel's results stay
-    per-channel (or cheap broadcasts of it), which is what backends render."""
+    per-channel (or cheap broadcasts of it), which is what backends render. ``order_ok(ids)``
+    (when given) must accept the group with the candidate: the kernel runs after its last
+    member, which may not change the order of a user tensor's reads and writes."""
     group = {id(seed): seed}
     outside: list[Node] = [v.producer for v in seed.inputs if v.producer is not None]
     # "large": as large as the reduced data and larger than the reduction's result
@@ -87,7 +93,7 @@ def _grow(seed: Node, taken: set[int], keep_big_inside: bool = False,
             return False
         ids = set(group) | {id(c)}
         feeds = [w.producer for w in c.inputs if w.producer is not None and id(w.producer) not in ids]
-        if not _acyclic(ids, outside + feeds):
+        if not _acyclic(ids, outside + feeds) or (order_ok is not None and not order_ok(ids)):
             return False
         group[id(c)] = c
         outside.extend(feeds)
@@ -127,35 +133,106 @@ def _result_slots(g: Graph, order: list[Node], ids: set[int]) -> list[tuple[Valu
     return slots
 
 
+def _stable_topological(nodes: list[Node], key: Callable[[Node], float],
+                        unit: Callable[[Node], Node] = lambda n: n,
+                        inputs: Callable[[Node], list[Value]] = lambda n: n.inputs) -> list[Node]:
+    """``nodes`` sorted topologically, the smallest ``key`` first among those ready (so the
+    given order wherever it is valid); ``unit`` maps a node to the one standing for it and
+    ``inputs`` gives what a node reads (a fused group: the kernel, reading all its members')."""
+    index = {id(n): n for n in nodes}
+    needs: dict[int, set[int]] = {id(n): set() for n in nodes}
+    users: dict[int, set[int]] = {id(n): set() for n in nodes}
+    for n in nodes:
+        for v in inputs(n):
+            p = None if v.producer is None else unit(v.producer)
+            if p is not None and p is not n and id(p) in index:
+                needs[id(n)].add(id(p))
+                users[id(p)].add(id(n))
+    ready = [n for n in nodes if not needs[id(n)]]
+    out = []
+    while ready:
+        ready.sort(key=key)
+        n = ready.pop(0)
+        out.append(n)
+        for u in users[id(n)]:
+            needs[u].discard(id(n))
+            if not needs[u]:
+                ready.append(index[u])
+    return out
+
+
 def _order(g: Graph) -> None:
     """Re-sort the nodes topologically, keeping the original order wherever it is valid."""
     position = {id(n): i for i, n in enumerate(g.nodes)}
-    ready, done, out = [], set(), []
-    waiting = {id(n): sum(1 for v in n.inputs if v.producer is not None) for n in g.nodes}
-    for n in g.nodes:
-        if waiting[id(n)] == 0:
-            ready.append(n)
-    while ready:
-        ready.sort(key=lambda n: position[id(n)])
-        n = ready.pop(0)
-        out.append(n)
-        done.add(id(n))
-        for v in n.outputs:
-            for u in v.users:
-                waiting[id(u)] -= 1
-                if waiting[id(u)] == 0:
-                    ready.append(u)
-    g.nodes[:] = out
+    g.nodes[:] = _stable_topological(g.nodes, lambda n: position[id(n)])
+
+
+def _accesses(n: Node) -> tuple[set[int], set[int]]:
+    """The memory ``n`` reads and the memory it writes (as ids of :func:`memory_of`)."""
+    written = n.opdef.written(n)
+    return ({id(memory_of(v)) for k, v in enumerate(n.inputs) if k not in written},
+            {id(memory_of(n.inputs[k])) for k in written})
+
+
+def _moved(window: list[Node], ids: set[int]) -> set[int]:
+    """The nodes of ``window`` that fusing ``ids`` can move: the members and what reads them."""
+    moved = set(ids)
+    for n in window:
+        if any(v.producer is not None and id(v.producer) in moved for v in n.inputs):
+            moved.add(id(n))
+    return moved
+
+
+def _keeps_access_order(g: Graph, ids: set[int]) -> bool:
+    """Whether running the nodes ``ids`` as one kernel placed after the last of them, the rest
+    re-sorted as :func:`_order` does, keeps every write on the same side of each other read or
+    write of the memory it writes. (Only nodes from the first member to the last can change
+    places: the members and what reads them move later, to the kernel, and no further.)"""
+    first = last = None
+    for i, n in enumerate(g.nodes):
+        if id(n) in ids:
+            first, last = (i if first is None else first), i
+    assert first is not None and last is not None
+    window = g.nodes[first:last + 1]
+    writes = [n for n in window if id(n) not in ids and n.opdef.written(n)]
+    if not writes:
+        return True
+    moved = _moved(window, ids)
+    written = set().union(*(_accesses(w)[1] for w in writes))
+    if not any(id(w) in moved for w in writes) and \
+            not any(set().union(*_accesses(a)) & written for a in window if id(a) in moved):
+        return True  # a write and what touches its memory keep their order when neither moves
+    position = {id(n): i for i, n in enumerate(window)}
+    members = [n for n in window if id(n) in ids]
+    kernel = members[0]  # stands for every member
+    key = {id(n): float(i) for i, n in enumerate(window)}
+    key[id(kernel)] = len(window) - 0.5  # after the last member
+    read = [v for m in members for v in m.inputs]
+    after = {id(n): i for i, n in enumerate(_stable_topological(
+        [n for n in window if id(n) not in ids or n is kernel], lambda n: key[id(n)],
+        lambda n: kernel if id(n) in ids else n, lambda n: read if n is kernel else n.inputs))}
+    new = {id(n): after[id(kernel) if id(n) in ids else id(n)] for n in window}
+    touched = [(a, set().union(*_accesses(a))) for a in window]
+    for w in writes:
+        mems = _accesses(w)[1]
+        for a, memory in touched:
+            if a is not w and mems & memory and \
+                    (position[id(a)] < position[id(w)]) != (new[id(a)] < new[id(w)]):
+                return False
+    return True
 
 
 def _fuse_reductions(g: Graph, keep_big_inside: bool = False) -> dict[str, int]:
     taken: set[int] = set()
-    fused = absorbed = 0
+    fused = absorbed = dead = 0
     for seed in list(g.nodes):
         if id(seed) in taken or seed.opdef.kind != "reduce" or not expandable(seed) \
-                or seed.opdef.is_free(seed):
+                or seed.opdef.is_free(seed) or seed not in g.nodes:
             continue
-        group = _grow(seed, taken, keep_big_inside, {id(v) for v in g.outputs})
+        outs = {id(v) for v in g.outputs}
+        group = _grow(seed, taken, keep_big_inside, outs)
+        if not _keeps_access_order(g, {id(n) for n in group}):  # grown again, checking each join
+            group = _grow(seed, taken, keep_big_inside, outs, lambda ids: _keeps_access_order(g, ids))
         ids = {id(n) for n in group}
         order = [n for n in g.nodes if id(n) in ids]
         slots = _result_slots(g, order, ids)
@@ -175,9 +252,9 @@ def _fuse_reductions(g: Graph, keep_big_inside: bool = False) -> dict[str, int]:
         taken.add(id(node))
         fused += 1
         absorbed += len(group)
-    dead = sweep_dead(g)
-    if fused:
+        dead += sweep_dead(g)  # the next group's order check sees the graph as it will run
         _order(g)
+    dead += sweep_dead(g)
     return {"fused": fused, "absorbed": absorbed, "dead": dead}
 
 
