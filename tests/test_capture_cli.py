@@ -30,6 +30,16 @@ def test_text_shows_the_program_and_its_figures(capsys):
     assert "AllGather(" in graph and "AllReduce(" in graph and "FusedReduce(%input, %gradOut" in graph
 
 
+def test_fast_math_compiles_the_program_with_its_rewrites(capsys):
+    _, usual, _ = run(capsys, EXAMPLE, "--shape", "4,3,5,5")
+    code, fast, _ = run(capsys, EXAMPLE, "--shape", "4,3,5,5", "--fast-math")
+    assert code == 0 and "level 2 with fast-math:" in fast.split("\n", 1)[0]
+    # the input gradient's kernel takes the channel-affine form: gradOut·A + input·B + D
+    assert "fill(0.0)" in fast and "fill(0.0)" not in usual
+    code, rows, _ = run(capsys, EXAMPLE, "--shape", "4,3,5,5", "--format", "stats", "--fast-math")
+    assert code == 0 and len(rows.splitlines()) == 4
+
+
 def test_stats_table_levels(capsys):
     code, out, _ = run(capsys, EXAMPLE, "--shape", "4,3,5,5", "--format", "stats")
     rows = [line.split() for line in out.splitlines()[1:]]

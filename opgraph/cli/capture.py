@@ -56,9 +56,9 @@ def load_step(path: str) -> Callable[..., Any]:
 
 
 def _capture(step: Callable[..., Any], shape: tuple, dtype: DataType, level: int,
-             path: str) -> Program:
+             path: str, fast_math: bool = False) -> Program:
     try:
-        with capture(level) as prog:
+        with capture(level, fast_math=fast_math) as prog:
             step(shape, dtype.np)
     except CaptureError as e:
         raise CliError(f"capture: {e}") from None
@@ -72,12 +72,12 @@ def _capture(step: Callable[..., Any], shape: tuple, dtype: DataType, level: int
 
 
 def stats_table(step: Callable[..., Any], shape: tuple, dtype: DataType, path: str,
-                levels: Sequence[int] = (0, 1, 2)) -> str:
+                levels: Sequence[int] = (0, 1, 2), fast_math: bool = False) -> str:
     """Launches, collectives and bytes per level: the program and the calls one by one."""
     rows = ["level  captured: launches  collectives  bytes moved   one by one: launches  "
             "collectives  bytes moved"]
     for level in levels:
-        prog = _capture(step, shape, dtype, level, path)
+        prog = _capture(step, shape, dtype, level, path, fast_math)
         s, o = prog.stats(), prog.stats_one_by_one()
         rows.append(f"{level:>5}  {s.launches:>18}  {s.collectives:>11}  {s.bytes_moved:>11}  "
                     f"{o.launches:>21}  {o.collectives:>11}  {o.bytes_moved:>11}")
@@ -103,9 +103,10 @@ def run(args: argparse.Namespace) -> int:
     step = load_step(args.file)
     if args.format == "stats":  # every level, or the one --level names
         levels = (0, 1, 2) if args.level is None else (args.level,)
-        return write_output(stats_table(step, shape, args.dtype, args.file, levels), args.output)
+        return write_output(stats_table(step, shape, args.dtype, args.file, levels,
+                                        args.fast_math), args.output)
     level = 2 if args.level is None else args.level
-    prog = _capture(step, shape, args.dtype, level, args.file)
+    prog = _capture(step, shape, args.dtype, level, args.file, args.fast_math)
     g = prog.graph if level == 0 else prog.compiled
     if args.format == "json":
         text = g.to_json()
@@ -118,7 +119,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         s, o = prog.stats(), prog.stats_one_by_one()
         head = (f"// {len(prog.calls)} op_api calls and {s.collectives} collectives captured from "
-                f"{args.file}, level {level}: {s.launches} launches + {s.collectives} "
+                f"{args.file}, level {level}{' with fast-math' if prog.fast_math else ''}: "
+                f"{s.launches} launches + {s.collectives} "
                 f"collectives, {fmt_bytes(s.bytes_moved)} moved (one by one: {o.launches} + "
                 f"{o.collectives}, {fmt_bytes(o.bytes_moved)})\n")
         text = head + str(g) + "\n"
@@ -161,6 +163,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                         "side by side with the calls one by one)")
     p.add_argument("--run", type=parse_backend, metavar="BACKEND",
                    help="also replay the program on BACKEND and print the time")
+    p.add_argument("--fast-math", action="store_true",
+                   help="compile with the opt-in, NOT bit-exact fast-math rewrites")
     p.add_argument("-o", "--output", metavar="FILE", help="write to FILE instead of stdout")
     p.set_defaults(func=run)
     return p
