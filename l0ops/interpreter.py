@@ -205,7 +205,7 @@ class Program:
         self.live_steps: list[tuple[str, Callable, tuple[str, ...]]] = []
         for k, ins in enumerate(a.body):
             name, fn = f"t{k}", fns[k]
-            if ins.op != "fill" and (any(r in varying for r in ins.args) or self.types[name][1] == full):
+            if ins.op != "fill" and (any(r in varying for r in ins.args) or self._spreads(name)):
                 varying.add(name)
                 self.live.append((name, ins))
                 self.live_steps.append((name, fn, ins.args))
@@ -224,6 +224,14 @@ class Program:
         # is not the source of the chunk), cannot be sliced: run those bodies whole
         self.chunkable = (all(len(self.types[r][1]) <= rank for r in self.live_reads)
                           and not any(ins.op == "view" for _, ins in self.live))
+
+    def _spreads(self, name: str) -> bool:
+        """Whether register ``name``, made from per-channel values only, would be a full-size
+        temporary if hoisted: it has the iteration space's shape, and that space has more than
+        one dim above 1. A space of one line (every dim but C of size 1, e.g. [1, 64, 1]) holds
+        nothing large: its per-channel work is hoisted even where it fills the space."""
+        full = self.full
+        return self.types[name][1] == full and sum(n > 1 for n in full) > 1
 
     def _plan_flat(self, a: FusedAttrs, sigs: Sequence["Sig"], fns: Sequence[Callable]) -> None:
         """The whole body as one straight line over a register list (inputs first, then t0,
