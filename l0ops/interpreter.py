@@ -290,9 +290,22 @@ class Program:
         self.fresh_f32 = {name for (name, ins), reuse in zip(self.live, self.reuse)
                           if reuse is None and ins.op in ARITH and ins.dtype in IN_PLACE
                           and self.types[name][1] == self.full}
+        self.into_out = self._result_buffer() if self.store_direct else None
         n = len(self.live_steps)
         self.steps = [(fn, args, name, reuse, i == n - 1)
                       for i, ((name, fn, args), reuse) in enumerate(zip(self.live_steps, self.reuse))]
+
+    def _result_buffer(self) -> "str | None":
+        """The fresh float32 temporary whose buffer the steps making the result reuse, down to
+        an operand of the last step: :meth:`run_live` may compute it in the output chunk itself
+        (the result's chain then runs in place there, one temporary less in cache)."""
+        made = {name: reuse for (name, _), reuse in zip(self.live, self.reuse)}
+        for r in self.live[-1][1].args:
+            while made.get(r) is not None:
+                r = made[r]  # type: ignore[assignment]
+            if r in self.fresh_f32:
+                return r
+        return None
 
     def hoist(self, inputs: Sequence[np.ndarray]) -> dict[str, np.ndarray]:
         """Evaluate the hoisted part; low-rank values are right-aligned to the full rank."""
@@ -313,12 +326,15 @@ class Program:
         return out
 
     def run_live(self, regs: dict[str, np.ndarray], out: "np.ndarray | None" = None,
-                 scratch: "dict[str, np.ndarray] | None" = None) -> "np.ndarray | None":
+                 scratch: "dict[str, np.ndarray] | None" = None,
+                 out_apart: bool = False) -> "np.ndarray | None":
         """Run the live steps on chunk registers. float32 arithmetic reuses dying temporaries'
         buffers, and with ``scratch`` (buffers this thread keeps from chunk to chunk) writes its
         other full-size temporaries there; with ``out`` (the output chunk) the result is written
-        there and None returned."""
+        there and None returned. ``out_apart``: ``out`` shares no memory with any operand, so
+        the result's chain (:attr:`into_out`) may run in it."""
         direct = out is not None and self.store_direct
+        into_out = self.into_out if direct and out_apart else None
         for fn, args, name, reuse, last in self.steps:
             operands = [regs[r] for r in args]
             if last and direct:
@@ -326,6 +342,8 @@ class Program:
                 return None
             if reuse is not None:
                 regs[name] = fn(*operands, out=regs[reuse])
+            elif name == into_out:
+                regs[name] = fn(*operands, out=out)
             elif scratch is not None and out is not None and name in self.fresh_f32:
                 key = (name, out.shape)  # chunks of two shapes (a remainder) keep one each
                 buf = scratch.get(key)
@@ -396,10 +414,11 @@ def run_fused(a: FusedAttrs, inputs: Sequence[np.ndarray], out: "np.ndarray | No
     if a.result in values:
         out[...] = _finish(values[a.result], prog.result_dtype, a.out_dtype)
         return out
+    apart = not any(np.may_share_memory(out, x) for x in inputs)
     if math.prod(full) <= max(limit, whole_limit):  # one chunk: no slicing
         regs = dict(values)
         regs.update(prog.load_big(inputs))
-        prog.run_live(regs, out)  # the last step straight into out when it can
+        prog.run_live(regs, out, out_apart=apart)  # the last step straight into out when it can
         return out
     whole = {name: values[name] for name in prog.live_reads if values[name].ndim != len(full)}
     sliced = [name for name in prog.live_reads if values[name].ndim == len(full)]
@@ -418,7 +437,7 @@ def run_fused(a: FusedAttrs, inputs: Sequence[np.ndarray], out: "np.ndarray | No
                     sel[d] = idx[d]
                 regs[name] = x[tuple(sel)]
             regs.update(prog.load_big(inputs, idx))
-            prog.run_live(regs, out[idx], scratch)
+            prog.run_live(regs, out[idx], scratch, apart)
     # blocks write disjoint parts of out: threads may share them unless out overlaps an input
     # (then the blocks' order matters)
     if math.prod(full) >= PARALLEL_ELEMS and not any(

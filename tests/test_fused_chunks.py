@@ -205,3 +205,24 @@ def test_an_integer_cast_to_float32_in_a_body_rounds_once_to_nearest_even(int_dt
     attrs = FusedAttrs(shape=x.shape, body=(I("cast", "in0"),), result="t0", out_dtype=D.FLOAT)
     got = P.run_fused(attrs, [x])
     assert np.array_equal(got.view(np.uint32), np.float32(want).view(np.uint32))
+
+
+@pytest.mark.parametrize("dt", [D.FLOAT, D.FLOAT16])
+def test_the_result_chain_runs_in_the_output_chunk_when_it_is_apart(dt):
+    """((x - a) - y·b)·a: the float32 result's chain (x - a, then its buffer reused) is computed
+    in the output chunk itself, no scratch temporary for it, when the output shares no memory
+    with an operand; an output over y (read after the chain starts) keeps the scratch buffer.
+    float16 results round before the store: no chain in the output."""
+    shape = (3, 5, 9, 130)
+    a, b, x, y = operands(dt, shape, "contiguous")
+    attrs = FusedAttrs(shape=shape, body=body(dt, shape[1]), result="t6", out_dtype=dt)
+    prog = P.program(attrs, [a, b, x, y])
+    assert prog.into_out == ("t3" if dt == D.FLOAT else None)
+    expected = np.ascontiguousarray(direct(dt, a, b, x, y))
+    for out, apart in ((np.full(shape, 7, NP[dt]), True), (y.copy(), False)):
+        P._SCRATCH.buffers = {}  # this thread's temporaries, as the run leaves them
+        ins = [a, b, x, out if not apart else y]
+        P.run_fused(attrs, ins, out=out, limit=700, channel_limit=1 << 30, whole_limit=0)
+        assert np.array_equal(out.view(np.uint8), expected.view(np.uint8))
+        kept = {name for name, _ in P._SCRATCH.buffers}
+        assert ("t3" in kept) == (not apart or dt != D.FLOAT)
