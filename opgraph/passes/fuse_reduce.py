@@ -225,9 +225,10 @@ def _keeps_access_order(g: Graph, ids: set[int]) -> bool:
 def _fuse_reductions(g: Graph, keep_big_inside: bool = False) -> dict[str, int]:
     taken: set[int] = set()
     fused = absorbed = dead = 0
+    alive = {id(n) for n in g.nodes}
     for seed in list(g.nodes):
         if id(seed) in taken or seed.opdef.kind != "reduce" or not expandable(seed) \
-                or seed.opdef.is_free(seed) or seed not in g.nodes:
+                or seed.opdef.is_free(seed) or id(seed) not in alive:
             continue
         outs = {id(v) for v in g.outputs}
         group = _grow(seed, taken, keep_big_inside, outs)
@@ -254,6 +255,7 @@ def _fuse_reductions(g: Graph, keep_big_inside: bool = False) -> dict[str, int]:
         absorbed += len(group)
         dead += sweep_dead(g)  # the next group's order check sees the graph as it will run
         _order(g)
+        alive = {id(n) for n in g.nodes}
     dead += sweep_dead(g)
     return {"fused": fused, "absorbed": absorbed, "dead": dead}
 
