@@ -132,8 +132,11 @@ def _affine_body(in_types) -> tuple[tuple[Instr, ...], str]:
 
 
 def _to_affine(g, n) -> None:
-    """NOT bit-exact: each term is rounded a few times, so ``|out − exact| ≲
-    4·eps32·(|gradOut·A| + |input·B| + |D|)``; relative error grows where the terms cancel."""
+    """NOT bit-exact: each term is rounded a few times, so before the rounding to the output
+    dtype ``|out − exact| ≲ 8·eps32·(|gradOut·A| + |input·B| + |mean·B| + |meanDy·A|)`` (D's two
+    parts count apart: they may cancel); the relative error grows where the terms cancel, as
+    where the mean is large against the spread. Where a per-channel term overflows float32
+    (|mean·invstd³·meanDyXmu·weight| > 3.4e38) the result is inf or NaN."""
     body, result = _affine_body([v.type for v in n.inputs])
     out = n.outputs[0].type
     attrs = FusedAttrs(shape=out.shape, body=body, result=result, out_dtype=out.dtype)

@@ -48,8 +48,8 @@ def bits(a: np.ndarray) -> np.ndarray:
 
 def exact_and_bound(arrays, dname: str) -> tuple[np.ndarray, np.ndarray]:
     """The gradient in float64 on the (rounded) inputs, and the channel-affine rule's bound
-    (``4·eps32·(|gradOut·A| + |input·B| + |D|)``, doubled for the per-channel terms) plus one
-    rounding to the output dtype."""
+    (``8·eps32·(|gradOut·A| + |input·B| + |mean·B| + |meanDy·A|)``) plus one rounding to the
+    output dtype."""
     total = np.float32(arrays[7].sum())
     # the op_api divides in float32 and hands meanDy and meanDyXmu to the kernel in float32, but
     # to its float16 variant in float16 (bfloat16 data runs the float32 kernel)
@@ -62,7 +62,8 @@ def exact_and_bound(arrays, dname: str) -> tuple[np.ndarray, np.ndarray]:
     B = -(inv ** 2 * mdx).reshape(b) * A
     D = ((mu * inv ** 2 * mdx).reshape(b) - md.reshape(b)) * A
     exact = go * A + x * B + D
-    f32 = 8 * np.finfo(np.float32).eps * (np.abs(go * A) + np.abs(x * B) + np.abs(D))
+    parts = np.abs(mu.reshape(b) * B) + np.abs(md.reshape(b) * A)  # D's two parts may cancel
+    f32 = 8 * np.finfo(np.float32).eps * (np.abs(go * A) + np.abs(x * B) + parts)
     rel, tiny = HALF_ULP[dname]
     return exact, f32 + rel * (np.abs(exact) + f32) + tiny
 
@@ -72,6 +73,19 @@ def two_phase(arrays, out) -> opgraph.Executor:
     assert st == 0, opgraph.aclnn.aclGetRecentErrMsg()
     assert phase2(bytearray(ws) if ws else None, ws, ex) == 0
     return ex
+
+
+@pytest.mark.parametrize("level", [0, 1])
+def test_levels_0_and_1_stay_as_defined(level):
+    arrays = inputs((4, 6, 5, 7), np.float16)
+    out = np.zeros_like(arrays[0])
+    with opgraph.opt_level(level), opgraph.fast_math():
+        assert compile_setting() == level  # one cache entry with the calls outside the block
+        ex = two_phase(arrays, out)
+    with opgraph.opt_level(0):
+        recorded = batch_norm_elemt_backward(*arrays)
+    assert not ex.fast_math and ex.opt_level == level
+    assert np.array_equal(bits(out), bits(recorded))
 
 
 def test_off_by_default_scoped_and_checked():
@@ -124,6 +138,23 @@ def test_calls_within_the_bound_and_apart_from_the_bit_exact_ones(backend, platf
         assert not np.array_equal(bits(fast), bits(recorded))
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_bound_holds_where_the_per_channel_parts_cancel(backend):
+    """meanDy = mean·invstd²·meanDyXmu: D = mean·B − meanDy·A cancels, after both parts were
+    rounded. At input = gradOut = 0 the result is D alone, whose error the parts bound (an
+    audit found |D| itself 3e6 times too small a bound)."""
+    mean, inv, mdx, total = 1000.3, 1.1, 0.7, 4
+    md = mean * inv ** 2 * mdx
+    arrays = [np.zeros((1, 1, 4), np.float32), np.float32([[[0, 999.1, 1001.2, 1000.5]]]),
+              np.float32([mean]), np.float32([inv]), np.float32([1]), np.float32([md * total]),
+              np.float32([mdx * total]), np.int32([total])]
+    exact, bound = exact_and_bound(arrays, "fp32")
+    with opgraph.use_backend(backend), opgraph.fast_math():
+        fast = batch_norm_elemt_backward(*arrays)
+    assert abs(float(fast[0, 0, 0]) - exact[0, 0, 0]) > 1e3 * np.finfo(np.float32).eps * abs(exact[0, 0, 0])
+    assert np.all(np.abs(fast.astype(np.float64) - exact) <= bound)
+
+
 def test_a_new_shape_of_a_known_structure_keeps_fast_math():
     # every dim distinct (the counter has 3 elements), so both have one structure
     small, large = inputs((2, 6, 4, 5), np.float16), inputs((4, 6, 5, 7), np.float16, seed=1)
@@ -155,10 +186,12 @@ def test_a_captured_step_with_fast_math_replays_the_calls_bits(backend, level):
         prog.replay()
         with opgraph.fast_math(), opgraph.capture() as inherited:
             example.step(shape)
-    assert prog.fast_math and inherited.fast_math and "with fast-math" in repr(prog)
+    fused = level == 2  # the rewrites join level 2 only: levels 0 and 1 stay as defined
+    assert prog.fast_math is fused and inherited.fast_math is fused
+    assert ("with fast-math" in repr(prog)) is fused
     for k in ref:
         assert np.array_equal(bits(ref[k]), bits(got[k])), k
-    assert not np.array_equal(bits(ref["grad_input"]), bits(usual["grad_input"]))
+    assert np.array_equal(bits(ref["grad_input"]), bits(usual["grad_input"])) is not fused
     assert np.array_equal(bits(ref["y"]), bits(usual["y"]))  # no fast-math rule for the others
     with pytest.raises(TypeError, match="fast_math must be"):
         opgraph.capture(fast_math="on")
@@ -195,3 +228,50 @@ def test_the_torch_kernels_follow_the_setting(backend):
     for fm, want in ((True, fast), (False, usual)):
         assert all(np.array_equal(bits(g), bits(want)) for g in got[fm]), fm
     assert not np.array_equal(bits(fast), bits(usual))
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["run", "aclnnBatchNormElemtBackward", "--level", "1"], "not level 1"),
+    (["run", "aclnnBatchNormElemtBackward", "--backend", "ascend-sim"],
+     "not level 1 (--backend ascend-sim's default)"),
+    (["dump", "aclnnBatchNormElemtBackward", "--level", "0"], "not level 0"),
+    (["view", "aclnnBatchNormElemtBackward", "--level", "1"], "not level 1"),
+    (["capture", str(ROOT / "examples" / "capture_syncbn.py"), "--level", "0"], "not level 0")])
+def test_cli_refuses_fast_math_below_level_2(capsys, argv, message):
+    assert main(argv + ["--fast-math"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--fast-math: the fast-math rewrites join level 2 only" in err
+    assert message in err
+
+
+def test_cli_says_when_no_rewrite_applies_and_dump_defaults_to_level_2(capsys):
+    assert main(["run", "aclnnBatchNormStats", "--fast-math"]) == 0
+    assert "after level 2 (no fast-math rewrite applies to it)," in capsys.readouterr().out
+    assert main(["dump", "aclnnBatchNormElemtBackward", "--fast-math"]) == 0
+    assert "FusedElementwise" in capsys.readouterr().out  # level 2, not the recorded level 0
+    with opgraph.fast_math():
+        x = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+        st, _, ex = opgraph.aclnn.aclnnBatchNormStatsGetWorkspaceSize(
+            opgraph.tensor(x), 1e-5, opgraph.tensor(np.zeros(3, np.float32)),
+            opgraph.tensor(np.zeros(3, np.float32)))
+    assert st == 0 and not ex.fast_math  # asked for, but no rule applies to this op_api
+
+
+def test_sync_batch_norm_backward_keeps_the_forwards_setting():
+    torch = pytest.importorskip("torch", reason="pip install torch==2.13.0 to test opgraph.torch")
+    from opgraph.torch import SyncBatchNormFunction
+    x0, dy = torch.randn(4, 8, 5, 5), torch.randn(4, 8, 5, 5)
+
+    def grad(forward: bool, backward: bool) -> np.ndarray:
+        x = x0.clone().requires_grad_(True)
+        w, b = torch.linspace(0.5, 2, 8, requires_grad=True), torch.zeros(8, requires_grad=True)
+        with opgraph.fast_math(forward):
+            y = SyncBatchNormFunction.apply(x, w, b, torch.zeros(8), torch.ones(8), 1e-5, 0.1,
+                                            None, 1, {"backend": "numpy"})
+        with opgraph.fast_math(backward):
+            y.backward(dy)
+        return x.grad.numpy().copy()
+    fast, usual = grad(True, True), grad(False, False)
+    assert not np.array_equal(bits(fast), bits(usual))
+    assert np.array_equal(bits(grad(True, False)), bits(fast))
+    assert np.array_equal(bits(grad(False, True)), bits(usual))

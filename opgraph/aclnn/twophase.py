@@ -160,12 +160,14 @@ def recorded_call(name: str, params: Sequence[Param], args: Sequence[Any]) -> Re
 
 
 def compile_executor(ex: Executor, level: int, fast_math: bool = False) -> None:
-    """Optimise the recorded graph at ``level`` (with the opt-in fast-math rewrites if asked)
-    and plan its memory (the workspace size)."""
-    compiled = (optimize(ex.graph, level, fast_math=fast_math, verify_each=False)
+    """Optimise the recorded graph at ``level`` (with the opt-in fast-math rewrites if asked:
+    the program says whether one applied) and plan its memory (the workspace size)."""
+    stats: list = []
+    compiled = (optimize(ex.graph, level, fast_math=fast_math, verify_each=False, stats=stats)
                 if ex.graph.nodes else ex.graph)
+    applied = any(s.name == "fast-math" and s.changed for s in stats)
     ex.program = CompiledProgram(ex.graph, compiled, plan_memory(compiled), level, ex.platform,
-                                 fast_math=fast_math)
+                                 fast_math=applied)
 
 
 def record(name: str, compose: Callable[[Executor], None], call: Optional[RecordedCall] = None,

@@ -38,8 +38,9 @@ from .recorder import CaptureError, Recorder
 class capture:
     """``with opgraph.capture(level=None, keep="outputs") as prog:`` — record the op_api calls
     of the block into a :class:`Program`, compiled at ``level`` (default: the current opt
-    level) when the block ends, with the opt-in, NOT bit-exact fast-math rewrites if
-    ``fast_math`` (default: as :func:`opgraph.fast_math` has set it). ``keep="outputs"`` stores
+    level) when the block ends, at level 2 with the opt-in, NOT bit-exact fast-math rewrites
+    if ``fast_math`` (default: as :func:`opgraph.fast_math` has set it when ``capture()`` is
+    called). ``keep="outputs"`` stores
     only the tensors no later call reads (and in-out state such as running statistics);
     ``"all"`` stores every written tensor as the calls one by one would. Inside the block,
     ``prog`` is not built yet."""

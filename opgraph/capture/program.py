@@ -99,8 +99,9 @@ def _layout_mark(value: Any) -> Optional[tuple]:
 
 class Program:
     """Many op_api calls as one graph. ``graph``: as recorded (level 0, the calls chained);
-    ``compiled``: optimised at ``level`` (with the opt-in, NOT bit-exact fast-math rewrites if
-    ``fast_math``); ``inputs``: the captured tensor of every graph input (by name);
+    ``compiled``: optimised at ``level`` (at level 2 with the opt-in, NOT bit-exact fast-math
+    rewrites if ``fast_math``; :attr:`fast_math` then says whether one applied);
+    ``inputs``: the captured tensor of every graph input (by name);
     ``outputs``: the names of the tensors a replay writes. Build one with
     :func:`opgraph.capture.capture`."""
 
@@ -109,11 +110,14 @@ class Program:
                  calls: "list[Graph] | None" = None, on_replay: Sequence[Callable[[], Any]] = (),
                  *, fast_math: bool = False):
         self.graph, self.level, self.platform, self.backend = graph, check_level(level), platform, backend
-        self.fast_math = fast_math
+        self._fast_math_asked = fast_math
         self.on_replay = tuple(on_replay)  # host effects after every replay (opgraph.capture.on_replay)
         self.inputs = dict(inputs)
         self.calls = list(calls or [])  # each captured op_api call's own recorded graph
-        self.compiled = optimize_program(graph, self.level, fast_math=fast_math) if graph.nodes else graph
+        done: list = []
+        self.compiled = (optimize_program(graph, self.level, fast_math=fast_math, stats=done)
+                         if graph.nodes else graph)
+        self.fast_math = any(s.name == "fast-math" and s.changed for s in done)
         self.memory_plan = plan_memory(self.compiled)
         check_schedule(self.compiled, self.memory_plan)
         self.outputs = written_inputs(self.compiled)
@@ -131,7 +135,7 @@ class Program:
     def at_level(self, level: int) -> "Program":
         """The same recorded program compiled at another level (same tensors)."""
         return Program(self.graph, self.inputs, level, self.platform, self.backend, self.calls,
-                       self.on_replay, fast_math=self.fast_math)
+                       self.on_replay, fast_math=self._fast_math_asked)
 
     @property
     def workspace_size(self) -> int:
@@ -144,7 +148,7 @@ class Program:
     def stats_one_by_one(self) -> ProgramStats:
         """The same figures for the calls run one by one, each compiled at ``level`` (workspace:
         the largest call's)."""
-        graphs = [optimize(g, self.level, fast_math=self.fast_math) if g.nodes else g
+        graphs = [optimize(g, self.level, fast_math=self._fast_math_asked) if g.nodes else g
                   for g in self.calls]
         return replace(ProgramStats.of(graphs),
                        collectives=sum(1 for n in self.graph.nodes if is_collective(n)))

@@ -22,8 +22,8 @@ from l0ops.collectives import is_collective
 from opgraph.capture import CaptureError, Program, capture
 from opgraph.core.backend import BackendUnavailable
 from opgraph.core.dtypes import DataType
-from .common import (CliError, called_exit, check_memory, conflict, fmt_bytes, parse_backend,
-                     parse_dtype, parse_shape, same_path, write_output)
+from .common import (CliError, called_exit, check_fast_math_level, check_memory, conflict,
+                     fmt_bytes, parse_backend, parse_dtype, parse_shape, same_path, write_output)
 
 FORMATS = ("text", "json", "dot", "table", "html", "stats")
 
@@ -100,6 +100,8 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(f"--shape {','.join(map(str, shape))}: expected N,C[,...] with every dim "
                        ">= 1", code=2)
     check_memory(shape, math.prod(shape) * args.dtype.np.itemsize * 8, "the step's tensors")
+    if args.level is not None:
+        check_fast_math_level(args.fast_math, args.level)
     step = load_step(args.file)
     if args.format == "stats":  # every level, or the one --level names
         levels = (0, 1, 2) if args.level is None else (args.level,)

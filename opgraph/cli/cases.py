@@ -28,8 +28,9 @@ from opgraph.core.platform import DEFAULT as DEFAULT_PLATFORM
 from opgraph.core.platform import PRESETS, platform
 from opgraph.core.status import Status
 from opgraph.core.tensor import Tensor, tensor
-from .common import (CliError, Parser, check_memory, fmt_status, parse_backend, parse_dtype,
-                     integer_option, parse_platform, parse_seed, parse_shape)
+from .common import (CliError, Parser, check_fast_math_level, check_memory, fmt_status,
+                     integer_option, parse_backend, parse_dtype, parse_platform, parse_seed,
+                     parse_shape)
 
 OPTION_TYPES: dict[str, Callable[[str], Any]] = {"dtype": parse_dtype, "float": float,
                                                  "int": integer_option}
@@ -47,8 +48,9 @@ def _add_option(p: argparse.ArgumentParser, o: Option) -> None:
 
 def add_common_options(p: argparse.ArgumentParser, spec: OpApiSpec, *,
                        level_default: Optional[int] = None, backend: bool = False,
-                       seed: bool = False) -> None:
-    """``--shape --dtype --platform --level`` (+ ``--backend``/``--seed``) and ``spec``'s own."""
+                       seed: bool = False, level_shown: Optional[str] = None) -> None:
+    """``--shape --dtype --platform --level`` (+ ``--backend``/``--seed``) and ``spec``'s own;
+    ``level_shown``: --level's default as its help says it (a command resolving None itself)."""
     shape = ",".join(map(str, spec.default_shape))
     p.add_argument("--shape", type=parse_shape, default=spec.default_shape, metavar="N,C,...",
                    help=f"data shape, channel is dim 1 (default: {shape})")
@@ -59,7 +61,8 @@ def add_common_options(p: argparse.ArgumentParser, spec: OpApiSpec, *,
     soc = DEFAULT_PLATFORM if DEFAULT_PLATFORM in spec.platforms else spec.platforms[0]
     p.add_argument("--platform", type=parse_platform, default=soc, metavar="SOC",
                    help=f"SoC preset: {', '.join(PRESETS)} (default: {soc})")
-    shown = ("the library default, 1 on --backend ascend-sim, whose kernels exist up to it"
+    shown = (level_shown if level_shown is not None else
+             "the library default, 1 on --backend ascend-sim, whose kernels exist up to it"
              if level_default is None and backend else
              "the library default" if level_default is None else level_default)
     p.add_argument("--level", type=int, choices=OPT_LEVELS, default=level_default,
@@ -159,8 +162,13 @@ def build_case(args: argparse.Namespace, seed: "int | None" = None, peak: int = 
     level = args.level
     if level is None:  # ascend-sim simulates CANN's kernels, which exist up to level 1
         level = 1 if backend == "ascend-sim" else get_opt_level()
+    fast = bool(getattr(args, "fast_math", False))
+    check_fast_math_level(fast, level, "" if args.level is not None else
+                          f" (--backend {backend}'s default)" if backend == "ascend-sim" else
+                          " (the library default)")
     return Case(spec, arrays, args.platform, level, backend, dict(spec.formats(cfg)),
-                fast_math=bool(getattr(args, "fast_math", False)))
+                fast_math=fast)
+
 
 
 def _blamed(spec: OpApiSpec, error: str) -> str:

@@ -409,3 +409,11 @@ def _remove(path: str, how: Callable[[str], None]) -> None:
         how(path)
     except OSError:
         pass
+
+
+def check_fast_math_level(fast: bool, level: int, why: str = "") -> None:
+    """--fast-math with a level below 2 is refused: the rewrites join level 2 only (levels 0
+    and 1 are as recorded and what CANN launches)."""
+    if fast and level != 2:
+        raise CliError(f"--fast-math: the fast-math rewrites join level 2 only, not level "
+                       f"{level}{why}", code=2)

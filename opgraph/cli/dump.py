@@ -275,6 +275,8 @@ def run(args: argparse.Namespace) -> int:
         check_dump_dir(args.dump_dir)
     if args.format == "onnx" and args.output in (None, "-") and not (args.stats or args.passes):
         raise CliError("--format onnx writes a binary file: give -o FILE.onnx", code=2)
+    if args.level is None:  # as recorded, unless the fast-math rewrites (level 2) are asked for
+        args.level = 2 if args.fast_math else 0
     case = build_case(args)
     graph = recorded_executor(case).graph
     if args.stats or args.passes or args.dump_dir is not None:
@@ -310,5 +312,5 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                     "executor.graph (--level 0) or opgraph.passes.optimize(graph, level).",
         epilog="example: opgraph dump aclnnBatchNormElemtBackward --shape 2,3,1,4 "
                "--dtype float16 --format dot -o g.dot ('opgraph dump OP --help' lists OP's options)")
-    add_op_subparsers(p, _options, level_default=0)
+    add_op_subparsers(p, _options, level_shown="0, or 2 with --fast-math")
     return p

@@ -19,6 +19,7 @@ import numpy as np
 
 from opgraph.core.backend import get
 from opgraph.core.graphdiff import node_key
+from opgraph.core.executor import Executor
 from opgraph.core.platform import lookup
 from opgraph.core.status import Status
 from .cases import Case, Recorded, add_op_subparsers, build_case, check, execute, record
@@ -157,7 +158,7 @@ def run(args: argparse.Namespace) -> int:
     ex = rec.executor
     compiled = ex.compiled or ex.graph
     print(f"graph:         {len(ex.graph.nodes)} recorded nodes, {len(compiled.nodes)} after level "
-          f"{ex.opt_level}{' with fast-math' if ex.fast_math else ''}, {ex.kernel_count} kernel launches")
+          f"{ex.opt_level}{_fast_math_note(case, ex)}, {ex.kernel_count} kernel launches")
     prof = profiled_execute(case, rec) if args.trace_json else None
     status = prof.status if prof is not None else execute(case, rec)
     print(f"phase 2:       {fmt_status(status)}")
@@ -180,6 +181,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"max abs error: {abs_err:.3e}")
         print(f"max rel error: {rel_err:.3e}  (max abs error / max |reference|)")
     return 0
+
+
+def _fast_math_note(case: Case, ex: Executor) -> str:
+    if ex.fast_math:
+        return " with fast-math"
+    return " (no fast-math rewrite applies to it)" if case.fast_math else ""
 
 
 def _options(p: argparse.ArgumentParser) -> None:

@@ -115,10 +115,12 @@ def set_fast_math(on: bool) -> None:
 
 @contextlib.contextmanager
 def fast_math(on: bool = True) -> Iterator[bool]:
-    """``with opgraph.fast_math(): ...`` compiles the op_api calls of the block with the opt-in,
-    NOT bit-exact fast-math rewrites (e.g. aclnnBatchNormElemtBackward's per-channel affine
-    form, which computes float16 and bfloat16 in float32 and rounds once); ``fast_math(False)``
-    turns them off inside a block where they are on. The caches key calls by it."""
+    """``with opgraph.fast_math(): ...`` compiles the op_api calls of the block at level 2 (the
+    default; levels 0 and 1 stay as recorded and what CANN launches) with the opt-in, NOT
+    bit-exact fast-math rewrites (e.g. aclnnBatchNormElemtBackward's per-channel affine form,
+    which computes float16 and bfloat16 in float32 and rounds once); ``fast_math(False)`` turns
+    them off inside a block where they are on. The caches key calls by it. A context variable,
+    as the level and the backend are: threads started inside do not inherit it."""
     token = _fast_math.set(_check_flag(on))
     try:
         yield on
@@ -134,9 +136,10 @@ def _check_flag(on: bool) -> bool:
 
 def compile_setting() -> Union[int, tuple[int, str]]:
     """What phase 1's passes depend on besides the call, as a cache key part: the opt level,
-    or ``(level, "fast-math")`` when the fast-math rewrites are on."""
+    or ``(2, "fast-math")`` when the fast-math rewrites are on at level 2 (the only level they
+    join)."""
     level = _level.get()
-    return (level, "fast-math") if _fast_math.get() else level
+    return (level, "fast-math") if level == 2 and _fast_math.get() else level
 
 
 def env_number(name: str, default: float, unit: str) -> float:

@@ -41,7 +41,7 @@ class CompiledProgram:
     by a structure's programs (:mod:`opgraph.aclnn.structure`): a backend's first executable
     joins it, and a later program's executable is derived from it
     (:meth:`~opgraph.core.backend.Executable.resized`) rather than compiled, when it can be.
-    ``fast_math``: whether ``compiled`` holds the opt-in, NOT bit-exact fast-math rewrites."""
+    ``fast_math``: whether ``compiled`` holds an opt-in, NOT bit-exact fast-math rewrite."""
 
     def __init__(self, graph: "Graph | Callable[[], Graph]", compiled: Graph,
                  memory_plan: MemoryPlan, opt_level: int, platform: Platform,
@@ -173,7 +173,8 @@ class Executor:
 
     @property
     def fast_math(self) -> bool:
-        """Whether phase 1 compiled with the opt-in, NOT bit-exact fast-math rewrites."""
+        """Whether the program phase 1 compiled holds an opt-in, NOT bit-exact fast-math
+        rewrite (asked for with :func:`opgraph.fast_math` at level 2, and one applied)."""
         return self.program is not None and self.program.fast_math
 
     def input(self, name: str, t: Tensor) -> Value:

@@ -15,7 +15,7 @@ The pass infrastructure (Pass, RewritePass, PassManager, instruments) is in
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Optional, Sequence
 
 from opgraph.core.config import OPT_LEVELS, check_level
 from opgraph.core.ir import Graph
@@ -33,27 +33,32 @@ LEVELS = OPT_LEVELS
 
 
 def pipeline(level: int, fast_math: bool = False) -> list[Pass]:
-    """The passes of ``level``; ``fast_math`` adds the opt-in bit-changing rewrites.
+    """The passes of ``level``; ``fast_math`` adds the opt-in bit-changing rewrites to level 2
+    (levels 0 and 1 stay as recorded and what CANN launches).
 
     Level 1 is what CANN launches: identities and pure views dropped, the final ViewCopy
     redirected into a contiguous output; every kernel CANN runs stays. Level 2 fuses right after
     dropping identities, then folds constants, merges duplicates (CSE), drops dead nodes (DCE)
     and redirects copies on what fusion leaves."""
     check_level(level)
-    fm = [fast_math_pass()] if fast_math else []
     if level == 0:
-        return fm
+        return []
     if level == 1:
-        return LEVEL1 + fm
+        return list(LEVEL1)
+    fm = [fast_math_pass()] if fast_math else []
     return [identities] + fm + [op_rewrites(), fuse_elementwise, fuse_reductions, fuse_store] + CLEANUP
 
 
 def optimize(graph: Graph, level: int, *, fast_math: bool = False,
-             instruments: Sequence[Instrument] = (), verify_each: bool = True) -> Graph:
+             instruments: Sequence[Instrument] = (), verify_each: bool = True,
+             stats: Optional[list[PassStats]] = None) -> Graph:
     """A new graph optimised at ``level`` (the input graph is never modified). With
-    ``verify_each=False`` (phase 1's hot path) only the final graph is verified."""
-    out, _ = PassManager(pipeline(level, fast_math=fast_math), instruments,
-                         verify=verify_each).run(graph)
+    ``verify_each=False`` (phase 1's hot path) only the final graph is verified; ``stats``
+    (a list) receives what each pass did."""
+    out, done = PassManager(pipeline(level, fast_math=fast_math), instruments,
+                            verify=verify_each).run(graph)
+    if stats is not None:
+        stats.extend(done)
     if not verify_each:
         try:
             out.verify()

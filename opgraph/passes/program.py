@@ -19,12 +19,12 @@ schedulable).
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Optional, Sequence
 
 from opgraph.core.config import check_level
 from opgraph.core.dtypes import DataType as D
 from opgraph.core.ir import Graph, Node
-from opgraph.core.passmanager import Instrument, Pass, PassError, PassManager, RewritePass
+from opgraph.core.passmanager import Instrument, Pass, PassError, PassManager, PassStats, RewritePass
 from opgraph.core.rules import Rule
 from .fastmath import fast_math_pass
 from .fuse import fuse_elementwise, fuse_store, op_rewrites
@@ -56,22 +56,26 @@ cast_round_trip = RewritePass("cast-round-trip", [Rule("widen-narrow", "Cast", _
 
 def program_pipeline(level: int, fast_math: bool = False) -> list[Pass]:
     """The passes of ``level`` for a program graph (see the module docstring); ``fast_math``
-    adds the opt-in bit-changing rewrites where :func:`~opgraph.passes.pipeline` does."""
+    adds the opt-in bit-changing rewrites to level 2, as :func:`~opgraph.passes.pipeline` does."""
     check_level(level)
-    fm = [fast_math_pass()] if fast_math else []
     if level == 0:
-        return fm
+        return []
     if level == 1:
-        return list(LEVEL1) + fm
+        return list(LEVEL1)
+    fm = [fast_math_pass()] if fast_math else []
     return [identities] + fm + [op_rewrites(), cast_round_trip, fuse_elementwise,
                                 fuse_reductions_program, fuse_store] + CLEANUP
 
 
 def optimize_program(graph: Graph, level: int, *, fast_math: bool = False,
-                     instruments: Sequence[Instrument] = (), verify_each: bool = False) -> Graph:
-    """A new program graph optimised at ``level`` (the input graph is never modified)."""
-    out, _ = PassManager(program_pipeline(level, fast_math), instruments,
-                         verify=verify_each).run(graph)
+                     instruments: Sequence[Instrument] = (), verify_each: bool = False,
+                     stats: Optional[list[PassStats]] = None) -> Graph:
+    """A new program graph optimised at ``level`` (the input graph is never modified);
+    ``stats`` (a list) receives what each pass did."""
+    out, done = PassManager(program_pipeline(level, fast_math), instruments,
+                            verify=verify_each).run(graph)
+    if stats is not None:
+        stats.extend(done)
     try:
         out.verify()
     except Exception as e:

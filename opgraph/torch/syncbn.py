@@ -35,7 +35,7 @@ from torch.autograd.function import once_differentiable
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from opgraph.capture import CaptureError, active as capturing, on_replay
-from opgraph.core.config import BackendRef
+from opgraph.core.config import BackendRef, fast_math, get_fast_math
 from . import captured, kernels as K
 from .kernels import PlatformRef
 
@@ -76,7 +76,8 @@ class SyncBatchNormFunction(torch.autograd.Function):
 
     ``apply(input, weight, bias, running_mean, running_var, eps, momentum, process_group,
     world_size, where)``; ``where`` = ``{"backend": ..., "platform": ...}`` for the op_apis
-    (see :func:`opgraph.torch.kernels.on`; ``{}``: the current ones).
+    (see :func:`opgraph.torch.kernels.on`; ``{}``: the current ones). The backward keeps the
+    forward's :func:`opgraph.fast_math` setting (``loss.backward()`` may run outside its block).
     """
 
     @staticmethod
@@ -98,6 +99,7 @@ class SyncBatchNormFunction(torch.autograd.Function):
             return captured.forward(ctx, input, weight, bias, running_mean, running_var, eps,
                                     momentum, process_group, world_size, where)
         ctx.process_group, ctx.where, ctx.world_size = process_group, where, world_size
+        ctx.fast_math = get_fast_math()
         with K.on(**where):  # once for the step's op_apis
             return SyncBatchNormFunction._forward(ctx, input, weight, bias, running_mean,
                                                   running_var, eps, momentum)
@@ -155,7 +157,7 @@ class SyncBatchNormFunction(torch.autograd.Function):
         grad_output = _keep_layout(grad_output)
         if ctx.captured:
             return captured.backward(ctx, grad_output)
-        with K.on(**ctx.where):  # once for the step's op_apis
+        with K.on(**ctx.where), fast_math(ctx.fast_math):  # once for the step's op_apis
             return SyncBatchNormFunction._backward(ctx, grad_output)
 
     @staticmethod
