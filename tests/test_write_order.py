@@ -109,7 +109,21 @@ def read_of_a_reduced_value_moved_across_a_write():
     return g, dict(x=X, out=OUT), [np.float32((X * X).sum()), X * X + OUT], dict(out=X)
 
 
+def two_redirects_into_one_tensor():
+    """w = x·x (redirected: Mul writes w), then x − (x·x) reads it, then w = c − x: redirecting
+    the second copy too had Sub(c, x) write w before x·x was read there."""
+    g, (x, w, c) = graph("x", "w", "c")
+    sq = op(g, "Mul", x, x)
+    g.add_node("ViewCopy", [sq, w])
+    diff = op(g, "Sub", c, x)
+    later = op(g, "Sub", x, sq)
+    g.add_node("ViewCopy", [diff, w])
+    g.outputs = [later]
+    return g, dict(x=X, w=OUT, c=OUT), [X - X * X], dict(w=OUT - X)
+
+
 CASES = [read_then_written, written_again, fused_across_a_write, merged_across_a_write,
+         two_redirects_into_one_tensor,
          stored_across_a_write, reduced_across_a_write, read_of_a_reduced_value_moved_across_a_write]
 
 

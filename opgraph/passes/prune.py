@@ -129,14 +129,16 @@ def _redirect_ok(n: Node, taken: set[str]) -> bool:
             and not p.opdef.is_free(p) and not p.opdef.written(p) and root.name not in taken)
 
 
-def _order_safe(g: Graph, copy_at: int, src_root: Value) -> bool:
+def _order_safe(g: Graph, copy_at: int, src_root: Value, resident: set[int]) -> bool:
     """Whether redirecting the ViewCopy at ``copy_at`` keeps what every node reads: the source's
     kernel would write the destination when it runs, so no node between them may touch the
-    destination, and no later write may clobber it while the source is still read."""
+    destination — nor a value an earlier redirect placed there (``resident``: their roots' ids)
+    — and no later write may clobber it while the source is still read."""
     dst = memory_of(g.nodes[copy_at].inputs[1])
     p = src_root.producer
     start = g.nodes.index(p)
-    if any(memory_of(v) is dst for m in g.nodes[start + 1:copy_at] for v in m.inputs):
+    if any(memory_of(v) is dst or id(buffer_root_value(v)) in resident
+           for m in g.nodes[start + 1:copy_at] for v in m.inputs):
         return False
     src = {id(src_root)}
     for m in g.nodes[start + 1:]:  # the source's views, by position
@@ -155,10 +157,17 @@ def _redirect(g: Graph) -> dict[str, int]:
     where no node reads or writes the tensor in between (:func:`_order_safe`)."""
     count = 0
     taken: set[str] = set()
+    into: dict[int, set[int]] = {}  # destination memory -> roots of the values redirected there
+    for n in g.nodes:  # (an earlier run of the pass)
+        if n.op == "ViewCopy" and n.attrs.redirect:
+            into.setdefault(id(memory_of(n.inputs[1])), set()).add(id(buffer_root_value(n.inputs[0])))
     for i, n in enumerate(g.nodes):
-        if (n.op == "ViewCopy" and _redirect_ok(n, taken)
-                and _order_safe(g, i, buffer_root_value(n.inputs[0]))):
-            taken.add(buffer_root_value(n.inputs[0]).name)
+        if n.op != "ViewCopy" or not _redirect_ok(n, taken):
+            continue
+        root, dst = buffer_root_value(n.inputs[0]), id(memory_of(n.inputs[1]))
+        if _order_safe(g, i, root, into.setdefault(dst, set())):
+            into[dst].add(id(root))
+            taken.add(root.name)
             g.nodes[i] = Node(n.op, n.inputs, n.attrs.model_copy(update={"redirect": True}), n.source)
             g.nodes[i].outputs = n.outputs
             for v in n.outputs:
