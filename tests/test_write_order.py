@@ -122,7 +122,33 @@ def two_redirects_into_one_tensor():
     return g, dict(x=X, w=OUT, c=OUT), [X - X * X], dict(w=OUT - X)
 
 
+def view_of_a_written_tensor():
+    """The output is a view of w, and w is then overwritten with its mean: reduction fusion made
+    the view a result of the mean's kernel, a copy of w as it was before the write."""
+    g = Graph("order")
+    w = g.add_input("w", F4)
+    view = g.add_node("UnsqueezeNd", [w], dims=(1,)).outputs[0]
+    mean = g.add_node("ReduceMean", [w], axes=(0,), keepdims=True).outputs[0]
+    g.add_node("ViewCopy", [g.add_node("BroadcastTo", [mean], shape=(4,)).outputs[0], w])
+    g.outputs = [view]
+    new = np.full(4, X.mean(), np.float32)
+    return g, dict(w=X), [new.reshape(4, 1)], dict(w=new)
+
+
+def view_read_after_the_write():
+    """Σ over a view of w taken before w = x, and view·view after it: the view, a result of the
+    sum's kernel, kept w's old contents for the product."""
+    g = Graph("order")
+    x, w = g.add_input("x", F4), g.add_input("w", TensorType((2, 2), DataType.FLOAT))
+    view = g.add_node("Reshape", [w], shape=(4,)).outputs[0]
+    total = g.add_node("ReduceSum", [view], axes=(0,)).outputs[0]
+    g.add_node("ViewCopy", [g.add_node("Reshape", [x], shape=(2, 2)).outputs[0], w])
+    g.outputs = [total, op(g, "Mul", view, view)]
+    return g, dict(x=X, w=OUT.reshape(2, 2)), [np.float32(OUT.sum()), X * X], dict(w=X.reshape(2, 2))
+
+
 CASES = [read_then_written, written_again, fused_across_a_write, merged_across_a_write,
+         view_of_a_written_tensor, view_read_after_the_write,
          two_redirects_into_one_tensor,
          stored_across_a_write, reduced_across_a_write, read_of_a_reduced_value_moved_across_a_write]
 

@@ -222,8 +222,30 @@ def _keeps_access_order(g: Graph, ids: set[int]) -> bool:
     return True
 
 
+def _views_of_written(g: Graph) -> set[int]:
+    """The free views of a tensor some node writes."""
+    written = {id(memory_of(n.inputs[k])) for n in g.nodes for k in n.opdef.written(n)}
+    return {id(n) for n in g.nodes if written and n.opdef.is_free(n) and not n.opdef.written(n)
+            and n.outputs and id(memory_of(n.outputs[0])) in written}
+
+
+def _without_view_results(g: Graph, group: list[Node], views: set[int]) -> list[Node]:
+    """``group`` less the views of a written tensor (``views``) that would be kernel results:
+    a result is a copy taken where the kernel runs, which a reader of the view after the write
+    would not see change. (Read inside the kernel only, a view stays a member.)"""
+    outs = {id(v) for v in g.outputs}
+    while True:
+        ids = {id(n) for n in group}
+        leaving = [n for n in group if id(n) in views and any(
+            id(v) in outs or any(id(u) not in ids for u in v.users) for v in n.outputs)]
+        if not leaving:
+            return group
+        group = [n for n in group if n not in leaving]
+
+
 def _fuse_reductions(g: Graph, keep_big_inside: bool = False) -> dict[str, int]:
     taken: set[int] = set()
+    views = _views_of_written(g)
     fused = absorbed = dead = 0
     alive = {id(n) for n in g.nodes}
     for seed in list(g.nodes):
@@ -234,6 +256,7 @@ def _fuse_reductions(g: Graph, keep_big_inside: bool = False) -> dict[str, int]:
         group = _grow(seed, taken, keep_big_inside, outs)
         if not _keeps_access_order(g, {id(n) for n in group}):  # grown again, checking each join
             group = _grow(seed, taken, keep_big_inside, outs, lambda ids: _keeps_access_order(g, ids))
+        group = _without_view_results(g, group, views)
         ids = {id(n) for n in group}
         order = [n for n in g.nodes if id(n) in ids]
         slots = _result_slots(g, order, ids)
