@@ -56,6 +56,16 @@ def view_of_a_broadcast():
         [np.float32([3, 3, 3, 6, 6, 6])]
 
 
+def sum_of_a_view_of_a_broadcast():
+    """The same view of a broadcast feeding a reduction: reduction fusion took the BroadcastTo
+    in too (L0Error: the view does not fit its unbroadcast operand)."""
+    g = Graph("sum_of_view_of_broadcast")
+    c = g.add_input("c", TensorType((1,), F))
+    flat = node(g, "Reshape", node(g, "BroadcastTo", c, shape=(4,)), shape=(-1,))
+    g.outputs = [node(g, "ReduceSum", flat, axes=(0,), keepdims=True)]
+    return g, {"c": np.float32([2.5])}, [np.float32([10])]
+
+
 def store_between_one_element_shapes():
     g = Graph("one_element_store")
     x, out = g.add_input("x", TensorType((1, 1, 1), F)), g.add_input("out", TensorType((1, 1), F))
@@ -80,7 +90,7 @@ def contiguous_0d():
 
 
 CASES = [folded_0d_fills, zero_d_results, contiguous_0d, mean_of_nothing, view_of_a_broadcast,
-         store_between_one_element_shapes, reduction_of_constants]
+         sum_of_a_view_of_a_broadcast, store_between_one_element_shapes, reduction_of_constants]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

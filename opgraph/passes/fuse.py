@@ -53,6 +53,12 @@ def _full_view_of_input(n: Node, numel: int) -> bool:
     return False
 
 
+def viewed_broadcast(n: Node) -> bool:
+    """A BroadcastTo a view reads: inside a kernel its expansion is its operand, unbroadcast,
+    which a view of the broadcast shape would not fit (so it stays out of fused groups)."""
+    return n.op == "BroadcastTo" and any(u.opdef.kind == "view" for u in n.outputs[0].users)
+
+
 def moves_past_a_write(g: Graph, node: Node, to: int) -> bool:
     """Whether running ``node`` at position ``to`` (later than its own) would read a tensor
     that a node in between writes: it would see the new contents, not those it read."""
@@ -79,8 +85,8 @@ def _group(g: Graph, seed: Node, taken: set) -> list[Node]:
                     continue
                 if _full_view_of_input(p, numel) or moves_past_a_write(g, p, seed_at):
                     continue
-                if p.op == "BroadcastTo" and any(u.opdef.kind == "view" for u in p.outputs[0].users):
-                    continue  # (its expansion is its operand, unbroadcast: a view of it would not fit)
+                if viewed_broadcast(p):
+                    continue
                 if all(id(u) in group for u in p.outputs[0].users):
                     group[id(p)] = p
                     changed = True

@@ -22,7 +22,7 @@ from l0ops.fused_reduce import FusedReduceAttrs
 from opgraph.core.ir import Graph, Node, Value
 from opgraph.core.memory import memory_of
 from opgraph.core.passmanager import FunctionPass, sweep_dead
-from .fuse import body_of, expandable
+from .fuse import body_of, expandable, viewed_broadcast
 
 
 def _depends_on(node: Node, group: set[int], memo: dict[int, bool]) -> bool:
@@ -93,7 +93,8 @@ def _grow(seed: Node, taken: set[int], keep_big_inside: bool = False,
             return False
         ids = set(group) | {id(c)}
         feeds = [w.producer for w in c.inputs if w.producer is not None and id(w.producer) not in ids]
-        if not _acyclic(ids, outside + feeds) or (order_ok is not None and not order_ok(ids)):
+        if viewed_broadcast(c) or not _acyclic(ids, outside + feeds) or (
+                order_ok is not None and not order_ok(ids)):
             return False
         group[id(c)] = c
         outside.extend(feeds)
