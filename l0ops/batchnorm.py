@@ -139,7 +139,8 @@ def _to_affine(g, n) -> None:
     (|mean·invstd³·meanDyXmu·weight| > 3.4e38) the result is inf or NaN."""
     body, result = _affine_body([v.type for v in n.inputs])
     out = n.outputs[0].type
-    attrs = FusedAttrs(shape=out.shape, body=body, result=result, out_dtype=out.dtype)
+    attrs = FusedAttrs(shape=out.shape, body=body, result=result, out_dtype=out.dtype,
+                       out_format=out.format)
     new = g.add_node("FusedElementwise", n.inputs, attrs, index=g.nodes.index(n), source=n.source)
     g.replace_all_uses_with(n.outputs[0], new.outputs[0])
 

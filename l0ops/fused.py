@@ -32,7 +32,7 @@ def _infer(ts, a: FusedAttrs):
         require(dst.shape == a.shape and dst.dtype == a.out_dtype, "FusedElementwise",
                 f"store destination {dst} does not match {a.out_dtype.short}{list(a.shape)}")
         return [dst]
-    return [TensorType(a.shape, a.out_dtype)]
+    return [TensorType(a.shape, a.out_dtype, a.out_format)]
 
 
 def stores_in_place(dst: np.ndarray) -> bool:

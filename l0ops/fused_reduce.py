@@ -20,6 +20,7 @@ import math
 
 import numpy as np
 
+from opgraph.core.dtypes import Format
 from opgraph.core.opdef import Fidelity, OpAttrs, require
 from opgraph.core.types import TensorType, broadcast_shape
 from .define import define_op
@@ -33,18 +34,21 @@ class FusedReduceAttrs(OpAttrs):
     body: tuple[Instr, ...]
     results: tuple[str, ...]
     out_shapes: tuple[tuple[int, ...], ...]  # each result is viewed as this shape
+    out_formats: tuple[Format, ...] = ()  # the format tags of the values replaced (none: ND)
 
 
 def _infer(ts, a: FusedReduceAttrs):
     regs = body_types(a.body, ts)
     require(len(a.results) == len(a.out_shapes), "FusedReduce", "one output shape per result")
+    require(len(a.out_formats) in (0, len(a.results)), "FusedReduce", "one format per result")
+    formats = a.out_formats or (Format.ND,) * len(a.results)
     out = []
-    for r, shape in zip(a.results, a.out_shapes):
+    for r, shape, form in zip(a.results, a.out_shapes, formats):
         require(r in regs, "FusedReduce", f"result register {r} is undefined")
         d, s = regs[r]
         require(math.prod(s) == math.prod(shape) or _broadcasts(s, shape), "FusedReduce",
                 f"result {r} ({list(s)}) can be neither viewed nor broadcast as {list(shape)}")
-        out.append(TensorType(tuple(shape), d))
+        out.append(TensorType(tuple(shape), d, form))
     return out
 
 

@@ -31,7 +31,7 @@ import numpy as np
 
 from pydantic import field_validator
 
-from opgraph.core.dtypes import DataType
+from opgraph.core.dtypes import DataType, Format
 from opgraph.core.opdef import DType, L0Error, OpAttrs, require
 from opgraph.core.tensor import MAX_RANK
 from opgraph.core.types import TensorType, broadcast_shape
@@ -117,6 +117,7 @@ class FusedAttrs(OpAttrs):
     result: str
     out_dtype: DType
     store: bool = False  # the last input is a user tensor the kernel writes (like ViewCopy)
+    out_format: Format = Format.ND  # the format tag of the value the kernel replaces
 
 
 def body_lines(a: FusedAttrs) -> list[str]:

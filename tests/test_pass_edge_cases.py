@@ -13,7 +13,7 @@ import pytest
 import opgraph
 from backends import get as get_backend, native
 from opgraph import passes
-from opgraph.core.dtypes import DataType
+from opgraph.core.dtypes import DataType, Format
 from opgraph.core.ir import Graph, TensorType
 
 F = DataType.FLOAT
@@ -104,3 +104,33 @@ def test_edge_graphs_run_at_every_level(case, level, backend):
         r = np.asarray(got[v.name])
         assert r.shape == w.shape and r.dtype == w.dtype, (v.name, r.shape, w.shape)
         assert np.array_equal(r, w, equal_nan=True), (v.name, r, w)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_fused_results_keep_their_format_tag(backend):
+    """Values tagged NCHW (their input's format) replaced by fused kernels' results: the results
+    keep the tag, so the nodes reading them infer the types they recorded (PassErrors at level
+    2 before, in elementwise and in reduction fusion; a helper's fuzz)."""
+    g = Graph("formats")
+    c = g.add_input("c", TensorType((1, 3, 1, 1), F, format=Format.NCHW))
+    x = g.add_input("x", TensorType((2, 3, 2, 2), F, format=Format.NCHW))
+    w = g.add_input("w", TensorType((2, 3, 2, 1), F))
+    v = g.add_input("v", TensorType((2, 3, 2, 2), F))
+    scaled = node(g, "Mul", c, node(g, "Fill", shape=(), value=0.1, dtype=F))  # c·0.1 into w
+    g.add_node("ViewCopy", [node(g, "BroadcastTo", scaled, shape=(2, 3, 2, 1)), w])
+    squares = g.add_node("BNTrainingReduce", [x], shape=(1, 3, 1, 1)).outputs[1]  # Σx² into v
+    g.add_node("ViewCopy", [node(g, "BroadcastTo", squares, shape=(2, 3, 2, 2)), v])
+    mean = g.add_node("ReduceVar", [v], axes=(0, 2, 3), keepdims=True).outputs[1]
+    g.add_node("ViewCopy", [node(g, "BroadcastTo", squares, shape=(2, 3, 2, 2)), v])
+    g.outputs = [c, mean]
+    opt = passes.optimize(g, 2)
+    assert {"FusedElementwise", "FusedReduce"} <= {n.op for n in opt.nodes}
+    cs = np.float32([1, 2, 3]).reshape(1, 3, 1, 1)
+    xs = np.arange(24, dtype=np.float32).reshape(2, 3, 2, 2)
+    sq = (xs * xs).sum(axis=(0, 2, 3), keepdims=True)  # small integers: exact in any order
+    arrays = {"c": cs, "x": xs, "w": np.zeros((2, 3, 2, 1), np.float32),
+              "v": np.zeros((2, 3, 2, 2), np.float32)}
+    got = get_backend(backend).run(opt, {k: opgraph.tensor(a) for k, a in arrays.items()})
+    assert np.array_equal(np.asarray(got[opt.outputs[1].name]), sq)
+    assert np.array_equal(arrays["w"], np.broadcast_to(cs * np.float32(0.1), (2, 3, 2, 1)))
+    assert np.array_equal(arrays["v"], np.broadcast_to(sq, (2, 3, 2, 2)))

@@ -135,7 +135,8 @@ def _fuse(g: Graph) -> dict[str, int]:
         externals, body, regs = body_of(order)
         result = regs[seed.outputs[0].name]
         out = seed.outputs[0].type
-        attrs = FusedAttrs(shape=out.shape, body=tuple(body), result=result, out_dtype=out.dtype)
+        attrs = FusedAttrs(shape=out.shape, body=tuple(body), result=result, out_dtype=out.dtype,
+                           out_format=out.format)
         node = g.add_node("FusedElementwise", externals, attrs, index=g.nodes.index(seed),
                           source=seed.source)
         g.replace_all_uses_with(seed.outputs[0], node.outputs[0])

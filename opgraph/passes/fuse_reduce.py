@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import Callable, Optional
 
 from l0ops.fused_reduce import FusedReduceAttrs
+from opgraph.core.dtypes import Format
 from opgraph.core.ir import Graph, Node, Value
 from opgraph.core.memory import memory_of
 from opgraph.core.passmanager import FunctionPass, sweep_dead
@@ -223,6 +224,11 @@ def _keeps_access_order(g: Graph, ids: set[int]) -> bool:
     return True
 
 
+def _formats(formats: list[Format]) -> tuple[Format, ...]:
+    """The results' format tags, or () when all are ND (the default, left out of dumps)."""
+    return () if all(f == Format.ND for f in formats) else tuple(formats)
+
+
 def _views_of_written(g: Graph) -> set[int]:
     """The free views of a tensor some node writes."""
     written = {id(memory_of(n.inputs[k])) for n in g.nodes for k in n.opdef.written(n)}
@@ -263,7 +269,8 @@ def _fuse_reductions(g: Graph, keep_big_inside: bool = False) -> dict[str, int]:
         slots = _result_slots(g, order, ids)
         externals, body, regs = body_of(order)
         attrs = FusedReduceAttrs(body=tuple(body), results=tuple(regs[v.name] for v, _ in slots),
-                                 out_shapes=tuple(v.shape for v, _ in slots))
+                                 out_shapes=tuple(v.shape for v, _ in slots),
+                                 out_formats=_formats([v.type.format for v, _ in slots]))
         node = g.add_node("FusedReduce", externals, attrs, index=g.nodes.index(order[-1]) + 1,
                           source=seed.source)
         for (old, user), new in zip(slots, node.outputs):
