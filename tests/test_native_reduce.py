@@ -27,6 +27,7 @@ from backends.native.reduce_run import run_fused_reduce_native, run_planned
 from forked import in_forked_child
 from l0ops.fused_reduce import FusedReduce, FusedReduceAttrs, Instr
 from opgraph.core.dtypes import DataType as D
+from opgraph.core.ir import Graph, TensorType
 
 pytestmark = pytest.mark.skipif(not native.available(), reason=native.availability()[1])
 
@@ -523,3 +524,25 @@ def test_rows_read_nothing_past_the_data(dt, shape):
         check_same(stats_body(shape), [x])
         return True
     in_forked_child(child, "reducing data that end at an inaccessible page")
+
+
+@pytest.mark.parametrize("shape, axes, keepdims", [((1, 8192), (1,), True), ((1, 8192), (1,), False),
+                                                   ((2, 8192), (0, 1), True)])
+def test_a_lower_rank_operand_that_varies_along_the_reduced_dim(shape, axes, keepdims):
+    """Σ x·ch with ch[N] broadcast against x[R, N]: ch varies along the reduced dim, so it is
+    streamed like x; it was taken for a per-kept register (one value per kept index) and the
+    native run failed ('could not broadcast ... into shape (1,1)'; a helper's fuzz)."""
+    g = Graph("lower_rank")
+    x = g.add_input("x", TensorType(shape, D.FLOAT))
+    ch = g.add_input("ch", TensorType((shape[1],), D.FLOAT))
+    g.outputs = [g.add_node("ReduceSum", [g.add_node("Mul", [x, ch]).outputs[0]], axes=axes,
+                            keepdims=keepdims).outputs[0]]
+    opt = opgraph.passes.optimize(g, 2)
+    rng = np.random.default_rng(3)
+    data = {"x": rng.standard_normal(shape).astype(np.float32),
+            "ch": rng.standard_normal(shape[1]).astype(np.float32)}
+    got = {be: np.asarray(backends.get(be).run(opt, {k: opgraph.tensor(v) for k, v in data.items()})[
+        opt.outputs[0].name]) for be in ("numpy", "native")}
+    assert np.array_equal(bits(got["native"]), bits(got["numpy"]))
+    exact = (data["x"].astype(np.float64) * data["ch"]).sum()
+    assert abs(float(got["native"].ravel()[0]) - exact) <= 1e-4 * np.abs(data["x"] * data["ch"]).sum()

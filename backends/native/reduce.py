@@ -204,8 +204,9 @@ def _plan(a: FusedReduceAttrs, inputs: Sequence[np.ndarray]) -> Plan:
     if any(summed(a.body[k]) != full_shape or tuple(a.body[k].shape) != kept_shape for k in sums):
         raise Unsupported("reductions over different shapes")
     raxes = [d for d, (n, o) in enumerate(zip(full_shape, kept_shape)) if n != o]
-    full = {r for r, (_, s) in types.items()
-            if len(s) == len(full_shape) and any(s[d] == full_shape[d] for d in raxes)}
+    # registers that vary along a reduced dim (a lower-rank one right-aligned, as it broadcasts)
+    full = {r for r, (_, s) in types.items() if len(s) <= len(full_shape)
+            and any(((1,) * (len(full_shape) - len(s)) + tuple(s))[d] == full_shape[d] for d in raxes)}
     if any(r in full for r in a.results):
         raise Unsupported("a full-size result")
     K, R = math.prod(kept_shape), math.prod(full_shape[d] for d in raxes)
