@@ -66,6 +66,17 @@ def sum_of_a_view_of_a_broadcast():
     return g, {"c": np.float32([2.5])}, [np.float32([10])]
 
 
+def view_of_arithmetic_on_a_broadcast_sum():
+    """A view of Mul(BroadcastTo(sum), c): the reduction's kernel took the chain in, and its
+    body viewed a one-element register as [2, 2] (L0Error); such a group is left unfused."""
+    g = Graph("view_of_broadcast_sum")
+    x, c = g.add_input("x", TensorType((4,), F)), g.add_input("c", TensorType((), F))
+    total = node(g, "ReduceSum", x, axes=(0,), keepdims=True)
+    g.outputs = [node(g, "Reshape", node(g, "Mul", node(g, "BroadcastTo", total, shape=(4,)), c),
+                      shape=(2, 2))]
+    return g, {"x": np.float32([1, 2, 3, 4]), "c": np.float32(0.5)}, [np.full((2, 2), 5, np.float32)]
+
+
 def store_between_one_element_shapes():
     g = Graph("one_element_store")
     x, out = g.add_input("x", TensorType((1, 1, 1), F)), g.add_input("out", TensorType((1, 1), F))
@@ -90,7 +101,8 @@ def contiguous_0d():
 
 
 CASES = [folded_0d_fills, zero_d_results, contiguous_0d, mean_of_nothing, view_of_a_broadcast,
-         sum_of_a_view_of_a_broadcast, store_between_one_element_shapes, reduction_of_constants]
+         sum_of_a_view_of_a_broadcast, view_of_arithmetic_on_a_broadcast_sum,
+         store_between_one_element_shapes, reduction_of_constants]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -4,6 +4,7 @@ read of the same tensor, nor a read past a write (from a fuzz of the passes). Th
 are worked out by hand from the graph, in order."""
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -12,6 +13,7 @@ from backends import get as get_backend, native
 from opgraph import passes
 from opgraph.core.dtypes import DataType
 from opgraph.core.ir import Graph, TensorType
+from opgraph.passes.program import optimize_program
 
 F4 = TensorType((4,), DataType.FLOAT)
 X = np.float32([1, 2, 3, 4])
@@ -147,7 +149,23 @@ def view_read_after_the_write():
     return g, dict(x=X, w=OUT.reshape(2, 2)), [np.float32(OUT.sum()), X * X], dict(w=X.reshape(2, 2))
 
 
+def view_read_before_a_write():
+    """Reshape(w) − c runs after w = w·c and before w = mean(w): with the view out of the
+    mean's kernel (it would be a result) the re-sort no longer tied the Sub to its place and
+    ran it before the first write."""
+    g = Graph("order")
+    w, c = g.add_input("w", TensorType((1, 4), DataType.FLOAT)), g.add_input("c", TensorType((), DataType.FLOAT))
+    view = g.add_node("Reshape", [w], shape=(4,)).outputs[0]
+    mean = g.add_node("ReduceMean", [w], axes=(0,)).outputs[0]
+    g.add_node("ViewCopy", [op(g, "Mul", w, c), w])
+    before = op(g, "Sub", view, c)
+    g.add_node("ViewCopy", [g.add_node("Reshape", [mean], shape=(1, 4)).outputs[0], w])
+    g.outputs = [before]
+    return g, dict(w=X.reshape(1, 4), c=np.float32(2)), [X * 2 - 2], dict(w=X.reshape(1, 4))
+
+
 CASES = [read_then_written, written_again, fused_across_a_write, merged_across_a_write,
+         view_read_before_a_write,
          view_of_a_written_tensor, view_read_after_the_write,
          two_redirects_into_one_tensor,
          stored_across_a_write, reduced_across_a_write, read_of_a_reduced_value_moved_across_a_write]
@@ -161,3 +179,23 @@ def test_reads_and_writes_of_a_user_tensor_keep_their_order(case, level, backend
     got, fresh = run(g, level, backend, arrays)
     assert got == [o.tolist() for o in outputs]
     assert {k: fresh[k].tolist() for k in written} == {k: v.tolist() for k, v in written.items()}
+
+
+def test_a_cast_round_trip_is_not_folded_across_a_write():
+    """Cast(Cast(w, f32), bf16) read after w = c and copied back into w: the program pipeline's
+    cast-round-trip folding made its readers read w itself, after the write."""
+    bf = TensorType((4,), DataType.BF16)
+    g = Graph("order")
+    w, c = g.add_input("w", bf), g.add_input("c", bf)
+    wide = g.add_node("Cast", [w], to=DataType.FLOAT).outputs[0]
+    g.add_node("ViewCopy", [c, w])
+    back = g.add_node("Cast", [wide], to=DataType.BF16).outputs[0]
+    g.add_node("ViewCopy", [back, w])
+    g.outputs = [op(g, "Mul", back, back)]
+    start = X.astype(ml_dtypes.bfloat16)
+    for backend in BACKENDS:
+        arrays = {"w": start.copy(), "c": np.full(4, 7, ml_dtypes.bfloat16)}
+        opt = optimize_program(g, 2)
+        got = get_backend(backend).run(opt, {k: opgraph.tensor(v) for k, v in arrays.items()})
+        assert np.asarray(got[opt.outputs[0].name]).astype(np.float32).tolist() == (X * X).tolist()
+        assert arrays["w"].astype(np.float32).tolist() == X.tolist()

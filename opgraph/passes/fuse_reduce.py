@@ -16,12 +16,14 @@ op in the group is written as primitives by its own ``expand``.
 """
 from __future__ import annotations
 
+import heapq
 from typing import Callable, Optional
 
 from l0ops.fused_reduce import FusedReduceAttrs
 from opgraph.core.dtypes import Format
 from opgraph.core.ir import Graph, Node, Value
 from opgraph.core.memory import memory_of
+from opgraph.core.opdef import L0Error
 from opgraph.core.passmanager import FunctionPass, sweep_dead
 from .fuse import body_of, expandable, viewed_broadcast
 
@@ -150,16 +152,17 @@ def _stable_topological(nodes: list[Node], key: Callable[[Node], float],
             if p is not None and p is not n and id(p) in index:
                 needs[id(n)].add(id(p))
                 users[id(p)].add(id(n))
-    ready = [n for n in nodes if not needs[id(n)]]
+    ready = [(key(n), k, n) for k, n in enumerate(nodes) if not needs[id(n)]]
+    heapq.heapify(ready)
+    at = {id(n): k for k, n in enumerate(nodes)}  # (ties: the given order)
     out = []
     while ready:
-        ready.sort(key=key)
-        n = ready.pop(0)
+        n = heapq.heappop(ready)[2]
         out.append(n)
         for u in users[id(n)]:
             needs[u].discard(id(n))
             if not needs[u]:
-                ready.append(index[u])
+                heapq.heappush(ready, (key(index[u]), at[u], index[u]))
     return out
 
 
@@ -260,19 +263,30 @@ def _fuse_reductions(g: Graph, keep_big_inside: bool = False) -> dict[str, int]:
                 or seed.opdef.is_free(seed) or id(seed) not in alive:
             continue
         outs = {id(v) for v in g.outputs}
+        by_id = {id(n): n for n in g.nodes}
+
+        def kept(ids: set[int]) -> list[Node]:  # the members once views that would be results leave
+            return _without_view_results(g, [by_id[i] for i in ids], views)
+
+        def order_ok(ids: set[int]) -> bool:
+            return _keeps_access_order(g, {id(n) for n in kept(ids)})
         group = _grow(seed, taken, keep_big_inside, outs)
-        if not _keeps_access_order(g, {id(n) for n in group}):  # grown again, checking each join
-            group = _grow(seed, taken, keep_big_inside, outs, lambda ids: _keeps_access_order(g, ids))
-        group = _without_view_results(g, group, views)
+        if not order_ok({id(n) for n in group}):  # grown again, checking each join
+            group = _grow(seed, taken, keep_big_inside, outs, order_ok)
+        group = kept({id(n) for n in group})
         ids = {id(n) for n in group}
         order = [n for n in g.nodes if id(n) in ids]
         slots = _result_slots(g, order, ids)
-        externals, body, regs = body_of(order)
-        attrs = FusedReduceAttrs(body=tuple(body), results=tuple(regs[v.name] for v, _ in slots),
-                                 out_shapes=tuple(v.shape for v, _ in slots),
-                                 out_formats=_formats([v.type.format for v, _ in slots]))
-        node = g.add_node("FusedReduce", externals, attrs, index=g.nodes.index(order[-1]) + 1,
-                          source=seed.source)
+        try:  # a body that does not type-check (a view of a broadcast inside): left unfused
+            externals, body, regs = body_of(order)
+            attrs = FusedReduceAttrs(body=tuple(body), results=tuple(regs[v.name] for v, _ in slots),
+                                     out_shapes=tuple(v.shape for v, _ in slots),
+                                     out_formats=_formats([v.type.format for v, _ in slots]))
+            node = g.add_node("FusedReduce", externals, attrs, index=g.nodes.index(order[-1]) + 1,
+                              source=seed.source)
+        except L0Error:
+            taken.add(id(seed))
+            continue
         for (old, user), new in zip(slots, node.outputs):
             if user is None:
                 g.replace_all_uses_with(old, new)

@@ -24,6 +24,7 @@ from typing import Optional, Sequence
 from opgraph.core.config import check_level
 from opgraph.core.dtypes import DataType as D
 from opgraph.core.ir import Graph, Node
+from opgraph.core.memory import memory_of
 from opgraph.core.passmanager import Instrument, Pass, PassError, PassManager, PassStats, RewritePass
 from opgraph.core.rules import Rule
 from .fastmath import fast_math_pass
@@ -46,8 +47,17 @@ def _round_trip(n: Node) -> bool:
             and inner.inputs[0].shape == n.outputs[0].shape)
 
 
-def _drop_round_trip(g: Graph, n: Node) -> None:
-    g.replace_all_uses_with(n.outputs[0], n.inputs[0].producer.inputs[0])
+def _drop_round_trip(g: Graph, n: Node) -> bool:
+    """The round trip's readers read its source instead — unless a node writes the source's
+    memory between the first cast and the last of them (they would read the new contents)."""
+    source = n.inputs[0].producer.inputs[0]
+    mem, start = memory_of(source), g.nodes.index(n.inputs[0].producer)
+    last = max([g.nodes.index(u) for u in n.outputs[0].users]
+               + ([len(g.nodes)] if n.outputs[0] in g.outputs else []), default=start)
+    if any(memory_of(m.inputs[k]) is mem for m in g.nodes[start + 1:last] for k in m.opdef.written(m)):
+        return False
+    g.replace_all_uses_with(n.outputs[0], source)
+    return True
 
 
 cast_round_trip = RewritePass("cast-round-trip", [Rule("widen-narrow", "Cast", _round_trip,
