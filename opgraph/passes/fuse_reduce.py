@@ -188,11 +188,20 @@ def _moved(window: list[Node], ids: set[int]) -> set[int]:
     return moved
 
 
-def _keeps_access_order(g: Graph, ids: set[int]) -> bool:
+def _keeps_access_order(g: Graph, ids: set[int],
+                        memo: Optional[dict[int, tuple[set[int], set[int]]]] = None) -> bool:
     """Whether running the nodes ``ids`` as one kernel placed after the last of them, the rest
     re-sorted as :func:`_order` does, keeps every write on the same side of each other read or
     write of the memory it writes. (Only nodes from the first member to the last can change
-    places: the members and what reads them move later, to the kernel, and no further.)"""
+    places: the members and what reads them move later, to the kernel, and no further.)
+    ``memo``: each node's :func:`_accesses` by id, kept while the graph does not change."""
+    memo = {} if memo is None else memo
+
+    def accesses(n: Node) -> tuple[set[int], set[int]]:
+        hit = memo.get(id(n))
+        if hit is None:
+            hit = memo[id(n)] = _accesses(n)
+        return hit
     first = last = None
     for i, n in enumerate(g.nodes):
         if id(n) in ids:
@@ -203,9 +212,9 @@ def _keeps_access_order(g: Graph, ids: set[int]) -> bool:
     if not writes:
         return True
     moved = _moved(window, ids)
-    written = set().union(*(_accesses(w)[1] for w in writes))
+    written = set().union(*(accesses(w)[1] for w in writes))
     if not any(id(w) in moved for w in writes) and \
-            not any(set().union(*_accesses(a)) & written for a in window if id(a) in moved):
+            not any(set().union(*accesses(a)) & written for a in window if id(a) in moved):
         return True  # a write and what touches its memory keep their order when neither moves
     position = {id(n): i for i, n in enumerate(window)}
     members = [n for n in window if id(n) in ids]
@@ -217,9 +226,9 @@ def _keeps_access_order(g: Graph, ids: set[int]) -> bool:
         [n for n in window if id(n) not in ids or n is kernel], lambda n: key[id(n)],
         lambda n: kernel if id(n) in ids else n, lambda n: read if n is kernel else n.inputs))}
     new = {id(n): after[id(kernel) if id(n) in ids else id(n)] for n in window}
-    touched = [(a, set().union(*_accesses(a))) for a in window]
+    touched = [(a, set().union(*accesses(a))) for a in window]
     for w in writes:
-        mems = _accesses(w)[1]
+        mems = accesses(w)[1]
         for a, memory in touched:
             if a is not w and mems & memory and \
                     (position[id(a)] < position[id(w)]) != (new[id(a)] < new[id(w)]):
@@ -258,6 +267,7 @@ def _fuse_reductions(g: Graph, keep_big_inside: bool = False) -> dict[str, int]:
     views = _views_of_written(g)
     fused = absorbed = dead = 0
     alive = {id(n) for n in g.nodes}
+    memo: dict = {}  # the nodes' accesses, kept until a fusion changes the graph
     for seed in list(g.nodes):
         if id(seed) in taken or seed.opdef.kind != "reduce" or not expandable(seed) \
                 or seed.opdef.is_free(seed) or id(seed) not in alive:
@@ -269,7 +279,7 @@ def _fuse_reductions(g: Graph, keep_big_inside: bool = False) -> dict[str, int]:
             return _without_view_results(g, [by_id[i] for i in ids], views)
 
         def order_ok(ids: set[int]) -> bool:
-            return _keeps_access_order(g, {id(n) for n in kept(ids)})
+            return _keeps_access_order(g, {id(n) for n in kept(ids)}, memo)
         group = _grow(seed, taken, keep_big_inside, outs)
         if not order_ok({id(n) for n in group}):  # grown again, checking each join
             group = _grow(seed, taken, keep_big_inside, outs, order_ok)
@@ -301,6 +311,7 @@ def _fuse_reductions(g: Graph, keep_big_inside: bool = False) -> dict[str, int]:
         dead += sweep_dead(g)  # the next group's order check sees the graph as it will run
         _order(g)
         alive = {id(n) for n in g.nodes}
+        memo = {}
     dead += sweep_dead(g)
     return {"fused": fused, "absorbed": absorbed, "dead": dead}
 
