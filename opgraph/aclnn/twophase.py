@@ -43,7 +43,7 @@ from opgraph.core.platform import get_platform
 from opgraph.core.status import AclnnError, Status
 from opgraph.core.tensor import Tensor, extent, overlaps_itself, same_view
 from opgraph.core.types import RecordedCall
-from opgraph.passes import optimize
+from opgraph.passes import fast_math_applied, optimize
 from .cache import EXECUTOR_CACHE, CachedOp, cache_key, clear_all_caches, written_inputs
 from .structure import STRUCTURE_CACHE, UNTEMPLATED, Template, build_template, structure_key
 
@@ -165,9 +165,8 @@ def compile_executor(ex: Executor, level: int, fast_math: bool = False) -> None:
     stats: list = []
     compiled = (optimize(ex.graph, level, fast_math=fast_math, verify_each=False, stats=stats)
                 if ex.graph.nodes else ex.graph)
-    applied = any(s.name == "fast-math" and s.changed for s in stats)
     ex.program = CompiledProgram(ex.graph, compiled, plan_memory(compiled), level, ex.platform,
-                                 fast_math=applied)
+                                 fast_math=fast_math_applied(stats))
 
 
 def record(name: str, compose: Callable[[Executor], None], call: Optional[RecordedCall] = None,

@@ -27,7 +27,7 @@ from opgraph.core.memory import MemoryPlan, plan_memory
 from opgraph.core.platform import Platform
 from opgraph.core.quiet import restore, silence
 from opgraph.core.tensor import Tensor, tensor
-from opgraph.passes import optimize
+from opgraph.passes import fast_math_applied, optimize
 from opgraph.passes.program import optimize_program
 from .recorder import CaptureError
 
@@ -117,7 +117,7 @@ class Program:
         done: list = []
         self.compiled = (optimize_program(graph, self.level, fast_math=fast_math, stats=done)
                          if graph.nodes else graph)
-        self.fast_math = any(s.name == "fast-math" and s.changed for s in done)
+        self.fast_math = fast_math_applied(done)
         self.memory_plan = plan_memory(self.compiled)
         check_schedule(self.compiled, self.memory_plan)
         self.outputs = written_inputs(self.compiled)

@@ -22,8 +22,9 @@ from l0ops.collectives import is_collective
 from opgraph.capture import CaptureError, Program, capture
 from opgraph.core.backend import BackendUnavailable
 from opgraph.core.dtypes import DataType
-from .common import (CliError, called_exit, check_fast_math_level, check_memory, conflict,
-                     fmt_bytes, parse_backend, parse_dtype, parse_shape, same_path, write_output)
+from .common import (CliError, add_fast_math_option, called_exit, check_fast_math_level,
+                     check_memory, conflict, fmt_bytes, parse_backend, parse_dtype, parse_shape,
+                     same_path, write_output)
 
 FORMATS = ("text", "json", "dot", "table", "html", "stats")
 
@@ -165,8 +166,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                         "side by side with the calls one by one)")
     p.add_argument("--run", type=parse_backend, metavar="BACKEND",
                    help="also replay the program on BACKEND and print the time")
-    p.add_argument("--fast-math", action="store_true",
-                   help="compile with the opt-in, NOT bit-exact fast-math rewrites")
+    add_fast_math_option(p)
     p.add_argument("-o", "--output", metavar="FILE", help="write to FILE instead of stdout")
     p.set_defaults(func=run)
     return p

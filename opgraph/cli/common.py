@@ -417,3 +417,9 @@ def check_fast_math_level(fast: bool, level: int, why: str = "") -> None:
     if fast and level != 2:
         raise CliError(f"--fast-math: the fast-math rewrites join level 2 only, not level "
                        f"{level}{why}", code=2)
+
+
+def add_fast_math_option(p: argparse.ArgumentParser) -> None:
+    """``--fast-math``, as every command that compiles takes it."""
+    p.add_argument("--fast-math", action="store_true",
+                   help="compile level 2 with the opt-in, NOT bit-exact fast-math rewrites")

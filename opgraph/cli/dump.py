@@ -26,7 +26,7 @@ from opgraph.passes import (DumpInstrument, Instrument, Pass, PassManager, PassS
                             Rule, graph_stats, optimize, pipeline)
 from opgraph.passes.stats import node_traffic
 from .cases import add_op_subparsers, build_case, recorded_executor
-from .common import CliError, check_output, conflict, write_output
+from .common import CliError, add_fast_math_option, check_output, conflict, write_output
 
 FORMATS = ("text", "json", "dot", "table", "onnx")
 
@@ -300,8 +300,7 @@ def _options(p: argparse.ArgumentParser) -> None:
                    help="write the graph before and after each pass as numbered text/JSON/DOT files")
     p.add_argument("--stats", action="store_true",
                    help="print nodes, kernel launches, bytes moved and workspace for levels 0, 1, 2")
-    p.add_argument("--fast-math", action="store_true",
-                   help="add the opt-in, NOT bit-exact fast-math rewrites")
+    add_fast_math_option(p)
     p.set_defaults(func=run)
 
 

@@ -23,7 +23,8 @@ from opgraph.core.executor import Executor
 from opgraph.core.platform import lookup
 from opgraph.core.status import Status
 from .cases import Case, Recorded, add_op_subparsers, build_case, check, execute, record
-from .common import CliError, check_output, fmt_status, fmt_type, fmt_values, write_output
+from .common import (CliError, add_fast_math_option, check_output, fmt_status, fmt_type, fmt_values,
+                     write_output)
 from .tiling import trace_report
 
 # what `run` holds at once, in multiples of the op's inputs and outputs: the float64 draws and
@@ -196,9 +197,7 @@ def _options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trace-json", metavar="FILE",
                    help="write phase 2's per-node timings as Chrome trace-event JSON (open in "
                         "Perfetto or chrome://tracing); ascend-sim adds one row per core")
-    p.add_argument("--fast-math", action="store_true",
-                   help="compile with the opt-in, NOT bit-exact fast-math rewrites (the error "
-                        "columns say how far they move the result)")
+    add_fast_math_option(p)
     p.set_defaults(func=run)
 
 

@@ -24,7 +24,7 @@ from opgraph.core.layout import ENGINES, LayoutUnavailable, default_engine
 from opgraph.core.onnx_export import OnnxUnavailable
 from opgraph.passes import graph_stats, optimize
 from .cases import Case, add_op_subparsers, build_case, check, execute, record, recorded_executor
-from .common import CliError, check_output, parse_backend, write_output
+from .common import CliError, add_fast_math_option, check_output, parse_backend, write_output
 from .dump import PassStep, trace_passes
 from .run import Profile, profiled_execute
 
@@ -166,8 +166,7 @@ def _options(p: argparse.ArgumentParser) -> None:
                         "(needs: pip install onnx netron)")
     p.add_argument("--layout", choices=ENGINES,
                    help="layout engine (default: graphviz's dot when on PATH, else grandalf)")
-    p.add_argument("--fast-math", action="store_true",
-                   help="add the opt-in, NOT bit-exact fast-math rewrites")
+    add_fast_math_option(p)
     p.set_defaults(func=run)
 
 

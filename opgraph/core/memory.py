@@ -14,7 +14,7 @@ one arena with buffer reuse. The plan's size is what phase 1 reports as the work
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Container, Iterable
 
 ALIGN = 512
 
@@ -76,6 +76,16 @@ def memory_of(v: Any) -> Any:
     while v.producer is not None and v.producer.opdef.written(v.producer):
         v = buffer_root_value(v.producer.inputs[v.producer.opdef.written(v.producer)[0]])
     return v
+
+
+def written_memory(n: Any) -> list[Any]:
+    """The values whose memory node ``n`` writes (:func:`memory_of` its written inputs)."""
+    return [memory_of(n.inputs[k]) for k in n.opdef.written(n)]
+
+
+def writes_any(nodes: Iterable[Any], memories: Container[int]) -> bool:
+    """Whether a node of ``nodes`` writes a memory whose value's id is in ``memories``."""
+    return any(id(m) in memories for n in nodes for m in written_memory(n))
 
 
 def plan_memory(graph: Any) -> MemoryPlan:

@@ -26,7 +26,7 @@ from opgraph.core.rules import Rule
 from .prune import CLEANUP, LEVEL1, constant_fold, cse, dce, identities, viewcopy_redirect
 from .fuse import fuse_elementwise, fuse_store, op_rewrites
 from .fuse_reduce import fuse_reductions
-from .fastmath import fast_math_pass
+from .fastmath import fast_math_applied, fast_math_pass
 from .stats import GraphStats, graph_stats
 
 LEVELS = OPT_LEVELS
@@ -71,4 +71,5 @@ __all__ = ["optimize", "pipeline", "LEVELS", "Pass", "PassStats", "PassManager",
            "Rule", "RewritePass", "FunctionPass", "Instrument", "VerifyInstrument",
            "PrintInstrument", "DumpInstrument", "TimingInstrument", "sweep_dead", "identities",
            "constant_fold", "cse", "dce", "viewcopy_redirect", "op_rewrites", "fuse_elementwise",
-           "fuse_store", "fuse_reductions", "fast_math_pass", "graph_stats", "GraphStats"]
+           "fuse_store", "fuse_reductions", "fast_math_pass", "fast_math_applied", "graph_stats",
+           "GraphStats"]

@@ -7,8 +7,10 @@ bound is stated with the rule). It never runs unless asked for (``fast_math=True
 """
 from __future__ import annotations
 
+from typing import Iterable
+
 from opgraph.core.opdef import all_ops
-from opgraph.core.passmanager import RewritePass
+from opgraph.core.passmanager import PassStats, RewritePass
 
 
 def fast_math_pass() -> RewritePass:
@@ -16,3 +18,8 @@ def fast_math_pass() -> RewritePass:
     p = RewritePass("fast-math", [r for op in all_ops().values() for r in op.fast_math])
     p.bit_exact = False
     return p
+
+
+def fast_math_applied(stats: Iterable[PassStats]) -> bool:
+    """Whether the fast-math pass rewrote something, by a pipeline's pass stats."""
+    return any(s.name == "fast-math" and s.changed for s in stats)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from l0ops.fused import FusedAttrs, Instr
 from opgraph.core.ir import Graph, Node, Value
-from opgraph.core.memory import memory_of
+from opgraph.core.memory import memory_of, writes_any
 from opgraph.core.opdef import all_ops
 from opgraph.core.passmanager import FunctionPass, RewritePass, sweep_dead
 from opgraph.core.rules import Rule
@@ -62,10 +62,7 @@ def viewed_broadcast(n: Node) -> bool:
 def moves_past_a_write(g: Graph, node: Node, to: int) -> bool:
     """Whether running ``node`` at position ``to`` (later than its own) would read a tensor
     that a node in between writes: it would see the new contents, not those it read."""
-    at = g.nodes.index(node)
-    mems = {id(memory_of(v)) for v in node.inputs}
-    return any(id(memory_of(m.inputs[k])) in mems for m in g.nodes[at + 1:to]
-               for k in m.opdef.written(m))
+    return writes_any(g.nodes[g.nodes.index(node) + 1:to], {id(memory_of(v)) for v in node.inputs})
 
 
 def _group(g: Graph, seed: Node, taken: set) -> list[Node]:

@@ -22,7 +22,7 @@ from typing import Callable, Optional
 from l0ops.fused_reduce import FusedReduceAttrs
 from opgraph.core.dtypes import Format
 from opgraph.core.ir import Graph, Node, Value
-from opgraph.core.memory import memory_of
+from opgraph.core.memory import memory_of, written_memory
 from opgraph.core.opdef import L0Error
 from opgraph.core.passmanager import FunctionPass, sweep_dead
 from .fuse import body_of, expandable, viewed_broadcast
@@ -176,7 +176,7 @@ def _accesses(n: Node) -> tuple[set[int], set[int]]:
     """The memory ``n`` reads and the memory it writes (as ids of :func:`memory_of`)."""
     written = n.opdef.written(n)
     return ({id(memory_of(v)) for k, v in enumerate(n.inputs) if k not in written},
-            {id(memory_of(n.inputs[k])) for k in written})
+            {id(m) for m in written_memory(n)})
 
 
 def _moved(window: list[Node], ids: set[int]) -> set[int]:
@@ -243,7 +243,7 @@ def _formats(formats: list[Format]) -> tuple[Format, ...]:
 
 def _views_of_written(g: Graph) -> set[int]:
     """The free views of a tensor some node writes."""
-    written = {id(memory_of(n.inputs[k])) for n in g.nodes for k in n.opdef.written(n)}
+    written = {id(m) for n in g.nodes for m in written_memory(n)}
     return {id(n) for n in g.nodes if written and n.opdef.is_free(n) and not n.opdef.written(n)
             and n.outputs and id(memory_of(n.outputs[0])) in written}
 

@@ -24,7 +24,7 @@ from typing import Optional, Sequence
 from opgraph.core.config import check_level
 from opgraph.core.dtypes import DataType as D
 from opgraph.core.ir import Graph, Node
-from opgraph.core.memory import memory_of
+from opgraph.core.memory import memory_of, writes_any
 from opgraph.core.passmanager import Instrument, Pass, PassError, PassManager, PassStats, RewritePass
 from opgraph.core.rules import Rule
 from .fastmath import fast_math_pass
@@ -54,7 +54,7 @@ def _drop_round_trip(g: Graph, n: Node) -> bool:
     mem, start = memory_of(source), g.nodes.index(n.inputs[0].producer)
     last = max([g.nodes.index(u) for u in n.outputs[0].users]
                + ([len(g.nodes)] if n.outputs[0] in g.outputs else []), default=start)
-    if any(memory_of(m.inputs[k]) is mem for m in g.nodes[start + 1:last] for k in m.opdef.written(m)):
+    if writes_any(g.nodes[start + 1:last], {id(mem)}):
         return False
     g.replace_all_uses_with(n.outputs[0], source)
     return True

@@ -17,7 +17,7 @@ import numpy as np
 
 from l0ops.primitives import cast_array
 from opgraph.core.ir import Graph, Node, Value
-from opgraph.core.memory import buffer_root_value, memory_of
+from opgraph.core.memory import buffer_root_value, memory_of, writes_any, written_memory
 from opgraph.core.passmanager import FunctionPass, RewritePass, sweep_dead
 from opgraph.core.rules import Rule
 
@@ -96,11 +96,9 @@ def _cse(g: Graph) -> dict[str, int]:
     merged = 0
     writes: dict[int, int] = {}  # id of a written tensor -> writes to it so far, in order
     for n in list(g.nodes):
-        written = n.opdef.written(n)
-        if written:
-            for k in written:
-                mem = id(memory_of(n.inputs[k]))
-                writes[mem] = writes.get(mem, 0) + 1
+        if n.opdef.written(n):
+            for m in written_memory(n):
+                writes[id(m)] = writes.get(id(m), 0) + 1
             continue
         # (-0.0 is not 0.0; a tensor read before and after a write holds two values)
         versions = tuple(writes.get(id(memory_of(v)), 0) for v in n.inputs) if writes else ()
@@ -146,8 +144,7 @@ def _order_safe(g: Graph, copy_at: int, src_root: Value, resident: set[int]) -> 
             src.update(id(v) for v in m.outputs)
     last_read = max([k for k, m in enumerate(g.nodes) if any(id(v) in src for v in m.inputs)]
                     + ([len(g.nodes)] if any(id(v) in src for v in g.outputs) else []), default=-1)
-    return not any(memory_of(m.inputs[k]) is dst for m in g.nodes[copy_at + 1:last_read]
-                   for k in m.opdef.written(m))
+    return not writes_any(g.nodes[copy_at + 1:last_read], {id(dst)})
 
 
 def _redirect(g: Graph) -> dict[str, int]:
