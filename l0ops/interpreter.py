@@ -1,8 +1,8 @@
 """The numpy interpreter of a fused body (:class:`~l0ops.primitives.FusedAttrs`): a
 :class:`Program` per body and operand (dtype, shape)s, run straight through for small tensors
 and chunk by chunk otherwise — broadcast inputs read by stride, the per-channel part hoisted and
-computed once, chunks within one channel where memory allows, temporaries kept per thread,
-and the chunks of a large body shared among worker threads (:mod:`.workers`). A program for new
+computed once, blocks of rows or chunks within one channel (:mod:`.chunking`), temporaries kept
+per thread, and the chunks of a large body shared among worker threads (:mod:`.workers`). A program for new
 sizes of a body seen before is renamed from the last one, not checked and compiled again
 (:meth:`Program.resized`). Results are bit-identical whatever the chunking and thread count
 (tests/test_fused_chunks.py, tests/test_numpy_workers.py).
@@ -23,6 +23,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from opgraph.core.dtypes import DataType, dtype_of
+from .chunking import chunks, expand_part, per_block_dims, picker, row_blocks
 from .primitives import (ARITH, BF16, F16, F32, FusedAttrs, IdentityMemo, Instr, Sig, cast_array,
                          compile_instr, reg_types)
 from .rounding import widen
@@ -30,56 +31,17 @@ from .straight_line import straight_line
 from .workers import PARALLEL_ELEMS, run_split
 
 CHUNK_ELEMS = 1 << 15  # 128 KiB float32 chunks: fewer Python steps, still cache-resident
-MIN_RUN = 1024  # per-channel terms are one value per chunk when each channel's run is this long
 # chunks within one channel: bigger, as numpy's per-call set-up on strided blocks outweighs what
 # cache residency saves (32x64x56x56 fp32 ElemtBackward: 16.1 ms at 2**15, 11.2 ms at 2**17)
 CHANNEL_CHUNK_ELEMS = 1 << 17
+# blocks of rows (chunking.row_blocks): at most ROW_CHUNK_ELEMS elements, within parts of a row of
+# at most ROW_PART_ELEMS (32x64x56x56 fp32 ElemtBackward on 2 threads: 5.1 ms, 5.9 within channels)
+ROW_CHUNK_ELEMS = 1 << 18
+ROW_PART_ELEMS = 1 << 18
 WHOLE_ELEMS = 1 << 19  # up to this many elements a body runs as one chunk (8x64x28x28: 0.74 ms, not 1.1)
 FLAT_ELEMS = 4096  # at most this many elements: the body runs straight through (run_flat)
 _NARROW = frozenset({F16, BF16})  # held as float32 registers
 IN_PLACE = frozenset({F32, F16})  # arithmetic that writes a given float32 buffer (f16: rounded there)
-
-
-def chunks(shape: tuple[int, ...], limit: int = CHUNK_ELEMS, fixed: Sequence[int] = ()):
-    """Index tuples splitting ``shape`` into C-order blocks of at most ~``limit`` elements. Each
-    dim in ``fixed`` takes one integer index per block: a per-channel operand is then one value
-    per block, which numpy broadcasts faster than a run of channels.
-
-        >>> [c[:2] for c in chunks((2, 3, 4), limit=8)]
-        [(0, slice(0, 2, None)), (0, slice(2, 3, None)), (1, slice(0, 2, None)), (1, slice(2, 3, None))]
-        >>> [c[:2] for c in chunks((2, 3, 4), limit=8, fixed=(1,))]
-        [(slice(0, 2, None), 0), (slice(0, 2, None), 1), (slice(0, 2, None), 2)]
-    """
-    if math.prod(shape) == 0:
-        return
-    free = [d for d in range(len(shape)) if d not in fixed]
-    parts = list(_blocks(tuple(shape[d] for d in free), limit))
-    for at in np.ndindex(*(shape[d] for d in fixed)):
-        for part in parts:
-            idx: list = [slice(None)] * len(shape)
-            for d, i in zip(fixed, at):
-                idx[d] = i
-            for d, i in zip(free, part):
-                idx[d] = i
-            yield tuple(idx)
-
-
-def _blocks(shape: tuple[int, ...], limit: int):
-    """C-order blocks of ``shape`` of at most ~``limit`` elements as partial index tuples
-    (leading dims an index, then one slice; the dims after it whole)."""
-    if not shape:
-        yield ()
-        return
-    k = 0
-    while k < len(shape) and math.prod(shape[k + 1:]) > limit:
-        k += 1
-    if k == len(shape):
-        k = len(shape) - 1
-    inner = max(math.prod(shape[k + 1:]), 1)
-    step = max(1, limit // inner)
-    for outer in np.ndindex(*shape[:k]):
-        for s in range(0, shape[k], step):
-            yield tuple(outer) + (slice(s, min(s + step, shape[k])),)
 
 
 _PLAN_LOCK = threading.Lock()
@@ -395,12 +357,15 @@ class Hoisted:
 
 def run_fused(a: FusedAttrs, inputs: Sequence[np.ndarray], out: "np.ndarray | None" = None,
               limit: int = CHUNK_ELEMS, channel_limit: int = CHANNEL_CHUNK_ELEMS,
-              whole_limit: int = WHOLE_ELEMS) -> np.ndarray:
+              whole_limit: int = WHOLE_ELEMS, row_limit: int = ROW_CHUNK_ELEMS,
+              part_limit: int = ROW_PART_ELEMS) -> np.ndarray:
     """Evaluate the body chunk by chunk. Instructions on smaller-than-full shapes (per-channel
     terms) are hoisted and computed once; the rest never allocates a full-size temporary.
-    Up to ``whole_limit`` elements run as one chunk; otherwise chunks hold at most ~``limit``
-    elements, or ~``channel_limit`` when each lies in one channel (its per-channel terms then
-    single values, see :func:`chunks`)."""
+    Up to ``whole_limit`` elements run as one chunk; otherwise, where the output is apart from
+    the inputs and their rows lie in one run each, blocks of rows of at most ~``row_limit``
+    elements within row parts of ~``part_limit`` (``row_limit=0``: never); else chunks of at
+    most ~``limit`` elements, or ~``channel_limit`` when each lies in one channel (its
+    per-channel terms then single values). See :mod:`.chunking`."""
     prog = program(a, inputs)
     full = prog.full
     if prog.straight():  # small: no hoisting, no chunks
@@ -421,21 +386,33 @@ def run_fused(a: FusedAttrs, inputs: Sequence[np.ndarray], out: "np.ndarray | No
         prog.run_live(regs, out, out_apart=apart)  # the last step straight into out when it can
         return out
     whole = {name: values[name] for name in prog.live_reads if values[name].ndim != len(full)}
-    sliced = [name for name in prog.live_reads if values[name].ndim == len(full)]
-    fixed = _per_block_dims(full, [values[n] for n in sliced],
-                            [inputs[k] for k in prog.big] + [out])
-    blocks = list(chunks(full, channel_limit if fixed else limit, fixed))
-    pickers = [(name, values[name], *_picker(values[name].shape, blocks[0])) for name in sliced]
+    sliced = {name: values[name] for name in prog.live_reads if values[name].ndim == len(full)}
+    big = [inputs[k] for k in prog.big] + [out]
+    rows = (row_blocks(full, list(sliced.values()), big, row_limit, part_limit)
+            if row_limit and apart else None)
+    if rows is not None:  # blocks of rows, a part of the row at a time (chunking.row_blocks)
+        start, blocks = rows
+    else:
+        fixed = per_block_dims(full, list(sliced.values()), big)
+        blocks = [(idx, None) for idx in chunks(full, channel_limit if fixed else limit, fixed)]
+    pickers = [(name, x, *picker(x.shape, blocks[0][0])) for name, x in sliced.items()]
 
     def run_blocks(part: Sequence[tuple]) -> None:
         scratch = _thread_scratch()
-        for idx in part:
+        held_row, held = None, {}  # the row part this thread last wrote the sliced registers out for
+        for idx, row in part:
             regs = dict(whole)
-            for name, x, base, vary in pickers:
-                sel = list(base)
-                for d in vary:
-                    sel[d] = idx[d]
-                regs[name] = x[tuple(sel)]
+            if row is None:
+                for name, x, base, vary in pickers:
+                    sel = list(base)
+                    for d in vary:
+                        sel[d] = idx[d]
+                    regs[name] = x[tuple(sel)]
+            else:
+                if row != held_row:
+                    held_row, held = row, {name: expand_part(x, full, start, row)
+                                           for name, x in sliced.items()}
+                regs.update(held)
             regs.update(prog.load_big(inputs, idx))
             prog.run_live(regs, out[idx], scratch, apart)
     # blocks write disjoint parts of out: threads may share them unless out overlaps an input
@@ -459,29 +436,6 @@ def _thread_scratch() -> dict[str, np.ndarray]:
     if scratch is None or len(scratch) > 64:
         scratch = _SCRATCH.buffers = {}
     return scratch
-
-
-def _picker(shape: tuple[int, ...], block: tuple) -> tuple[list, list[int]]:
-    """How to take a block of a broadcastable hoisted register: its index template (size-1 dims
-    stay whole, or 0 where blocks index the dim with an integer) and the dims a block's own
-    index fills in. Every block of :func:`chunks` has the same int/slice pattern."""
-    base = [slice(None) if isinstance(i, slice) else 0 for i in block]
-    return base, [d for d, n in enumerate(shape) if n != 1]
-
-
-def _per_block_dims(full: tuple[int, ...], sliced: Sequence[np.ndarray],
-                    big: Sequence[np.ndarray]) -> tuple[int, ...]:
-    """The dims along which the sliced hoisted registers vary (the channel dim of per-channel
-    terms), if every block can still run ``MIN_RUN`` elements along the dims after them and
-    those dims are the inner ones in memory of every full-size array (not channels_last)."""
-    dims = tuple(d for d in range(len(full)) if full[d] > 1 and any(x.shape[d] > 1 for x in sliced))
-    if not dims or math.prod(full[dims[-1] + 1:]) < MIN_RUN:
-        return ()
-    after = [e for e in range(dims[0] + 1, len(full)) if full[e] > 1 and e not in dims]
-    for x in big:
-        if any(abs(x.strides[d]) < abs(x.strides[e]) for d in dims for e in after):
-            return ()
-    return dims
 
 
 def _finish(res: np.ndarray, rd: DataType, out_dtype: DataType) -> np.ndarray:

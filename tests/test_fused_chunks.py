@@ -10,13 +10,21 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from l0ops import interpreter as P
+from l0ops import chunking, interpreter as P
 from l0ops.primitives import FusedAttrs, Instr, Sig
 from opgraph.core.dtypes import DataType as D
 
 NP = {D.FLOAT: np.float32, D.FLOAT16: np.float16, D.BF16: ml_dtypes.bfloat16}
-# (limit, channel_limit, whole_limit): one whole chunk; C-order chunks; chunks within a channel
-PATHS = [(1 << 30, 1 << 30, 1 << 30), (700, 1 << 30, 0), (1 << 30, 900, 0), (50, 50, 0)]
+# one whole chunk; C-order chunks; chunks within a channel; tiny C-order chunks; blocks of rows
+# (whole rows; parts of a row, a channel's lines and single lines; row_limit=0: no rows)
+PATHS = [dict(limit=1 << 30, channel_limit=1 << 30, whole_limit=1 << 30),
+         dict(limit=700, channel_limit=1 << 30, whole_limit=0, row_limit=0),
+         dict(limit=1 << 30, channel_limit=900, whole_limit=0, row_limit=0),
+         dict(limit=50, channel_limit=50, whole_limit=0, row_limit=0),
+         dict(whole_limit=0, row_limit=1 << 30, part_limit=1 << 30),
+         dict(whole_limit=0, row_limit=3000, part_limit=300),
+         dict(whole_limit=0, row_limit=50, part_limit=50)]
+PATH_IDS = ["whole", "c-order", "per-channel", "tiny", "rows", "row-parts", "row-lines"]
 
 
 def I(op, *args, dtype=D.FLOAT, **kw):  # noqa: E743 - short name for body listings
@@ -55,25 +63,21 @@ def operands(dt: D, shape, layout: str, seed: int = 0):
 
 @pytest.mark.parametrize("layout", ["contiguous", "channels_last", "strided"])
 @pytest.mark.parametrize("dt", [D.FLOAT, D.FLOAT16, D.BF16])
-@pytest.mark.parametrize("limits", PATHS, ids=["whole", "c-order", "per-channel", "tiny"])
+@pytest.mark.parametrize("limits", PATHS, ids=PATH_IDS)
 def test_every_chunking_gives_the_direct_bits(dt, layout, limits):
     shape = (3, 5, 9, 130)  # a channel's run (9·130) is longer than MIN_RUN
-    assert shape[2] * shape[3] >= P.MIN_RUN
+    assert shape[2] * shape[3] >= chunking.MIN_RUN
     a, b, x, y = operands(dt, shape, layout)
     attrs = FusedAttrs(shape=shape, body=body(dt, shape[1]), result="t6", out_dtype=dt)
     expected = direct(dt, a, b, x, y)
-    limit, channel_limit, whole_limit = limits
-    got = P.run_fused(attrs, [a, b, x, y], limit=limit, channel_limit=channel_limit,
-                      whole_limit=whole_limit)
+    got = P.run_fused(attrs, [a, b, x, y], **limits)
     assert got.dtype == expected.dtype
     assert np.array_equal(got.view(np.uint8), np.ascontiguousarray(expected).view(np.uint8))
     out = np.full(shape, 7, NP[dt])  # written in place, every element
-    P.run_fused(attrs, [a, b, x, y], out=out, limit=limit, channel_limit=channel_limit,
-                whole_limit=whole_limit)
+    P.run_fused(attrs, [a, b, x, y], out=out, **limits)
     assert np.array_equal(out.view(np.uint8), np.ascontiguousarray(expected).view(np.uint8))
     y_too = y.copy()  # out is the input y (read by an earlier step)
-    P.run_fused(attrs, [a, b, x, y_too], out=y_too, limit=limit, channel_limit=channel_limit,
-                whole_limit=whole_limit)
+    P.run_fused(attrs, [a, b, x, y_too], out=y_too, **limits)
     assert np.array_equal(y_too.view(np.uint8), np.ascontiguousarray(expected).view(np.uint8))
 
 
@@ -82,9 +86,9 @@ def test_chunks_within_a_channel_only_where_memory_is_channel_major():
     per_channel = [np.ones((1, 3, 1, 1), np.float32)]
     nchw = np.zeros(shape, np.float32)
     nhwc = np.zeros((2, 40, 40, 3), np.float32).transpose(0, 3, 1, 2)
-    assert P._per_block_dims(shape, per_channel, [nchw, nchw]) == (1,)
-    assert P._per_block_dims(shape, per_channel, [nchw, nhwc]) == ()
-    assert P._per_block_dims((2, 3, 4, 4), per_channel, [np.zeros((2, 3, 4, 4))]) == ()  # short run
+    assert chunking.per_block_dims(shape, per_channel, [nchw, nchw]) == (1,)
+    assert chunking.per_block_dims(shape, per_channel, [nchw, nhwc]) == ()
+    assert chunking.per_block_dims((2, 3, 4, 4), per_channel, [np.zeros((2, 3, 4, 4))]) == ()
 
 
 def test_scratch_buffers_carry_nothing_between_bodies_sizes_and_threads():
@@ -122,7 +126,7 @@ def test_chunks_of_two_shapes_reuse_their_scratch_from_call_to_call(monkeypatch)
     a, b, x, y = operands(D.FLOAT, shape, "contiguous")
     attrs = FusedAttrs(shape=shape, body=body(D.FLOAT, shape[1]), result="t6", out_dtype=D.FLOAT)
     P._SCRATCH.buffers = {}
-    limits = dict(limit=1000, channel_limit=3 * 8 * 160, whole_limit=0)  # blocks within a channel
+    limits = dict(limit=1000, channel_limit=3 * 8 * 160, whole_limit=0, row_limit=0)  # in a channel
     got = P.run_fused(attrs, [a, b, x, y], **limits)
     assert np.array_equal(got.view(np.uint8), direct(D.FLOAT, a, b, x, y).view(np.uint8))
     kept = {k: id(v) for k, v in P._SCRATCH.buffers.items()}
@@ -153,7 +157,7 @@ def test_the_chunked_plan_is_built_once_on_first_use_and_never_seen_half_built()
     assert seen[0][3] is True and prog.__dict__["_pending"] is None
 
 
-@pytest.mark.parametrize("paths", PATHS[1:], ids=["c-order", "channel", "tiny"])
+@pytest.mark.parametrize("paths", PATHS[1:], ids=PATH_IDS[1:])
 def test_a_view_per_element_runs_the_body_whole(paths):
     """A body that views a full-size input into its iteration space (BatchNormElemt's [N,C,L]
     input as [N,C,L,1], here also strided) cannot be cut into chunks of its inputs: it runs
@@ -164,8 +168,7 @@ def test_a_view_per_element_runs_the_body_whole(paths):
     attrs = FusedAttrs(shape=(4, 3, 50, 1), body=(
         I("view", "in0", shape=(4, 3, 50, 1)), I("view", "in1", shape=(1, 3, 1, 1)),
         I("sub", "t0", "t1")), result="t2", out_dtype=D.FLOAT)
-    limit, channel_limit, whole = paths
-    got = P.run_fused(attrs, [x, a], limit=limit, channel_limit=channel_limit, whole_limit=whole)
+    got = P.run_fused(attrs, [x, a], **paths)
     want = x.reshape(4, 3, 50, 1) - a.reshape(1, 3, 1, 1)
     assert got.shape == (4, 3, 50, 1) and np.array_equal(got.view(np.uint32), want.view(np.uint32))
     assert not P.program(attrs, [x, a]).chunkable
