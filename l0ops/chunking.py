@@ -124,7 +124,7 @@ def row_blocks(full: tuple[int, ...], sliced: Sequence[np.ndarray], big: Sequenc
     parts = list(_blocks(full[start:], part_limit))
     blocks = []
     for part in parts:
-        size = math.prod(_part_shape(full[start:], part))
+        size = math.prod(part_shape(full[start:], part))
         for rows in _blocks(full[:start], max(1, limit // max(size, 1))):
             idx = _padded(rows, start) + _padded(part, len(full) - start)
             blocks.append((idx, part))
@@ -136,8 +136,12 @@ def _padded(index: tuple, rank: int) -> tuple:
     return tuple(index) + (slice(None),) * (rank - len(index))
 
 
-def _part_shape(shape: tuple[int, ...], part: tuple) -> tuple[int, ...]:
-    """The shape of ``np.empty(shape)[part]`` (``part`` of ints and slices)."""
+def part_shape(shape: tuple[int, ...], part: tuple) -> tuple[int, ...]:
+    """The shape of ``np.empty(shape)[part]`` (``part`` of ints and slices).
+
+        >>> part_shape((3, 4, 5), (1, slice(0, 2)))
+        (2, 5)
+    """
     index = _padded(part, len(shape))
     return tuple(len(range(*i.indices(n))) for n, i in zip(shape, index) if isinstance(i, slice))
 
@@ -152,9 +156,11 @@ def _c_order_from(x: np.ndarray, start: int) -> bool:
     return True
 
 
-def expand_part(value: np.ndarray, full: tuple[int, ...], start: int, part: tuple) -> np.ndarray:
+def expand_part(value: np.ndarray, full: tuple[int, ...], start: int, part: tuple,
+                out: Optional[np.ndarray] = None) -> np.ndarray:
     """Row part ``part`` of ``value`` (broadcastable to ``full``, of size 1 before ``start``)
-    written out in full, as the blocks of that part read it.
+    written out in full, as the blocks of that part read it; into ``out`` when given (of the
+    part's shape and ``value``'s dtype), else a new array.
 
         >>> expand_part(np.float32([[[1], [2], [3]]]), (4, 3, 2), 1, (slice(1, 3),)).tolist()
         [[2.0, 2.0], [3.0, 3.0]]
@@ -162,8 +168,11 @@ def expand_part(value: np.ndarray, full: tuple[int, ...], start: int, part: tupl
     index = _padded(part, len(full) - start)
     sel = tuple(i if n != 1 else (0 if isinstance(i, int) else slice(None))
                 for n, i in zip(value.shape[start:], index))
-    return np.ascontiguousarray(np.broadcast_to(value[(0,) * start + sel],
-                                                _part_shape(full[start:], part)))
+    spread = np.broadcast_to(value[(0,) * start + sel], part_shape(full[start:], part))
+    if out is None:
+        return np.ascontiguousarray(spread)
+    np.copyto(out, spread)
+    return out
 
 
-__all__ = ["MIN_RUN", "chunks", "expand_part", "per_block_dims", "picker", "row_blocks"]
+__all__ = ["MIN_RUN", "chunks", "expand_part", "part_shape", "per_block_dims", "picker", "row_blocks"]

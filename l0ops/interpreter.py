@@ -23,7 +23,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from opgraph.core.dtypes import DataType, dtype_of
-from .chunking import chunks, expand_part, per_block_dims, picker, row_blocks
+from .chunking import chunks, expand_part, part_shape, per_block_dims, picker, row_blocks
 from .primitives import (ARITH, BF16, F16, F32, FusedAttrs, IdentityMemo, Instr, Sig, cast_array,
                          compile_instr, reg_types)
 from .rounding import widen
@@ -307,11 +307,8 @@ class Program:
             elif name == into_out:
                 regs[name] = fn(*operands, out=out)
             elif scratch is not None and out is not None and name in self.fresh_f32:
-                key = (name, out.shape)  # chunks of two shapes (a remainder) keep one each
-                buf = scratch.get(key)
-                if buf is None:
-                    buf = scratch[key] = np.empty(out.shape, np.float32)
-                regs[name] = fn(*operands, out=buf)
+                # chunks of two shapes (a remainder) keep one each
+                regs[name] = fn(*operands, out=kept(scratch, (name, out.shape), np.float32))
             else:
                 regs[name] = fn(*operands)
         res = _finish(regs[self.result], self.result_dtype, self.out_dtype)
@@ -409,9 +406,11 @@ def run_fused(a: FusedAttrs, inputs: Sequence[np.ndarray], out: "np.ndarray | No
                         sel[d] = idx[d]
                     regs[name] = x[tuple(sel)]
             else:
-                if row != held_row:
-                    held_row, held = row, {name: expand_part(x, full, start, row)
-                                           for name, x in sliced.items()}
+                if row != held_row:  # this part's registers, in buffers the thread keeps
+                    held_row, shape = row, part_shape(full[start:], row)
+                    for name, x in sliced.items():
+                        buf = kept(scratch, ("row part", name, shape), x.dtype)
+                        held[name] = expand_part(x, full, start, row, buf)
                 regs.update(held)
             regs.update(prog.load_big(inputs, idx))
             prog.run_live(regs, out[idx], scratch, apart)
@@ -436,6 +435,15 @@ def _thread_scratch() -> dict[str, np.ndarray]:
     if scratch is None or len(scratch) > 64:
         scratch = _SCRATCH.buffers = {}
     return scratch
+
+
+def kept(scratch: dict, key: tuple, dtype: Any) -> np.ndarray:
+    """The buffer this thread keeps under ``key`` (whose last item is its shape), made on first
+    use: a fresh 128 KiB-plus array per step and chunk costs about what the step computes."""
+    buf = scratch.get(key)
+    if buf is None or buf.dtype != dtype:
+        buf = scratch[key] = np.empty(key[-1], dtype)
+    return buf
 
 
 def _finish(res: np.ndarray, rd: DataType, out_dtype: DataType) -> np.ndarray:

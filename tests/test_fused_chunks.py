@@ -227,5 +227,5 @@ def test_the_result_chain_runs_in_the_output_chunk_when_it_is_apart(dt):
         ins = [a, b, x, out if not apart else y]
         P.run_fused(attrs, ins, out=out, limit=700, channel_limit=1 << 30, whole_limit=0)
         assert np.array_equal(out.view(np.uint8), expected.view(np.uint8))
-        kept = {name for name, _ in P._SCRATCH.buffers}
+        kept = {key[0] for key in P._SCRATCH.buffers}
         assert ("t3" in kept) == (not apart or dt != D.FLOAT)
