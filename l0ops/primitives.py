@@ -42,17 +42,23 @@ T = TypeVar("T")
 F32, F16, BF16, F64 = DataType.FLOAT, DataType.FLOAT16, DataType.BF16, DataType.DOUBLE
 
 
-def pow_array(base: np.ndarray, exp: np.ndarray) -> np.ndarray:
+def pow_array(base: np.ndarray, exp: np.ndarray, one_element: "bool | None" = None) -> np.ndarray:
     """x ** e in x's dtype as the 950 tensor-scalar Pow kernel special-cases a one-element
     exponent (pow_tensor_scalar_float.h): −0.5 is 1/sqrt(x) (Sqrt, then Div), 0.5 sqrt, 2 x·x,
     −1 1/x, 1 x, 0 ones; other exponents: numpy's power in float64, rounded once.
+    ``one_element``: whether the exponent *tensor* has one element (default: ``exp``'s own
+    size); a one-element chunk of a larger exponent takes the general path.
 
     >>> pow_array(np.float32([4, 16]), np.float32(-0.5)).tolist()
     [0.5, 0.25]
+    >>> pow_array(np.float32([4]), np.float32([-0.5]), one_element=False).tolist()
+    [0.5]
     """
     base, exp = np.asarray(base), np.asarray(exp)
     x = base.astype(np.float32)
-    e = float(exp.reshape(-1)[0]) if exp.size == 1 else None
+    if one_element is None:
+        one_element = exp.size == 1
+    e = float(exp.reshape(-1)[0]) if one_element else None
     one = np.float32(1)
     special = {-0.5: lambda: one / np.sqrt(x), 0.5: lambda: np.sqrt(x), 2.0: lambda: x * x,
                -1.0: lambda: one / x, 1.0: lambda: x, 0.0: lambda: np.ones_like(x)}
@@ -308,7 +314,8 @@ def compile_instr(ins: Instr, types: dict) -> Callable[..., np.ndarray]:
             return _load(plan(np.broadcast_to(x.astype(d.np), src)).astype(d.np), d)
         return total
     if ins.op == "pow":
-        return lambda x, e: _load(pow_array(x.astype(d.np) if rounding else x, e), d)
+        scalar = math.prod(types[ins.args[1]][1]) == 1  # the register's size, not a chunk's
+        return lambda x, e: _load(pow_array(x.astype(d.np) if rounding else x, e, scalar), d)
     if ins.op == "eq":
         return lambda x, y: np.equal(x, y)
     if ins.op == "where":

@@ -229,3 +229,20 @@ def test_the_result_chain_runs_in_the_output_chunk_when_it_is_apart(dt):
         assert np.array_equal(out.view(np.uint8), expected.view(np.uint8))
         kept = {key[0] for key in P._SCRATCH.buffers}
         assert ("t3" in kept) == (not apart or dt != D.FLOAT)
+
+
+@pytest.mark.parametrize("limits", PATHS, ids=PATH_IDS)
+def test_pow_takes_its_path_from_the_exponent_register_not_from_a_chunk(limits):
+    """Pow special-cases a one-element exponent tensor (−0.5: 1/sqrt in float32); a per-channel
+    exponent takes the general path (float64 power, rounded once) in every chunk, even where a
+    chunk of it holds one element."""
+    rng = np.random.default_rng(5)
+    x = rng.uniform(0.1, 10, (4, 3, 40, 40)).astype(np.float32)
+    for e, want in ((np.full((1, 3, 1, 1), -0.5, np.float32), (x.astype(np.float64) ** -0.5)
+                     .astype(np.float32)),
+                    (np.full((1, 1, 1, 1), -0.5, np.float32), np.float32(1) / np.sqrt(x))):
+        attrs = FusedAttrs(shape=x.shape, result="t0", out_dtype=D.FLOAT,
+                           body=(I("pow", "in0", "in1"),))
+        got = P.run_fused(attrs, [x, e], **limits)
+        assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+    assert not np.array_equal(want, (x.astype(np.float64) ** -0.5).astype(np.float32))  # differ
