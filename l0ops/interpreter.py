@@ -182,10 +182,11 @@ class Program:
         self.align = [(n, (1,) * (rank - len(self.types[n][1])) + self.types[n][1])
                       for n in hoisted_names if 0 < len(self.types[n][1]) < rank]
         # chunks slice the registers of the iteration space's rank; one of a higher rank (a big
-        # input the body views into this space), or a view per element (a chunk of its source
-        # is not the source of the chunk), cannot be sliced: run those bodies whole
+        # input the body views into this space), a view per element (a chunk of its source is
+        # not the source of the chunk) or a sum of per-element values (it needs them all) cannot
+        # be sliced: run those bodies whole
         self.chunkable = (all(len(self.types[r][1]) <= rank for r in self.live_reads)
-                          and not any(ins.op == "view" for _, ins in self.live))
+                          and not any(ins.op in ("view", "sum") for _, ins in self.live))
 
     def _spreads(self, name: str) -> bool:
         """Whether register ``name``, made from per-channel values only, would be a full-size

@@ -246,3 +246,17 @@ def test_pow_takes_its_path_from_the_exponent_register_not_from_a_chunk(limits):
         got = P.run_fused(attrs, [x, e], **limits)
         assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
     assert not np.array_equal(want, (x.astype(np.float64) ** -0.5).astype(np.float32))  # differ
+
+
+@pytest.mark.parametrize("limits", PATHS, ids=PATH_IDS)
+def test_a_sum_of_per_element_values_runs_the_body_whole(limits):
+    """x − Σx: the sum needs every element, so the body is not cut into chunks (it crashed on
+    chunks: a chunk is not the register the sum reads). Small integers: the sum is exact in
+    any order."""
+    x = np.random.default_rng(6).integers(-8, 9, (4, 3, 40, 40)).astype(np.float32)
+    attrs = FusedAttrs(shape=x.shape, result="t1", out_dtype=D.FLOAT,
+                       body=(I("sum", "in0"), I("sub", "in0", "t0")))
+    got = P.run_fused(attrs, [x], **limits)
+    want = x - np.float32(x.astype(np.float64).sum())
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+    assert not P.program(attrs, [x]).chunkable
