@@ -157,15 +157,17 @@ def bench_shape(shape, dname, reps: int, only: "set[str] | None" = None) -> None
     steps = c_f16_steps_variant(arrays, out) if dname == "fp16" else None
     if steps is not None:  # what the five fp16 roundings alone cost (bench_common.C_F16_STEPS)
         variants["floor C fp16 steps"] = steps
+    # every numpy variant before the native ones: a variant that follows a native call shares
+    # the CPUs with its threads while they spin (torch's OpenMP runtime spins ~ms after a call)
     others: dict[str, Callable[[], None]] = {}
     for level in (0, 1, 2):
         others[f"opgraph L{level} numpy"] = opgraph_variant(level, "numpy", arrays, out)
+    others["opgraph L2 numpy FM*"] = opgraph_variant(2, "numpy", arrays, out, True)
+    others["naive numpy"] = naive_variant(arrays, out)
     import backends
     if "native" in backends.available():
         others["opgraph L2 native"] = opgraph_variant(2, "native", arrays, out)
-    for backend in ("numpy", "native") if "native" in backends.available() else ("numpy",):
-        others[f"opgraph L2 {backend} FM*"] = opgraph_variant(2, backend, arrays, out, True)
-    others["naive numpy"] = naive_variant(arrays, out)
+        others["opgraph L2 native FM*"] = opgraph_variant(2, "native", arrays, out, True)
     others.update(torch_variants(arrays, out))
     variants.update({k: f for k, f in others.items() if not only or any(w in k for w in only)})
     for fn in variants.values():  # warm-up (compiles, caches)
