@@ -111,9 +111,9 @@ def row_blocks(full: tuple[int, ...], sliced: Sequence[np.ndarray], big: Sequenc
     run.
 
         >>> x = np.zeros((4, 6, 100), np.float32)
-        >>> start, blocks = row_blocks(x.shape, [np.ones((1, 6, 1))], [x, x], limit=600, part_limit=300)
-        >>> start, len(blocks), blocks[0]
-        (1, 4, ((slice(0, 2, None), slice(0, 3, None), slice(None, None, None)), (slice(0, 3, None),)))
+        >>> start, blocks = row_blocks(x.shape, [np.ones((1, 6, 1))], [x, x], 600, 300)
+        >>> start, len(blocks), blocks[0][1], blocks[0][0][0]  # 2 rows of channels 0-2
+        (1, 4, (slice(0, 3, None),), slice(0, 2, None))
     """
     dims = _varying_dims(full, sliced)
     if not dims:
@@ -175,4 +175,5 @@ def expand_part(value: np.ndarray, full: tuple[int, ...], start: int, part: tupl
     return out
 
 
-__all__ = ["MIN_RUN", "chunks", "expand_part", "part_shape", "per_block_dims", "picker", "row_blocks"]
+__all__ = ["MIN_RUN", "chunks", "expand_part", "part_shape", "per_block_dims", "picker",
+           "row_blocks"]

@@ -2,10 +2,10 @@
 :class:`Program` per body and operand (dtype, shape)s, run straight through for small tensors
 and chunk by chunk otherwise — broadcast inputs read by stride, the per-channel part hoisted and
 computed once, blocks of rows or chunks within one channel (:mod:`.chunking`), temporaries kept
-per thread, and the chunks of a large body shared among worker threads (:mod:`.workers`). A program for new
-sizes of a body seen before is renamed from the last one, not checked and compiled again
-(:meth:`Program.resized`). Results are bit-identical whatever the chunking and thread count
-(tests/test_fused_chunks.py, tests/test_numpy_workers.py).
+per thread, and the chunks of a large body shared among worker threads (:mod:`.workers`). A
+program for new sizes of a body seen before is renamed from the last one, not checked and
+compiled again (:meth:`Program.resized`). Results are bit-identical whatever the chunking and
+thread count (tests/test_fused_chunks.py, tests/test_row_blocks.py, tests/test_numpy_workers.py).
 
     >>> import numpy as np
     >>> from opgraph.core.dtypes import DataType as D
@@ -397,7 +397,7 @@ def run_fused(a: FusedAttrs, inputs: Sequence[np.ndarray], out: "np.ndarray | No
 
     def run_blocks(part: Sequence[tuple]) -> None:
         scratch = _thread_scratch()
-        held_row, held = None, {}  # the row part this thread last wrote the sliced registers out for
+        held_row, held = None, {}  # the row part last written out on this thread, its registers
         for idx, row in part:
             regs = dict(whole)
             if row is None:

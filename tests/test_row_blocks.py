@@ -104,7 +104,8 @@ def test_blocks_of_rows_give_the_direct_bits_writing_each_part_out_once(monkeypa
     assert np.array_equal(got.view(np.uint8), direct(dt, ins).view(np.uint8))
     _, blocks = chunking.row_blocks(shape, [np.ones((1, 5, 1, 1))], [ins[2]],
                                     limits["row_limit"], limits["part_limit"])
-    assert made == [p for p in distinct_parts(blocks) for _ in range(2)]  # two per-channel registers, once a part
+    # each part once, for each of the two per-channel registers
+    assert made == [p for p in distinct_parts(blocks) for _ in range(2)]
 
 
 @pytest.mark.parametrize("layout", ["in-place", "channels_last", "one-row"])
