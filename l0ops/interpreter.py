@@ -428,12 +428,18 @@ def run_fused(a: FusedAttrs, inputs: Sequence[np.ndarray], out: "np.ndarray | No
 _SCRATCH = threading.local()
 
 
+SCRATCH_BYTES = 32 << 20  # a thread's kept buffers, at most: past it they are dropped
+
+
 def _thread_scratch() -> dict[str, np.ndarray]:
-    """This thread's temporaries, kept from chunk to chunk by register name and chunk shape (a
-    fresh 128 KiB array per step and chunk costs about as much as the step's arithmetic; when
-    the chunks of a body come in two shapes, a remainder, each shape keeps its own)."""
+    """This thread's temporaries and written-out row parts, kept from chunk to chunk by register
+    name and chunk shape (a fresh 128 KiB array per step and chunk costs about as much as the
+    step's arithmetic; when the chunks of a body come in two shapes, a remainder, each shape
+    keeps its own). Dropped, to be made again, once they hold more than 64 buffers or
+    :data:`SCRATCH_BYTES` (many bodies and shapes in one process)."""
     scratch = getattr(_SCRATCH, "buffers", None)
-    if scratch is None or len(scratch) > 64:
+    if (scratch is None or len(scratch) > 64
+            or sum(b.nbytes for b in scratch.values()) > SCRATCH_BYTES):
         scratch = _SCRATCH.buffers = {}
     return scratch
 

@@ -139,3 +139,20 @@ def test_rows_shared_among_threads_give_the_same_bits(monkeypatch, threads):
         assert len(distinct_parts([(None, row) for row in made])) == 4  # 2 channels a part
     finally:
         workers.set_threads(before)
+
+
+def test_the_buffers_a_thread_keeps_are_bounded(monkeypatch):
+    """Row parts and temporaries are kept per thread between calls; past SCRATCH_BYTES they are
+    dropped before the next call (so many shapes in one process do not pile them up), and the
+    results keep the direct bits either way."""
+    monkeypatch.setattr(P, "run_split", lambda work, items: work(items))  # this thread's buffers
+    monkeypatch.setattr(P, "SCRATCH_BYTES", 40_000)
+    P._SCRATCH.buffers = {}
+    kept = []
+    for h in (9, 10, 11, 12):  # a new row shape each call: two new row parts of 5·h·40 floats
+        shape = (6, 5, h, 40)
+        ins = operands(D.FLOAT, shape, seed=h)
+        got = P.run_fused(body(D.FLOAT, shape), ins, whole_limit=0, limit=100)
+        assert np.array_equal(got.view(np.uint32), direct(D.FLOAT, ins).view(np.uint32))
+        kept.append(sum(b.nbytes for b in P._SCRATCH.buffers.values()))
+    assert kept == [14400, 14400 + 16000, 14400 + 16000 + 17600, 19200]  # dropped past 40000
