@@ -2,10 +2,11 @@
 space into chunks, and how a chunk takes its part of a hoisted (per-channel) register. Three
 layouts, tried in this order:
 
-* **expanded** (:func:`expanded_from`): the per-channel registers are written out once per call
-  over the dims from the channel on (``[1, C, H, W]``), and chunks are whole rows of those dims
-  (``x[n]``), read as one contiguous run: no broadcast inside a row, and at 32×64×56×56 a chunk
-  streams one 800 KB run where a channel's chunk streams 32 runs of 12.5 KB;
+* **rows** (:func:`row_blocks`): blocks of whole rows (the dims from the channel on, e.g.
+  ``x[n]``), or of a part of each row, read as contiguous runs; each part of the per-channel
+  registers is written out once per thread (:func:`expand_part`) and read by every row, so
+  nothing broadcasts inside a block (at 32×64×56×56 a block streams one 800 KB run where a
+  channel's chunk streams 32 runs of 12.5 KB);
 * **within a channel** (:func:`per_block_dims`): each chunk lies in one channel, whose terms are
   then single values;
 * **C-order** chunks of at most ``limit`` elements, the per-channel terms broadcast.

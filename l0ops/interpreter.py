@@ -388,12 +388,13 @@ def run_fused(a: FusedAttrs, inputs: Sequence[np.ndarray], out: "np.ndarray | No
     big = [inputs[k] for k in prog.big] + [out]
     rows = (row_blocks(full, list(sliced.values()), big, row_limit, part_limit)
             if row_limit and apart else None)
+    pickers: list = []
     if rows is not None:  # blocks of rows, a part of the row at a time (chunking.row_blocks)
         start, blocks = rows
     else:
         fixed = per_block_dims(full, list(sliced.values()), big)
         blocks = [(idx, None) for idx in chunks(full, channel_limit if fixed else limit, fixed)]
-    pickers = [(name, x, *picker(x.shape, blocks[0][0])) for name, x in sliced.items()]
+        pickers = [(name, x, *picker(x.shape, blocks[0][0])) for name, x in sliced.items()]
 
     def run_blocks(part: Sequence[tuple]) -> None:
         scratch = _thread_scratch()
