@@ -23,9 +23,11 @@ from opgraph.core.dtypes import DataType, dtype_of
 from opgraph.core.memo import BoundedMemo
 from opgraph.core.opdef import ExpandFn, OpAttrs
 from opgraph.core.types import TensorType
+from .channel_blocks import MIN_ELEMS, ChannelSplit, block_body, channel_ranges, channel_split
 from .interpreter import run_fused
 from .primitives import FusedAttrs, IdentityMemo, Instr, body_types, cast_array, compile_instr
 from .rounding import widen
+from .workers import run_split, threads
 
 Body = tuple[Instr, ...]
 
@@ -95,15 +97,26 @@ def array_types(arrays: Sequence[np.ndarray]) -> list[TensorType]:
 
 
 def evaluate_body(body: Body, results: Sequence[str], inputs: Sequence[np.ndarray],
-                  in_types: Sequence[TensorType]) -> list[np.ndarray]:
+                  in_types: Sequence[TensorType], channel_blocks: bool = True) -> list[np.ndarray]:
     """Run ``body`` on whole arrays in order; returns the result registers as arrays of their
-    dtype (numpy broadcasting between registers; reductions in the documented order)."""
+    dtype (numpy broadcasting between registers; reductions in the documented order). A large
+    body that separates along its channel runs on blocks of channels instead, on the worker
+    threads (:mod:`.channel_blocks`; the same bits); ``channel_blocks=False``: always whole."""
+    arrays = [np.asarray(x) for x in inputs]
+    split = channel_split(body, in_types, results) if channel_blocks else None
+    if split is None or split.summed < MIN_ELEMS:
+        return _values(body, results, arrays, in_types)
+    return _by_channels(body, results, arrays, in_types, split)
+
+
+def _values(body: Body, results: Sequence[str], inputs: Sequence[np.ndarray],
+            in_types: Sequence[TensorType]) -> list[np.ndarray]:
+    """:func:`evaluate_body` on whole arrays."""
     steps, types = _compiled(body, in_types)
     regs: dict[str, np.ndarray] = {}
     for k, x in enumerate(inputs):
         d = in_types[k].dtype
-        regs[f"in{k}"] = widen(np.asarray(x)) if d in (DataType.FLOAT16, DataType.BF16) \
-            else np.asarray(x)
+        regs[f"in{k}"] = widen(x) if d in (DataType.FLOAT16, DataType.BF16) else x
     for name, fn, args in steps:
         regs[name] = fn(*[regs[r] for r in args])
     out = []
@@ -114,6 +127,32 @@ def evaluate_body(body: Body, results: Sequence[str], inputs: Sequence[np.ndarra
             v = cast_array(v.astype(d.np), d)
         out.append(np.array(v) if v.shape == shape else np.array(np.broadcast_to(v, shape)))
     return out
+
+
+def _by_channels(body: Body, results: Sequence[str], inputs: Sequence[np.ndarray],
+                 in_types: Sequence[TensorType], split: ChannelSplit) -> list[np.ndarray]:
+    """:func:`evaluate_body` block of channels by block, the blocks on the worker threads; a
+    result that does not depend on the channel is the first block's."""
+    types = body_types(body, in_types)
+    outs = [np.empty(types[r][1], types[r][0].np) for r in results]
+    C = split.channels
+
+    def blocks(part: Sequence[tuple[int, int]]) -> None:
+        for c0, c1 in part:
+            xs = [x if a is None else x[_channels(a, c0, c1)] for x, a in zip(inputs, split.in_axes)]
+            values = _values(block_body(body, split, c1 - c0), results, xs, array_types(xs))
+            for out, v, a in zip(outs, values, split.result_axes):
+                if a is not None:
+                    out[_channels(a, c0, c1)] = v
+                elif c0 == 0:
+                    out[...] = v
+    run_split(blocks, channel_ranges(C, split.summed // C, threads()))
+    return outs
+
+
+def _channels(axis: int, c0: int, c1: int) -> tuple[slice, ...]:
+    """The index of channels ``[c0, c1)`` along ``axis``."""
+    return (slice(None),) * axis + (slice(c0, c1),)
 
 
 _COMPILED = IdentityMemo(limit=4096)

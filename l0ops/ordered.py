@@ -76,10 +76,13 @@ def ordered_sum_last(x: np.ndarray) -> np.ndarray:
     R = x.shape[-1]
     if R == 0:
         return np.zeros(x.shape[:-1], x.dtype)
-    nb = -(-R // BLOCK)
-    partial = np.empty(x.shape[:-1] + (nb,), x.dtype)
-    for b in range(nb):
-        partial[..., b] = tree_fold(_lane_sums(x[..., b * BLOCK: (b + 1) * BLOCK]))
+    full, tail = divmod(R, BLOCK)
+    partial = np.empty(x.shape[:-1] + (full + (tail > 0),), x.dtype)
+    if full:  # the whole blocks side by side: one lane sum and one tree for all of them
+        blocks = x[..., :full * BLOCK].reshape(x.shape[:-1] + (full, BLOCK))
+        partial[..., :full] = tree_fold(_lane_sums(blocks))
+    if tail:
+        partial[..., full] = tree_fold(_lane_sums(x[..., full * BLOCK:]))
     return tree_fold(partial)
 
 

@@ -7,8 +7,8 @@ results are identical for any thread count.
   included; :func:`set_threads` changes it (1: everything on the caller).
 * The pool is made on first use and again in a forked child (whose copy has no threads).
 * Every part runs under the caller's ``np.errstate``; a part's exception reaches the caller,
-  after every part has finished. A split asked for inside a part runs there, serially (the
-  pool's threads may all be waiting on it).
+  after every part has finished. A split asked for inside a part (the caller's included) runs
+  there, serially (the pool's threads are busy with the other parts).
 
     >>> out = []
     >>> run_split(out.extend, range(5), parts=2)
@@ -78,9 +78,11 @@ def run_split(work: Callable[[Sequence[Any]], None], items: Sequence[Any],
         finally:
             _LOCAL.in_pool = False
     pending = [_pool(n - 1).submit(part, run) for run in runs[1:]]
+    _LOCAL.in_pool = True  # the caller's part too: a split inside it would wait for the pool
     try:
         work(runs[0])
     finally:
+        _LOCAL.in_pool = False
         futures.wait(pending)
     for f in pending:
         f.result()  # a worker's exception, raised here

@@ -125,7 +125,7 @@ def test_views():
     assert all(l0ops.get_op(op).is_free(None) for op in ("Reshape", "SqueezeNd", "ReFormat"))
 
 
-@pytest.mark.parametrize("shape", [(7, 5000), (3, 64 * 9), (1, 32768 * 2 + 70)])
+@pytest.mark.parametrize("shape", [(7, 5000), (3, 64 * 9), (1, 32768 * 2 + 70), (2, 32768 * 3 + 7)])
 def test_ordered_sum_rows_bits_match_the_loop_model(shape):
     rng = np.random.default_rng(sum(shape))
     x = (rng.standard_normal(shape) * 10 ** rng.uniform(-4, 4, shape)).astype(F32)

@@ -174,3 +174,19 @@ def test_a_split_inside_a_part_runs_there(thread_count):
     t.join(timeout=30)
     assert done.is_set(), "a nested split hung"
     assert sorted(out) == sorted(10 * k + j for k in range(4) for j in range(3))
+
+
+def test_a_split_inside_the_callers_part_runs_on_the_caller(thread_count):
+    """The caller's own part is a part too: a split inside it runs there, serially, instead of
+    queueing behind the other parts on the pool (channel blocks sum inside their parts)."""
+    thread_count(2)
+    where = []
+
+    def inner(part):
+        where.append((threading.get_ident(), list(part)))
+
+    def outer(part):
+        if 0 in part:  # the caller's part
+            workers.run_split(inner, range(6))
+    workers.run_split(outer, range(2))
+    assert where == [(threading.get_ident(), list(range(6)))]
