@@ -103,7 +103,8 @@ def evaluate_body(body: Body, results: Sequence[str], inputs: Sequence[np.ndarra
     body that separates along its channel runs on blocks of channels instead, on the worker
     threads (:mod:`.channel_blocks`; the same bits); ``channel_blocks=False``: always whole."""
     arrays = [np.asarray(x) for x in inputs]
-    split = channel_split(body, in_types, results) if channel_blocks else None
+    big = channel_blocks and sum(x.size for x in arrays) >= MIN_ELEMS  # (a small call: no lookup)
+    split = channel_split(body, in_types, results) if big else None
     if split is None or split.summed < MIN_ELEMS:
         return _values(body, results, arrays, in_types)
     return _by_channels(body, results, arrays, in_types, split)
