@@ -77,6 +77,18 @@ def view_of_arithmetic_on_a_broadcast_sum():
     return g, {"x": np.float32([1, 2, 3, 4]), "c": np.float32(0.5)}, [np.full((2, 2), 5, np.float32)]
 
 
+def view_of_arithmetic_on_a_broadcast():
+    """Reshape(Mul(BroadcastTo(x), …)) read by an elementwise seed: inside a body the Mul is as
+    large as x, which the view cannot reshape (L0Error in elementwise fusion; fuzzer seed 408).
+    The Mul is left out of the seed's kernel and fused with the broadcast on its own."""
+    g = Graph("view_of_broadcast_mul")
+    x, y = g.add_input("x", TensorType((1, 3), F)), g.add_input("y", TensorType((6,), F))
+    b = node(g, "BroadcastTo", x, shape=(2, 3))
+    g.outputs = [node(g, "Add", y, node(g, "Reshape", node(g, "Mul", b, b), shape=(6,)))]
+    return g, {"x": np.float32([[1, 2, 3]]), "y": np.arange(6, dtype=np.float32)}, \
+        [np.float32([1, 5, 11, 4, 8, 14])]
+
+
 def store_between_one_element_shapes():
     g = Graph("one_element_store")
     x, out = g.add_input("x", TensorType((1, 1, 1), F)), g.add_input("out", TensorType((1, 1), F))
@@ -102,6 +114,7 @@ def contiguous_0d():
 
 CASES = [folded_0d_fills, zero_d_results, contiguous_0d, mean_of_nothing, view_of_a_broadcast,
          sum_of_a_view_of_a_broadcast, view_of_arithmetic_on_a_broadcast_sum,
+         view_of_arithmetic_on_a_broadcast,
          store_between_one_element_shapes, reduction_of_constants]
 
 
@@ -116,6 +129,37 @@ def test_edge_graphs_run_at_every_level(case, level, backend):
         r = np.asarray(got[v.name])
         assert r.shape == w.shape and r.dtype == w.dtype, (v.name, r.shape, w.shape)
         assert np.array_equal(r, w, equal_nan=True), (v.name, r, w)
+
+
+def _scalar_broadcast_chain():
+    """Fuzzer seed 408, minimised: a 0-d input broadcast twice, multiplied, viewed flat."""
+    g = Graph("scalar_broadcast_chain")
+    s, z = g.add_input("s", TensorType((), F)), g.add_input("z", TensorType((64,), F))
+    b1, b2 = (node(g, "BroadcastTo", s, shape=(2, 4, 8)) for _ in range(2))
+    flat = node(g, "Reshape", node(g, "Mul", s, node(g, "Mul", b1, b2)), shape=(-1,))
+    g.outputs = [node(g, "RealDiv", z, flat)]
+    return g
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("build", [lambda: view_of_arithmetic_on_a_broadcast()[0], _scalar_broadcast_chain],
+                         ids=["broadcast_mul", "scalar_chain"])
+def test_view_of_arithmetic_on_a_broadcast_fuses_with_level_0_bits(build, backend):
+    """Level 2 fuses a view of a value computed from a broadcast (it raised L0Error) and keeps
+    level 0's bits, specials included."""
+    g = build()
+    opt = passes.optimize(g, 2)
+    assert {n.op for n in opt.nodes} == {"FusedElementwise"}
+    rng = np.random.default_rng(0)
+    arrays = {}
+    for v in g.inputs:
+        a = (rng.standard_normal(v.type.numel) * 3).astype(np.float32)
+        a[:4] = np.float32([np.nan, np.inf, -0.0, 1e-30])[:a.size]
+        arrays[v.name] = a.reshape(v.shape)
+    run = lambda o: np.asarray(get_backend(backend).run(
+        o, {k: opgraph.tensor(a.copy()) for k, a in arrays.items()})[o.outputs[0].name])
+    want, got = run(passes.optimize(g, 0)), run(opt)
+    assert want.shape == got.shape and np.array_equal(want.view(np.uint8), got.view(np.uint8))
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -16,12 +16,16 @@ Fusion needs nothing op-specific: an op is fusable when its definition has an ``
 """
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
+
 from l0ops.fused import FusedAttrs, Instr
 from opgraph.core.ir import Graph, Node, Value
 from opgraph.core.memory import memory_of, writes_any
 from opgraph.core.opdef import all_ops
 from opgraph.core.passmanager import FunctionPass, RewritePass, sweep_dead
 from opgraph.core.rules import Rule
+from opgraph.core.types import broadcast_shape
 
 
 def op_rewrites() -> RewritePass:
@@ -65,10 +69,11 @@ def moves_past_a_write(g: Graph, node: Node, to: int) -> bool:
     return writes_any(g.nodes[g.nodes.index(node) + 1:to], {id(memory_of(v)) for v in node.inputs})
 
 
-def _group(g: Graph, seed: Node, taken: set) -> list[Node]:
+def _group(g: Graph, seed: Node, taken: set, blocked: "set[int] | None" = None) -> list[Node]:
     """The seed plus every absorbable producer all of whose users are already in the group
-    (but a full-size view of a graph input, :func:`_full_view_of_input`, and a producer whose
-    reads would move past a write: the fused kernel runs where the seed is)."""
+    (but a full-size view of a graph input, :func:`_full_view_of_input`, a producer whose
+    reads would move past a write — the fused kernel runs where the seed is — and the nodes
+    whose ids are in ``blocked``)."""
     seed_at = g.nodes.index(seed)
     group = {id(seed): seed}
     numel = seed.outputs[0].type.numel
@@ -79,6 +84,8 @@ def _group(g: Graph, seed: Node, taken: set) -> list[Node]:
             for v in n.inputs:
                 p = v.producer
                 if p is None or id(p) in group or id(p) in taken or not _absorbable(p):
+                    continue
+                if blocked and id(p) in blocked:
                     continue
                 if _full_view_of_input(p, numel) or moves_past_a_write(g, p, seed_at):
                     continue
@@ -114,22 +121,73 @@ def body_of(nodes: list[Node]) -> tuple[list[Value], list[Instr], dict[str, str]
     return externals, body, regs
 
 
+def register_shapes(body: Sequence[Instr], externals: Sequence[Value]) -> dict[str, tuple[int, ...]]:
+    """The shape of every register of ``body`` reading ``externals`` (what
+    :func:`l0ops.primitives.body_types` infers, without its checks): an operation's register
+    broadcasts its operands' (so inside a body a broadcast value is only as large as what it
+    broadcasts); fill, view and sum have their own."""
+    shapes = {f"in{k}": tuple(v.shape) for k, v in enumerate(externals)}
+    for k, ins in enumerate(body):
+        if ins.op in ("fill", "view", "sum"):
+            shapes[f"t{k}"] = tuple(ins.shape or ())
+        else:
+            shapes[f"t{k}"] = broadcast_shape(*(shapes[r] for r in ins.args))
+    return shapes
+
+
+def narrow_viewed(order: list[Node], externals: Sequence[Value], body: Sequence[Instr],
+                  regs: dict[str, str]) -> "Node | None":
+    """The member (of a group, ``order``, whose body :func:`body_of` made) producing a value that
+    a member view reads through a register smaller than the value — a broadcast not
+    materialised (``Mul(BroadcastTo(x), …)`` is as large as ``x`` inside a body), which the view
+    cannot reshape — or None. Computed outside the group, that value is read whole."""
+    shapes = register_shapes(body, externals)
+    for n in order:
+        if n.opdef.kind != "view" or not n.inputs:
+            continue
+        v = n.inputs[0]
+        src = regs[v.name]
+        if regs[n.outputs[0].name] != src and math.prod(shapes[src]) != v.type.numel:
+            return v.producer
+    return None
+
+
+def _fused_group(g: Graph, seed: Node, taken: set, left_out: set) -> "tuple[list[Node], tuple] | None":
+    """The group rooted at ``seed`` in graph order with its :func:`body_of`, or None (fewer
+    than two nodes). A member whose value a view in the group would read unbroadcast
+    (:func:`narrow_viewed`) is left out (its id added to ``left_out``) and the group grown
+    again without it."""
+    blocked: set[int] = set()
+    while True:
+        group = _group(g, seed, taken, blocked)
+        if len(group) < 2:
+            return None
+        order = [n for n in g.nodes if any(n is m for m in group)]
+        made = body_of(order)
+        narrow = narrow_viewed(order, *made)
+        if narrow is None:
+            left_out.update(blocked)
+            return order, made
+        blocked.add(id(narrow))
+
+
 def _fuse(g: Graph) -> dict[str, int]:
-    """Fuse maximal groups rooted at full-size expandable nodes (largest first)."""
+    """Fuse maximal groups rooted at full-size expandable nodes (largest first). A node a group
+    left out (:func:`_fused_group`) is a seed even though a fused kernel reads it."""
     taken: set = set()
+    left_out: set[int] = set()
     fused = absorbed = 0
     seeds = [n for n in g.nodes if _absorbable(n) and n.outputs[0].type.rank > 0
              and n.opdef.kind in ("elementwise", "kernel")]
     for seed in sorted(reversed(seeds), key=lambda n: -n.outputs[0].type.numel):
         if id(seed) in taken or seed not in g.nodes:
             continue
-        if any(id(u) in taken for u in seed.outputs[0].users):
+        if id(seed) not in left_out and any(id(u) in taken for u in seed.outputs[0].users):
             continue
-        group = _group(g, seed, taken)
-        if len(group) < 2:
+        found = _fused_group(g, seed, taken, left_out)
+        if found is None:
             continue
-        order = [n for n in g.nodes if any(n is m for m in group)]
-        externals, body, regs = body_of(order)
+        group, (externals, body, regs) = found
         result = regs[seed.outputs[0].name]
         out = seed.outputs[0].type
         attrs = FusedAttrs(shape=out.shape, body=tuple(body), result=result, out_dtype=out.dtype,
