@@ -12,9 +12,8 @@ a dim of size C (an input, fill, view or sum that would make one is refused), so
 along the channel. It refuses (None, and the body runs whole) anything that does not separate:
 a sum that reduces the channel, a per-channel ``pow`` exponent (its special cases depend on the
 exponent's size), operands whose channels do not line up, a view that does more than add or
-drop size-1 dims. :func:`block_body` renames the
-``sum`` and ``view`` shapes to a block of ``k`` channels; :func:`channel_ranges` cuts the
-channels into blocks.
+drop size-1 dims. :func:`block_body` renames the ``sum`` and ``view`` shapes to a block of ``k``
+channels; :func:`channel_ranges` cuts the channels into blocks.
 
     >>> from opgraph.core.dtypes import DataType as D
     >>> from opgraph.core.types import TensorType
