@@ -100,8 +100,8 @@ def _input_axis(shape: tuple[int, ...], C: int, distance: int) -> tuple[bool, Ax
 def _split(body: Sequence[Instr], in_types: Sequence[TensorType],
            results: Sequence[str]) -> Optional[ChannelSplit]:
     types = body_types(body, in_types)
-    found = _channel(body, types)
-    if found is None or found[0] < 2:
+    found = _channel(body, types)  # (C >= 2: the kept dim is not 1)
+    if found is None:
         return None
     C, distance, summed = found
     axes: dict[str, Axis] = {}

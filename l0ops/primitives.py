@@ -204,6 +204,19 @@ def reg_types(a: FusedAttrs, in_types: Sequence[TensorType]) -> RegTypes:
     return regs
 
 
+def instr_shape(ins: Instr, operands: Sequence[tuple[int, ...]]) -> tuple[int, ...]:
+    """The shape of ``ins``'s register from its operands' shapes: ``fill``, ``view`` and ``sum``
+    have their own (a scalar when none is given), the rest broadcast their operands' (ValueError
+    when they do not). :func:`body_types` checks the rest.
+
+        >>> instr_shape(Instr(op="add", args=("in0", "in1"), dtype=F32), [(2, 1), (3,)])
+        (2, 3)
+    """
+    if ins.op in ("fill", "view", "sum"):
+        return tuple(ins.shape or ())
+    return broadcast_shape(*operands)
+
+
 def _check_body(body: Sequence[Instr], in_types: Sequence[TensorType]) -> RegTypes:
     regs = {f"in{k}": (t.dtype, t.shape) for k, t in enumerate(in_types)}
 
@@ -257,7 +270,7 @@ def _check_body(body: Sequence[Instr], in_types: Sequence[TensorType]) -> RegTyp
         if op not in ("cast", "eq", "where") and any(d != dtype for d, _ in operands):
             fail(k, ins, f"operand dtypes differ from {dtype.short}")
         try:
-            regs[f"t{k}"] = (dtype, broadcast_shape(*(shape for _, shape in operands)))
+            regs[f"t{k}"] = (dtype, instr_shape(ins, [shape for _, shape in operands]))
         except ValueError:
             fail(k, ins, "operand shapes do not broadcast")
     return regs

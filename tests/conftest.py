@@ -23,6 +23,7 @@ import backends  # noqa: E402
 import opgraph  # noqa: E402
 from backends.aclnn.runtime import AclnnBackend  # noqa: E402
 from backends.native import team  # noqa: E402
+from l0ops import workers  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -120,3 +121,12 @@ def threads():
     before = team.threads()
     yield team.set_threads
     team.set_threads(before)
+
+
+@pytest.fixture
+def thread_count():
+    """``l0ops.workers.set_threads`` for a test (the numpy interpreter's worker threads), the
+    count restored after it."""
+    before = workers.threads()
+    yield workers.set_threads
+    workers.set_threads(before)

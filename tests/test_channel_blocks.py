@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import opgraph
-from l0ops import channel_blocks as CB, expansion, workers
+from l0ops import channel_blocks as CB, expansion
 from l0ops.expansion import array_types, evaluate_body
 from l0ops.primitives import Instr
 from opgraph import ops
@@ -35,13 +35,6 @@ def forced(monkeypatch):
         monkeypatch.setattr(CB, "BLOCK_ELEMS", elements)
         return runs
     return blocks
-
-
-@pytest.fixture
-def threads():
-    before = workers.threads()
-    yield workers.set_threads
-    workers.set_threads(before)
 
 
 def bits(arrays) -> list[bytes]:
@@ -71,7 +64,7 @@ def layouts(shape, dtype, seed):
 @pytest.mark.parametrize("soc, dtype", [("Ascend910B", F32), ("Ascend910B", F16),
                                         ("Ascend950", F32), ("Ascend950", BF16)])
 @pytest.mark.parametrize("shape", [(3, 5, 4, 7), (6, 6, 2, 6), (2, 9, 33), (2, 3, 2, 2, 5)])
-def test_family_reductions_keep_their_bits_by_blocks(forced, threads, monkeypatch, soc, dtype, shape):
+def test_family_reductions_keep_their_bits_by_blocks(forced, thread_count, monkeypatch, soc, dtype, shape):
     for k, (name, x) in enumerate(layouts(shape, dtype, seed=len(shape)).items()):
         dy = layouts(shape, dtype, seed=k + 10)[name]
         with use_platform(soc):
@@ -79,7 +72,7 @@ def test_family_reductions_keep_their_bits_by_blocks(forced, threads, monkeypatc
             whole = family_calls(x, dy, dtype)
             runs = forced(2 * x.size // shape[1])  # two channels a block (the last may be one)
             for n in (1, 2, 3):
-                threads(n)
+                thread_count(n)
                 runs.clear()
                 assert bits(family_calls(x, dy, dtype)) == bits(whole), (name, n)
                 assert len(runs) >= 2  # stats and the backward sums ran by blocks
@@ -226,7 +219,7 @@ def random_body(rng, dtype, shape):
     return tuple(body), results
 
 
-def test_random_bodies_keep_their_bits_by_blocks(forced, threads):
+def test_random_bodies_keep_their_bits_by_blocks(forced, thread_count):
     rng = np.random.default_rng(20261206)
     accepted = 0
     for case in range(150):
@@ -243,7 +236,7 @@ def test_random_bodies_keep_their_bits_by_blocks(forced, threads):
             whole = evaluate_body(body, results, inputs, types, False)
         runs = forced(int(rng.integers(1, 3)) * shape[0] * shape[2] * shape[3])
         runs.clear()
-        threads(int(rng.integers(1, 4)))
+        thread_count(int(rng.integers(1, 4)))
         with np.errstate(all="ignore"):
             got = evaluate_body(body, results, inputs, types)
         assert bits(got) == bits(whole), (case, [i.render(f"t{k}") for k, i in enumerate(body)])

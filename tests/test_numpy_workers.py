@@ -31,13 +31,6 @@ BODY = FusedAttrs(shape=SHAPE, result="t2", out_dtype=D.FLOAT, body=(
 ))
 
 
-@pytest.fixture
-def thread_count():
-    before = workers.threads()
-    yield workers.set_threads
-    workers.set_threads(before)
-
-
 def operands(seed: int = 0) -> list[np.ndarray]:
     rng = np.random.default_rng(seed)
     C = SHAPE[1]

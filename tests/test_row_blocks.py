@@ -9,7 +9,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from l0ops import chunking, interpreter as P, workers
+from l0ops import chunking, interpreter as P
 from l0ops.primitives import FusedAttrs, Instr
 from opgraph.core.dtypes import DataType as D
 
@@ -122,23 +122,19 @@ def test_where_rows_do_not_apply_the_other_chunkings_give_the_same_bits(monkeypa
     assert np.array_equal(out.view(np.uint32), want.view(np.uint32))
 
 
-@pytest.mark.parametrize("threads", [1, 2, 3])
-def test_rows_shared_among_threads_give_the_same_bits(monkeypatch, threads):
+@pytest.mark.parametrize("count", [1, 2, 3])
+def test_rows_shared_among_threads_give_the_same_bits(monkeypatch, thread_count, count):
     shape = (15, 8, 96, 96)  # past PARALLEL_ELEMS: the blocks are shared
     assert np.prod(shape) >= P.PARALLEL_ELEMS
     made: list = []
     real = P.expand_part
     monkeypatch.setattr(P, "expand_part", lambda *a: made.append(a[3]) or real(*a))
-    before = workers.threads()
-    workers.set_threads(threads)
-    try:
-        for dt in (D.FLOAT, D.BF16):
-            ins = operands(dt, shape, seed=threads)
-            got = P.run_fused(body(dt, shape), ins, part_limit=20000)
-            assert np.array_equal(got.view(np.uint8), direct(dt, ins).view(np.uint8))
-        assert len(distinct_parts([(None, row) for row in made])) == 4  # 2 channels a part
-    finally:
-        workers.set_threads(before)
+    thread_count(count)
+    for dt in (D.FLOAT, D.BF16):
+        ins = operands(dt, shape, seed=count)
+        got = P.run_fused(body(dt, shape), ins, part_limit=20000)
+        assert np.array_equal(got.view(np.uint8), direct(dt, ins).view(np.uint8))
+    assert len(distinct_parts([(None, row) for row in made])) == 4  # 2 channels a part
 
 
 def test_the_buffers_a_thread_keeps_are_bounded(monkeypatch):

@@ -20,12 +20,12 @@ import math
 from collections.abc import Sequence
 
 from l0ops.fused import FusedAttrs, Instr
+from l0ops.primitives import instr_shape
 from opgraph.core.ir import Graph, Node, Value
 from opgraph.core.memory import memory_of, writes_any
 from opgraph.core.opdef import all_ops
 from opgraph.core.passmanager import FunctionPass, RewritePass, sweep_dead
 from opgraph.core.rules import Rule
-from opgraph.core.types import broadcast_shape
 
 
 def op_rewrites() -> RewritePass:
@@ -123,15 +123,12 @@ def body_of(nodes: list[Node]) -> tuple[list[Value], list[Instr], dict[str, str]
 
 def register_shapes(body: Sequence[Instr], externals: Sequence[Value]) -> dict[str, tuple[int, ...]]:
     """The shape of every register of ``body`` reading ``externals`` (what
-    :func:`l0ops.primitives.body_types` infers, without its checks): an operation's register
-    broadcasts its operands' (so inside a body a broadcast value is only as large as what it
-    broadcasts); fill, view and sum have their own."""
+    :func:`l0ops.primitives.body_types` infers, without its checks: :func:`instr_shape`); an
+    operation's register broadcasts its operands', so inside a body a broadcast value is only as
+    large as what it broadcasts."""
     shapes = {f"in{k}": tuple(v.shape) for k, v in enumerate(externals)}
     for k, ins in enumerate(body):
-        if ins.op in ("fill", "view", "sum"):
-            shapes[f"t{k}"] = tuple(ins.shape or ())
-        else:
-            shapes[f"t{k}"] = broadcast_shape(*(shapes[r] for r in ins.args))
+        shapes[f"t{k}"] = instr_shape(ins, [shapes[r] for r in ins.args])
     return shapes
 
 
