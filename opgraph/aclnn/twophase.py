@@ -151,6 +151,19 @@ def _check_integer_range(p: Param, a: int) -> None:
 _DOUBLE_MAX = int(np.finfo(np.float64).max)  # the largest integer float() takes
 
 
+def _positional(sig: inspect.Signature, args: tuple, kwargs: dict[str, Any]) -> tuple:
+    """``args`` and ``kwargs`` as the positional arguments of ``sig`` (161002 naming an unknown,
+    repeated or missing parameter)."""
+    unknown = [k for k in kwargs if k not in sig.parameters]
+    if unknown:
+        raise AclnnError(Status.ACLNN_ERR_PARAM_INVALID,
+                         f"{unknown[0]}: no such parameter (parameters: {', '.join(sig.parameters)})")
+    try:
+        return sig.bind(*args, **kwargs).args
+    except TypeError as e:
+        raise AclnnError(Status.ACLNN_ERR_PARAM_INVALID, str(e)) from None
+
+
 def recorded_call(name: str, params: Sequence[Param], args: Sequence[Any]) -> RecordedCall:
     """The call as graph metadata: tensors by parameter name (None for NULL), scalars by value."""
     return RecordedCall(name, tuple(
@@ -208,11 +221,17 @@ def op_api(name: str, *, params: Sequence[Param], **spec: Any
     def deco(compose: Callable[..., None]) -> Callable[..., Phase1]:
         sig = inspect.signature(compose)
         names = list(sig.parameters)[1:]
+        public = sig.replace(parameters=list(sig.parameters.values())[1:], return_annotation=Phase1)
         if names != [p.name for p in params]:
             raise ValueError(f"op_api {name}: compose parameters {names} differ from the declared "
                              f"{[p.name for p in params]}")
 
-        def get_workspace_size(*args: Any) -> Phase1:
+        def get_workspace_size(*args: Any, **kwargs: Any) -> Phase1:
+            if kwargs:  # by name, as the signature it advertises allows
+                try:
+                    args = _positional(public, args, kwargs)
+                except AclnnError as e:
+                    return fail(e.status, e.message), 0, None
             platform, level = get_platform(), compile_setting()
             shared = writes_shared_memory(args, written_at, read_at, in_place)
             key = cache_key(name, args, platform, level)
@@ -254,8 +273,7 @@ def op_api(name: str, *, params: Sequence[Param], **spec: Any
         get_workspace_size.__name__ = get_workspace_size.__qualname__ = compose.__name__
         get_workspace_size.__doc__ = compose.__doc__
         get_workspace_size.__module__ = compose.__module__
-        get_workspace_size.__signature__ = sig.replace(  # type: ignore[attr-defined]
-            parameters=list(sig.parameters.values())[1:], return_annotation=Phase1)
+        get_workspace_size.__signature__ = public  # type: ignore[attr-defined]
         get_workspace_size.op_name = name  # type: ignore[attr-defined]
         get_workspace_size.source_file = compose.__code__.co_filename  # type: ignore[attr-defined]
         made = OpApiSpec(name, params, get_workspace_size, run_executor, **spec)
