@@ -3,11 +3,13 @@ run from two threads."""
 from __future__ import annotations
 
 import inspect
+import threading
 
 import numpy as np
 
 import opgraph
 from opgraph import aclnn
+from opgraph.aclnn import twophase
 
 T = opgraph.tensor
 X = np.float32([[1, 2], [3, 6]])  # N = 2, C = 2: mean [2, 4], biased var [1, 4]
@@ -40,3 +42,38 @@ def test_phase1_names_a_bad_keyword_and_writes_nothing():
         assert (int(st), ws, ex) == (161002, 0, None)
         assert word in msg, msg
         assert mean.tolist() == [7.0, 7.0] and invstd.tolist() == [7.0, 7.0]
+
+
+def test_a_single_use_executor_runs_once_when_two_threads_run_it(monkeypatch):
+    """Phase 2 from two threads on one single-use executor: one run, one 'already ran' — the
+    in-out running statistics are updated once. Thread A is held inside phase 2 after its
+    checks (where it asks for the backend) while the main thread runs the same executor."""
+    rm, rv = np.zeros(2, np.float32), np.ones(2, np.float32)
+    mean_all, invstd_all = np.zeros(2, np.float32), np.zeros(2, np.float32)
+    st, ws, ex = aclnn.aclnnBatchNormGatherStatsWithCountsGetWorkspaceSize(
+        T(np.zeros((4, 2), np.float32)), T(np.float32([[0, 1], [2, 3]])),
+        T(np.ones((2, 2), np.float32)), T(rm), T(rv), 0.5, 0.0, T(np.float32([1, 3])),
+        T(mean_all), T(invstd_all))
+    assert st == 0, aclnn.aclGetRecentErrMsg()
+    inside, go, calls, results = threading.Event(), threading.Event(), [], {}
+    real = twophase.made
+
+    def held_made(ref):
+        calls.append(ref)
+        if len(calls) == 1:  # thread A: wait until the main thread's call has returned
+            inside.set()
+            assert go.wait(120)
+        return real(ref)
+
+    monkeypatch.setattr(twophase, "made", held_made)
+    run = lambda: aclnn.aclnnBatchNormGatherStatsWithCounts(bytearray(ws) if ws else None, ws, ex)  # noqa: E731
+    a = threading.Thread(target=lambda: results.setdefault("a", run()))
+    a.start()
+    assert inside.wait(120)
+    results["main"] = run()
+    go.set()
+    a.join()
+    assert sorted(int(s) for s in results.values()) == [0, 161002]
+    # meanAll = (1·[0, 1] + 3·[2, 3]) / 4 = [1.5, 2.5]; one update with momentum 0.5
+    assert mean_all.tolist() == [1.5, 2.5]
+    assert rm.tolist() == [0.75, 1.25]

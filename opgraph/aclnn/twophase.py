@@ -385,6 +385,20 @@ def _buffer_len(workspace: Any) -> int:
     return mv.nbytes
 
 
+def _spent(executor: Executor) -> bool:
+    """Whether a single-use executor has run (or is running)."""
+    return bool(executor.runs) and not executor.repeatable
+
+
+def _already_ran() -> AclnnError:
+    return AclnnError(Status.ACLNN_ERR_PARAM_INVALID,
+                      "executor: already ran; phase 2 runs once per phase 1 unless "
+                      "aclSetAclOpExecutorRepeatable was called right after phase 1")
+
+
+_CLAIM = threading.Lock()  # a run is claimed at once: checked and counted under it
+
+
 def check_runnable(workspace: Any, workspace_size: Any, executor: Optional[Executor]) -> None:
     """The phase-2 argument checks (raise AclnnError)."""
     if executor is None:
@@ -395,10 +409,8 @@ def check_runnable(workspace: Any, workspace_size: Any, executor: Optional[Execu
     if executor.destroyed:
         raise AclnnError(Status.ACLNN_ERR_PARAM_INVALID,
                          "executor: already destroyed (aclDestroyAclOpExecutor)")
-    if executor.runs and not executor.repeatable:
-        raise AclnnError(Status.ACLNN_ERR_PARAM_INVALID,
-                         "executor: already ran; phase 2 runs once per phase 1 unless "
-                         "aclSetAclOpExecutorRepeatable was called right after phase 1")
+    if _spent(executor):
+        raise _already_ran()
     need = executor.workspace_size
     if isinstance(workspace_size, (bool, np.bool_)) or not isinstance(workspace_size, (int, np.integer)):
         raise AclnnError(Status.ACLNN_ERR_PARAM_INVALID,
@@ -437,7 +449,11 @@ def run_executor(workspace: Any, workspace_size: int, executor: Optional[Executo
         return fail(e.status, e.message)
     except BackendUnavailable as e:
         return fail(Status.ACLNN_ERR_RUNTIME_ERROR, str(e))
-    executor.runs += 1
+    with _CLAIM:  # another thread may have run this executor since the check above
+        if _spent(executor):
+            e = _already_ran()
+            return fail(e.status, e.message)
+        executor.runs += 1
     recorder = capturing.active()
     if recorder is not None and recorder.on_phase2(executor):
         return succeed()  # deferred: the capture runs it as part of its program
