@@ -246,3 +246,30 @@ def test_the_module_captured_on_one_rank_takes_the_op_apis_and_eval_mode_is_refu
         with opgraph.capture():
             bn(x)
     assert all(torch.equal(before[k], v) for k, v in bn.state_dict().items())
+
+
+def test_a_backward_outside_the_capture_of_its_forward_is_refused():
+    """The captured forward computed nothing (its statistics are the program's, unwritten until
+    a replay, and not even then when no later call keeps them): a backward after the block, or
+    in another capture, is refused, not run on them; an eager forward's backward in a capture
+    is refused too (its exchange would run when capturing)."""
+    x, dy, _, _ = _data(0, torch.float32)
+
+    def forward():
+        xi = x.clone().requires_grad_()
+        y = ot.SyncBatchNormFunction.apply(xi, torch.ones(C), torch.zeros(C), None, None, 1e-5,
+                                           0.1, None, 1, {"backend": "numpy"})
+        return xi, y
+
+    with opgraph.capture() as prog:
+        xi, y = forward()
+    prog.replay()
+    with pytest.raises(CaptureError, match="forward was captured .* backward runs outside it"):
+        torch.autograd.grad(y, xi, dy)
+    with pytest.raises(CaptureError, match="forward was captured .* backward runs outside it"):
+        with opgraph.capture():
+            torch.autograd.grad(y, xi, dy)
+    xi, y = forward()
+    with pytest.raises(CaptureError, match="forward ran eagerly and its backward runs in"):
+        with opgraph.capture():
+            torch.autograd.grad(y, xi, dy)

@@ -112,10 +112,21 @@ def on_replay(effect: Callable[[], Any]) -> None:
         effect()
 
 
+def current() -> Optional[Recorder]:
+    """The recorder of the capture block in progress in this context, or None (what tells one
+    capture from another, or a call made inside one from a call made after it).
+
+        >>> current() is None
+        True
+    """
+    rec = capturing.active()
+    return rec if isinstance(rec, Recorder) else None
+
+
 def active() -> bool:
     """True inside a capture block (in this context)."""
-    return isinstance(capturing.active(), Recorder)
+    return current() is not None
 
 
 __all__ = ["CaptureError", "Program", "ProgramStats", "active", "all_gather", "all_reduce",
-           "capture", "check_schedule", "on_replay"]
+           "capture", "check_schedule", "current", "on_replay"]

@@ -8,11 +8,11 @@ batch_norm_backward_elemt. On a one-rank group the collectives, which would retu
 own values, are skipped. Without an initialised process group, with one rank, or in eval mode
 it is ordinary batch norm (``F.batch_norm``), as in torch — but in an ``opgraph.capture()``,
 which records only op_api calls, a one-rank training step takes the op_apis (their exchanges
-local) and eval mode is refused. Two differences: an empty rank sends
-float32 zeros, the dtype the other ranks' statistics have (torch sends the input's dtype, which
-gloo cannot gather together with float32 rows when the input is half precision); and where the
-gather refuses half-precision running stats (the Ascend950's, 561103) they are updated in
-float32 copies and rounded back.
+local) and eval mode is refused, as is a backward outside the capture of its forward. Two
+differences: an empty rank sends float32 zeros, the dtype the other ranks' statistics have
+(torch sends the input's dtype, which gloo cannot gather together with float32 rows when the
+input is half precision); and where the gather refuses half-precision running stats (the
+Ascend950's, 561103) they are updated in float32 copies and rounded back.
 
     >>> import torch
     >>> bn = SyncBatchNorm(3)
@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from opgraph.capture import CaptureError, active as capturing, on_replay
+from opgraph.capture import CaptureError, active as capturing, current as current_capture, on_replay
 from opgraph.core.config import BackendRef, fast_math, get_fast_math
 from . import captured, kernels as K
 from .kernels import PlatformRef
@@ -46,6 +46,16 @@ STATS_DTYPE = torch.float32
 # why torch.compile runs the layer eagerly (a graph break): the op_apis run numpy and C on the
 # tensors' memory, which dynamo cannot trace
 NOT_TRACEABLE = "opgraph's op_apis run numpy and C on the tensors' memory"
+
+
+# why a backward is refused where its forward did not run: [forward captured, forward eager]
+_SPLIT_STEP = ("SyncBatchNorm's forward was captured in an opgraph.capture() block and its "
+               "backward runs outside it (or in another one): the captured forward computed "
+               "nothing, its statistics are the program's; capture the forward and the backward "
+               "in one block",
+               "SyncBatchNorm's forward ran eagerly and its backward runs in an opgraph.capture() "
+               "block: its exchange would run now, when capturing, not in the program; capture "
+               "the forward and the backward in one block")
 
 
 def eager_under_compile(fn: Callable) -> Callable:
@@ -94,8 +104,8 @@ class SyncBatchNormFunction(torch.autograd.Function):
         if per_channel == 1 and world_size < 2:
             raise ValueError("Expected more than 1 value per channel when training, got input "
                              f"size {per_channel}")
-        ctx.captured = capturing()
-        if ctx.captured:  # opgraph.capture(): collectives become nodes of the program
+        ctx.capture = current_capture()  # the backward must run in the same one (or none)
+        if ctx.capture is not None:  # opgraph.capture(): collectives become nodes of the program
             return captured.forward(ctx, input, weight, bias, running_mean, running_var, eps,
                                     momentum, process_group, world_size, where)
         ctx.process_group, ctx.where, ctx.world_size = process_group, where, world_size
@@ -155,7 +165,9 @@ class SyncBatchNormFunction(torch.autograd.Function):
     @once_differentiable  # its gradients are not differentiable: a second backward says so
     def backward(ctx: Any, grad_output: Tensor) -> tuple[Optional[Tensor], ...]:
         grad_output = _keep_layout(grad_output)
-        if ctx.captured:
+        if current_capture() is not ctx.capture:
+            raise CaptureError(_SPLIT_STEP[ctx.capture is None])
+        if ctx.capture is not None:
             return captured.backward(ctx, grad_output)
         with K.on(**ctx.where), fast_math(ctx.fast_math):  # once for the step's op_apis
             return SyncBatchNormFunction._backward(ctx, grad_output)
