@@ -208,6 +208,18 @@ def test_a_tensor_opgraph_cannot_view_is_refused_as_before(calls):
                 K.batch_norm_stats(opaque, EPS)
 
 
+def test_a_zero_tensor_is_never_keyed(calls):
+    """A ZeroTensor has the metadata of any tensor but no memory (a NULL data pointer): keyed,
+    it ran the learnt call on address 0 (native: a segmentation fault)."""
+    x = inputs(SMALL, torch.float32)[0]
+    zero = torch._efficientzerotensor(SMALL)
+    assert direct.TORCH.metadata(zero) is None  # (first: without it, the call below crashes)
+    with K.on("native", "Ascend910B"):
+        K.batch_norm_stats(x, EPS), K.batch_norm_stats(x, EPS)  # learnt for this metadata
+        with pytest.raises(AclnnError, match="input: .*ZeroTensor: its memory does not hold"):
+            K.batch_norm_stats(zero, EPS)
+
+
 def test_bad_input_is_refused_every_time(calls):
     with K.on("native", "Ascend910B"):
         for _ in range(2):

@@ -138,6 +138,10 @@ LAZY_OR_OPAQUE = {  # CPU tensors whose memory is not their values as a strided 
     "sparse": (lambda: torch.eye(3).to_sparse(), "layout other than torch.strided"),
     "sparse csr": (lambda: _csr(torch.eye(3)), "layout other than torch.strided"),  # no strides at all
     "mkldnn": (lambda: torch.ones(2, 3).to_mkldnn(), "layout torch._mkldnn"),
+    # no memory at all (a NULL data pointer): DLPack exported garbage (float32) or failed
+    "zero tensor": (lambda: torch._efficientzerotensor(2, 3), "ZeroTensor: its memory .*clone"),
+    "bf16 zero tensor": (lambda: torch._efficientzerotensor(2, 3, dtype=torch.bfloat16),
+                         "ZeroTensor: its memory .*clone"),
 }
 
 

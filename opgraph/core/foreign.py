@@ -74,6 +74,13 @@ def _device_name(obj: Any, dl_device: Any) -> str:
     return str(getattr(obj, "device", None) or f"DLPack device {dl_device}")
 
 
+# torch's lazy tensors: the test, what it is, what makes its memory hold its values (a
+# ZeroTensor has none: DLPack exported whatever its NULL data pointer became)
+_LAZY = (("is_neg", "with its neg bit set", "resolve_neg"),
+         ("is_conj", "with its conj bit set", "resolve_conj"),
+         ("_is_zerotensor", "that is a ZeroTensor", "clone"))
+
+
 def foreign_array(obj: Any) -> np.ndarray:
     """A numpy view of a DLPack-exporting array on the CPU (a torch tensor, ...), sharing memory.
 
@@ -85,11 +92,11 @@ def foreign_array(obj: Any) -> np.ndarray:
     own = _own_cpu_view(obj)
     if own is not None:
         return own
-    for bit, resolve in (("is_neg", "resolve_neg"), ("is_conj", "resolve_conj")):
-        lazy = getattr(obj, bit, None)  # DLPack would export the values without the negation
+    for bit, what, resolve in _LAZY:  # DLPack would export the memory, not the values
+        lazy = getattr(obj, bit, None)
         if callable(lazy) and lazy():
-            raise ValueError(f"{type(obj).__name__} with its {bit[3:]} bit set: its memory does not "
-                             f"hold its values (resolve it first with .{resolve}())")
+            raise ValueError(f"{type(obj).__name__} {what}: its memory does not hold its values "
+                             f"(resolve it first with .{resolve}())")
     try:
         dl_device = obj.__dlpack_device__()
         on_cpu = int(dl_device[0]) == DLPACK_CPU

@@ -63,11 +63,12 @@ class TorchArrays(Arrays):
 
     def metadata(self, a: Any) -> Optional[Hashable]:
         """A torch tensor's or numpy array's dtype, shape and strides (None: a torch tensor off
-        the CPU, not strided (sparse, MKL-DNN) or with its negative bit set; a conjugate view
-        is of a complex dtype, never learnt)."""
+        the CPU, not strided (sparse, MKL-DNN), with its negative bit set or a ZeroTensor —
+        memory that does not hold its values; a conjugate view is of a complex dtype, never
+        learnt)."""
         if type(a) is np.ndarray:
             return a.dtype, a.shape, a.strides
-        if not a.is_cpu or a.layout is not _STRIDED or a.is_neg():
+        if not a.is_cpu or a.layout is not _STRIDED or a.is_neg() or a._is_zerotensor():
             return None
         return a.dtype, a.shape, a.stride()
 
