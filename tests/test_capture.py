@@ -157,6 +157,16 @@ def test_collectives_outside_a_capture_run_at_once():
     assert all_reduce(np.float32([4]), group="mirror2")[0].tolist() == [8.0]
 
 
+def test_a_0d_array_keeps_its_shape_in_a_collective_outside_a_capture_as_inside():
+    s = np.float32(1.5)
+    (g,), (r,) = all_gather(s, group="mirror2"), all_reduce(s, group="mirror2")
+    assert (g.shape, g.tolist(), r.shape, r.tolist()) == ((2,), [1.5, 1.5], (), 3.0)
+    with capture() as prog:
+        all_gather(s, group="mirror2"), all_reduce(s, group="mirror2")
+    out = prog.replay()
+    assert [(v.shape, v.tolist()) for v in out.values()] == [((2,), [1.5, 1.5]), ((), 3.0)]
+
+
 def test_replay_refuses_bad_inputs_and_leaves_outputs_untouched():
     with capture() as prog:
         got = ex.step(SHAPE)

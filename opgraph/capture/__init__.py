@@ -81,7 +81,8 @@ def _collective(op: str, arrays: tuple, group: str) -> list[np.ndarray]:
     if isinstance(rec, Recorder):
         return rec.collective(op, group, arrays)
     impl = get_group(group)
-    xs = [np.ascontiguousarray(a.numpy() if isinstance(a, Tensor) else a) for a in arrays]
+    # (0-d stays 0-d, as the collective nodes take it: ascontiguousarray made it [1])
+    xs = [np.asarray(a.numpy() if isinstance(a, Tensor) else a, order="C") for a in arrays]
     return impl.all_gather(xs) if op == "AllGather" else impl.all_reduce(xs)
 
 
