@@ -7,13 +7,16 @@ from __future__ import annotations
 
 import copy
 
+import ml_dtypes
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch", reason="torch is not installed (pip install 'opgraph[torch]')")
 
 import opgraph  # noqa: E402
-from opgraph.capture import CaptureError  # noqa: E402
+from opgraph.capture import CaptureError, all_gather, all_reduce  # noqa: E402
 import opgraph.torch as ot  # noqa: E402
+from opgraph.torch.captured import group_of  # noqa: E402
 from backends import native  # noqa: E402
 
 SIZES = [4, 3]  # uneven batches
@@ -273,3 +276,28 @@ def test_a_backward_outside_the_capture_of_its_forward_is_refused():
     with pytest.raises(CaptureError, match="forward ran eagerly and its backward runs in"):
         with opgraph.capture():
             torch.autograd.grad(y, xi, dy)
+
+
+def _exchanges(rank: int, world: int) -> list:
+    """Collectives on a torch process group, at once and replayed in a program: float32 and
+    float16 in one call, bfloat16, a 0-d array (each rank's values offset by its rank)."""
+    group = group_of(torch.distributed.group.WORLD)
+    arrays = (np.float32([1, 2]) + rank, np.float16([3]) + rank,
+              np.array([1.5, -2], ml_dtypes.bfloat16) * (rank + 1), np.float32(4) + rank)
+    now = [*all_gather(*arrays, group=group), *all_reduce(*arrays, group=group)]
+    with opgraph.capture() as prog:
+        all_gather(*arrays, group=group), all_reduce(*arrays, group=group)
+    replayed = list(prog.replay().values())
+    return [[(a.dtype.name, a.shape, a.astype(np.float64).tolist()) for a in got]
+            for got in (now, replayed)]
+
+
+def test_collectives_on_a_torch_group_keep_each_arrays_dtype_and_shape():
+    """Packed into one buffer, float16 came back float32 (torch.cat promoted it), bfloat16 did
+    not go (torch.from_numpy has no ml_dtypes), and a replay refused both."""
+    want = [("float32", (2, 2), [[1, 2], [2, 3]]), ("float16", (2, 1), [[3], [4]]),
+            ("bfloat16", (2, 2), [[1.5, -2], [3, -4]]), ("float32", (2,), [4, 5]),
+            ("float32", (2,), [3, 5]), ("float16", (1,), [7]), ("bfloat16", (2,), [4.5, -6]),
+            ("float32", (), 9)]
+    for now, replayed in ot.run_ranks(_exchanges, 2, timeout=60.0, pg_timeout=20.0):
+        assert now == replayed == want

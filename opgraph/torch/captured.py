@@ -32,33 +32,42 @@ Tensor = torch.Tensor
 
 
 class TorchGroup:
-    """A torch.distributed process group as an opgraph collective group: each call packs its
-    arrays into one buffer and makes one collective, as the eager SyncBatchNorm does."""
+    """A torch.distributed process group as an opgraph collective group. A gather packs its
+    arrays' bytes into one buffer (any dtypes, one exchange); a reduce sums the arrays of each
+    dtype packed into one buffer (one exchange per dtype, in the order the dtypes first come:
+    one for SyncBatchNorm's float32 sums, as the eager layer makes). bfloat16 travels as torch's
+    bfloat16."""
 
     def __init__(self, pg: Any):
         self.pg = pg
         self.world_size = dist.get_world_size(pg)
 
-    def _flat(self, arrays: Sequence[np.ndarray]) -> Tensor:
-        return torch.cat([torch.from_numpy(np.ascontiguousarray(a).reshape(-1)) for a in arrays])
-
-    def _split(self, flat: Tensor, arrays: Sequence[np.ndarray], lead: tuple) -> list[np.ndarray]:
-        out, at = [], 0
-        for a in arrays:
-            out.append(flat[..., at: at + a.size].reshape(lead + a.shape).numpy().copy())
-            at += a.size
-        return out
-
     def all_gather(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
-        row = self._flat(arrays)
+        parts = [np.ascontiguousarray(a).reshape(-1).view(np.uint8) for a in arrays]
+        row = torch.from_numpy(np.concatenate(parts))
         rows = [torch.empty_like(row) for _ in range(self.world_size)]
         dist.all_gather(rows, row, self.pg)
-        return self._split(torch.stack(rows), arrays, (self.world_size,))
+        table = torch.stack(rows).numpy()  # [world, bytes]
+        out, at = [], 0
+        for a, part in zip(arrays, parts):
+            rows_of_a = np.ascontiguousarray(table[:, at: at + part.size])
+            out.append(rows_of_a.view(a.dtype).reshape((self.world_size,) + a.shape))
+            at += part.size
+        return out
 
     def all_reduce(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
-        flat = self._flat(arrays)
-        dist.all_reduce(flat, dist.ReduceOp.SUM, self.pg)
-        return self._split(flat, arrays, ())
+        out: list[np.ndarray] = [np.empty(0)] * len(arrays)
+        by_dtype: dict[np.dtype, list[int]] = {}
+        for i, a in enumerate(arrays):
+            by_dtype.setdefault(a.dtype, []).append(i)
+        for same in by_dtype.values():
+            flat = torch.cat([K.to_torch(np.ascontiguousarray(arrays[i]).reshape(-1)) for i in same])
+            dist.all_reduce(flat, dist.ReduceOp.SUM, self.pg)
+            summed, at = K.as_numpy(flat), 0
+            for i in same:
+                out[i] = summed[at: at + arrays[i].size].reshape(arrays[i].shape)
+                at += arrays[i].size
+        return out
 
 
 def group_of(pg: Any) -> str:
