@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import warnings
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -247,3 +248,25 @@ def test_numpy_fast_path_matches_the_checked_constructor(make):
     if a.flags.writeable:
         t.view()[(0,) * a.ndim] = 99
         assert a[(0,) * a.ndim] == 99
+
+
+@pytest.mark.parametrize("make", [
+    lambda: np.arange(24, dtype=np.float32).reshape(2, 3, 4).transpose(0, 2, 1),
+    lambda: np.arange(60, dtype=np.float32).reshape(3, 4, 5)[1:, ::2, 1:4],
+    lambda: np.arange(12, dtype=np.float16).reshape(3, 4).T,
+    lambda: (np.arange(12, dtype=np.float32).reshape(3, 4) / 8).astype(ml_dtypes.bfloat16).T,
+    lambda: np.array(2.5, np.float32),
+    lambda: np.array(-1.5, ml_dtypes.bfloat16),
+], ids=["transposed", "sliced", "fp16", "bf16", "0-d", "bf16 0-d"])
+def test_to_torch_views_any_layout_keeping_its_shape(make):
+    """A strided array was copied into a contiguous tensor, and a 0-d one became [1]."""
+    a = make()
+    t = ot.kernels.to_torch(a)
+    assert tuple(t.shape) == a.shape and t.stride() == tuple(s // a.itemsize for s in a.strides)
+    assert t.data_ptr() == a.__array_interface__["data"][0]
+    assert np.array_equal(ot.kernels.as_numpy(t).astype(np.float64), a.astype(np.float64))
+
+
+def test_to_torch_copies_only_what_torch_cannot_view():
+    a = np.arange(4, dtype=np.float32)[::-1]
+    assert ot.kernels.to_torch(a).tolist() == [3.0, 2.0, 1.0, 0.0]

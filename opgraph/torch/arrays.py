@@ -45,12 +45,25 @@ def as_numpy(t: Any) -> Any:
 
 
 def to_torch(a: Optional[np.ndarray]) -> Optional[Tensor]:
-    """A numpy result as a torch tensor sharing its memory (bfloat16 through 16-bit words)."""
+    """A numpy result as a torch tensor sharing its memory, its shape and strides kept (a 0-d
+    array too; bfloat16 through 16-bit words); copied only where torch cannot view it (negative
+    strides).
+
+    >>> a = np.zeros((2, 3), np.float32)
+    >>> t = to_torch(a.T)
+    >>> t.shape, t.stride(), t.data_ptr() == a.ctypes.data, to_torch(np.float32(2)).shape
+    (torch.Size([3, 2]), (1, 3), True, torch.Size([]))
+    """
     if a is None or isinstance(a, Tensor):
         return a
-    if a.dtype == _BF16:
-        return torch.from_numpy(np.ascontiguousarray(a).view(np.int16)).view(torch.bfloat16)
-    return torch.from_numpy(np.ascontiguousarray(a))
+    a = np.asarray(a)
+    bf16 = a.dtype == _BF16
+    words = a.view(np.int16) if bf16 else a
+    try:
+        t = torch.from_numpy(words)
+    except ValueError:  # negative strides: torch has none
+        t = torch.from_numpy(words.copy())
+    return t.view(torch.bfloat16) if bf16 else t
 
 
 __all__ = ["DTYPES", "as_numpy", "to_torch"]
