@@ -226,3 +226,23 @@ def test_an_executable_with_state_of_its_own_is_not_derived():
     for name, derived in (("ascend-sim", False), ("numpy", True)):
         exe = backends.get(name).compile(ex.graph, plan, opgraph.get_platform())
         assert (exe.resized(ex.graph, plan) is not None) == derived, name
+
+
+def test_a_momentum_of_one_over_a_dim_is_the_callers_value_at_every_size():
+    """torch's cumulative average passes momentum = 1/step: at step 11, with 11 ranks, the
+    value 1/11 is also 1/N. A later call of the structure with 5 ranks keeps momentum 1/11
+    (running mean = 0·(1 − m) + batch mean·m, the batch mean 1: m itself), as recording gives."""
+    m = 1 / 11
+
+    def running_mean(n):
+        rm = np.zeros(3, np.float32)
+        opgraph.ops.sync_batch_norm_gather_stats(
+            np.ones((n, 3), np.float32), np.full((n, 3), 2, np.float32), np.ones(n, np.int32),
+            rm, np.zeros(3, np.float32), m, 1e-5)
+        return rm
+
+    want = np.full(3, m, np.float32).view(np.uint32)
+    assert np.array_equal(running_mean(11).view(np.uint32), want)
+    hits = STRUCTURE_CACHE.hits
+    assert np.array_equal(running_mean(5).view(np.uint32), want)
+    assert STRUCTURE_CACHE.hits == hits + 1  # from the structure's template

@@ -6,9 +6,9 @@ through which dims are 0, 1 or equal to each other (the op_api's checks are rule
 That is the *structure* key. (Whether the outputs are writable decides only whether phase 1
 refuses the call: a hit checks it, as an executor-cache hit does.) The first call of a
 structure records as usual; the cache then records the op_api once more on probe tensors
-(virtual storage, no memory) whose
-independent dims are distinct primes, so every size in the probe graphs factors into a monomial
-of the dims (:mod:`opgraph.core.resize`). The template is kept only if, evaluated at the first
+(virtual storage, no memory) whose independent dims are distinct primes (none dividing a dim of
+the call: :func:`probe_primes`), so every size in the probe graphs factors into a monomial of
+the dims (:mod:`opgraph.core.resize`). The template is kept only if, evaluated at the first
 call's dims, it reproduces that call's recorded and optimised graphs exactly. A later call of
 the same structure gets the optimised graph at its sizes, a fresh memory plan and (on first
 access only) its recorded graph — in tens of microseconds instead of milliseconds.
@@ -132,11 +132,27 @@ class Template:
                 and same_graph(self.resize_compiled(f), ex.program.compiled))
 
 
+def probe_primes(dims: tuple[int, ...]) -> tuple[int, ...]:
+    """One probe prime per dim class, none dividing any of the call's ``dims``. A value the call
+    passes (a momentum of 1/11, as torch's cumulative average gives at step 11) reads as a size
+    in the probe graphs when it is 1/n of a probe size; the template is kept only if it gives the
+    call's own graphs at ``dims``, and with no probe prime dividing a dim that check fails for
+    such a value — with 11 a probe dim and 11 a real one, it passed, and a later size got
+    momentum 1/N.
+
+        >>> probe_primes((4, 11, 26))
+        (17, 19, 23)
+    """
+    return tuple(p for p in PRIMES if all(d % p for d in dims))[:len(dims)]
+
+
 def build_template(record: Callable[[tuple], "Executor | None"], args: tuple,
                    ex: Executor, dims: tuple[int, ...]) -> "Template | None":
     """Record ``args``' structure on probe tensors and keep it if it reproduces ``ex`` (the
     call just recorded at ``dims``); None when the structure cannot be templated."""
-    primes = PRIMES[:len(dims)]
+    primes = probe_primes(dims)
+    if len(primes) < len(dims):
+        return None
     probes: dict[int, Any] = {}
     probe_args = []
     for a in args:
