@@ -15,6 +15,7 @@ import pytest
 import l0ops
 from backends.numpy_backend import NumpyBackend
 from opgraph import DataType, Graph, GraphError, TensorType
+from opgraph.passes import optimize
 from reference import BF16, F16, F32, assert_bits_equal, make_case
 from test_graph import check_structure, record, recorded
 
@@ -133,6 +134,69 @@ def test_loading_never_executes_code(tmp_path, monkeypatch):
     g = Graph.from_json(_mut(lambda d: d.update(name=payload)))
     assert g.name == payload
     assert not marker.exists() and calls == []
+
+
+def _called(arg: dict) -> str:
+    """The tiny graph as recorded by a call of ``aclnnDemo`` with ``x`` and ``arg``."""
+    return _mut(lambda d: d.update(call={"api": "aclnnDemo", "args": [
+        {"name": "x", "kind": "tensor", "value": "x"}, arg]}))
+
+
+BAD_CALLS = [  # the recorded call is data a backend reads: a value must suit its kind
+    ("tensor-dict", {"name": "y", "kind": "tensor", "value": {"a": [1]}}, "kind tensor"),
+    ("double-str", {"name": "eps", "kind": "double", "value": "abc"}, "kind double"),
+    ("double-bool", {"name": "eps", "kind": "double", "value": True}, "kind double"),
+    ("int-float", {"name": "n", "kind": "int", "value": 1.5}, "kind int"),
+    ("int-past-int64", {"name": "n", "kind": "int", "value": 2 ** 70}, "outside int64"),
+    ("bool-int", {"name": "g", "kind": "bool", "value": 1}, "kind bool"),
+    ("nul-name", {"name": "e\u0000", "kind": "double", "value": 1.0}, "call argument name"),
+    ("empty-name", {"name": "", "kind": "double", "value": 1.0}, "call argument name"),
+]
+
+
+@pytest.mark.parametrize("arg,match", [c[1:] for c in BAD_CALLS], ids=[c[0] for c in BAD_CALLS])
+def test_a_call_argument_must_suit_its_kind(arg, match):
+    with pytest.raises(GraphError, match=re.escape(match)):
+        Graph.from_json(_called(arg))
+
+
+def test_good_call_arguments_load():
+    g = Graph.from_json(_called({"name": "eps", "kind": "double", "value": "nan"}))
+    assert g.call.kinds() == ("tensor", "double") and np.isnan(g.call.value("eps"))
+    assert Graph.from_json(_called({"name": "y", "kind": "tensor", "value": None})).call.value("y") is None
+
+
+@pytest.mark.parametrize("field,where", [("api", "call"), ("source", "node")])
+@pytest.mark.parametrize("bad", ["a\ud800b", "a\u001b[2Jb"])
+def test_call_api_and_node_source_are_printable(field, where, bad):
+    """A lone surrogate would fail every later write (the ONNX export, an HTML page), an ESC
+    would drive a terminal: refused on loading like names."""
+    def put(d):
+        if where == "call":
+            d["call"] = {"api": bad, "args": []}
+        else:
+            d["nodes"][0]["source"] = bad
+    with pytest.raises(GraphError, match=f"{where}.*holds"):
+        Graph.from_json(_mut(put))
+
+
+def test_errors_about_a_fused_node_are_one_line():
+    """A fused node prints with its body on several lines; loading errors quote its header."""
+    d = json.loads(optimize(recorded(), 2).to_json())
+    fused = next(n for n in d["nodes"] if n["op"] == "FusedElementwise")
+    out = fused["outputs"][0]
+    dtype, out["dtype"] = out["dtype"], "INT8"
+    with pytest.raises(GraphError, match="differs from the inferred") as e:
+        Graph.from_json(json.dumps(d))
+    assert "\n" not in str(e.value)
+    out["dtype"] = dtype  # and now a store into an intermediate: a copy of gradInput
+    copy = {"op": "Contiguous", "inputs": ["gradInput"], "attrs": {},
+            "outputs": [dict(out, name="c", strides=None)]}
+    d["nodes"].insert(0, copy)
+    fused["inputs"][-1], out["strides"] = "c", None
+    with pytest.raises(GraphError, match="not a user tensor") as e:
+        Graph.from_json(json.dumps(d))
+    assert "\n" not in str(e.value)
 
 
 # --------------------------------------------------------------------------------------------

@@ -211,33 +211,36 @@ class Graph:
             try:
                 opdef = get_op(n.op)
             except KeyError as e:
-                raise GraphError(f"node {i}: {e.args[0]}: {n}") from None
+                raise GraphError(f"node {i}: {e.args[0]}: {n.header()}") from None
             for v in n.inputs:
                 if defined.get(v.name) is not v:
-                    raise GraphError(f"node {i} uses %{v.name} before it is defined: {n}")
+                    raise GraphError(f"node {i} uses %{v.name} before it is defined: "
+                                     f"{n.header()}")
                 if id(n) not in users[id(v)]:
-                    raise GraphError(f"node {i} is missing from the users of %{v.name}: {n}")
+                    raise GraphError(f"node {i} is missing from the users of %{v.name}: "
+                                     f"{n.header()}")
             try:
                 types = opdef.infer_types([v.type for v in n.inputs], n.attrs)
             except ValueError as e:
-                raise GraphError(f"node {i} does not type-check ({e}): {n}") from None
+                raise GraphError(f"node {i} does not type-check ({e}): {n.header()}") from None
             if types != [v.type for v in n.outputs]:
                 raise GraphError(f"node {i} output types {[str(t) for t in types]} differ from "
-                                 f"the recorded ones: {n}")
+                                 f"the recorded ones: {n.header()}")
             for k in opdef.written(n):
                 dst = n.inputs[k]
                 if dst.producer is not None:
-                    raise GraphError(f"node {i} writes %{dst.name}, which is not a user tensor: {n}")
+                    raise GraphError(f"node {i} writes %{dst.name}, which is not a user tensor: "
+                                     f"{n.header()}")
             for v in n.outputs:
                 if v.name in defined:
-                    raise GraphError(f"value %{v.name} defined twice: {n}")
+                    raise GraphError(f"value %{v.name} defined twice: {n.header()}")
                 if v.producer is not n:
-                    raise GraphError(f"%{v.name} does not point back at its producer: {n}")
+                    raise GraphError(f"%{v.name} does not point back at its producer: {n.header()}")
                 defined[v.name] = v
         for v in self.values():
             for u in v.users:
                 if v not in u.inputs:
-                    raise GraphError(f"%{v.name} lists a user that does not use it: {u}")
+                    raise GraphError(f"%{v.name} lists a user that does not use it: {u.header()}")
         for v in self.outputs:
             if defined.get(v.name) is not v:
                 raise GraphError(f"graph output %{v.name} is not defined")

@@ -133,11 +133,36 @@ class NodeModel(_Strict):
         _check_values(v, "attribute")
         return v
 
+    @field_validator("source")
+    @classmethod
+    def _source(cls, v: "str | None") -> "str | None":
+        return None if v is None else printable(v, "node source")
+
+
+def _name_field(v: str, what: str) -> str:
+    """A non-empty :func:`printable` name (an op_api or a parameter of one)."""
+    if not v:
+        raise ValueError(f"{what} is empty")
+    return printable(v, what)
+
 
 class CallArgModel(_Strict):
+    """One argument of the recorded op_api call; ``value`` must suit ``kind``: a tensor's
+    parameter name or None (NULL), a number for double/float (or ``"inf"``, ``"-inf"``,
+    ``"nan"``), an int64 for int, true/false for bool.
+
+    >>> CallArgModel(name="eps", kind="double", value="nan").value
+    'nan'
+    """
+
     name: str
     kind: str
     value: Any = None
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        return _name_field(v, "call argument name")
 
     @field_validator("kind")
     @classmethod
@@ -146,10 +171,27 @@ class CallArgModel(_Strict):
             raise ValueError(f"bad call argument kind {v!r}")
         return v
 
+    @model_validator(mode="after")
+    def _value_of_kind(self) -> "CallArgModel":
+        v = self.value
+        number = isinstance(v, (int, float)) and not isinstance(v, bool)
+        ok = {"tensor": v is None or isinstance(v, str),
+              "double": number or v in NON_FINITE, "float": number or v in NON_FINITE,
+              "int": number and isinstance(v, int), "bool": isinstance(v, bool)}[self.kind]
+        if not ok:
+            raise ValueError(f"call argument {self.name!r} of kind {self.kind} has the value {v!r}")
+        _check_values(v, f"call argument {self.name!r}")
+        return self
+
 
 class CallModel(_Strict):
     api: str
     args: list[CallArgModel]
+
+    @field_validator("api")
+    @classmethod
+    def _api(cls, v: str) -> str:
+        return _name_field(v, "call api")
 
     def to_call(self) -> RecordedCall:
         return RecordedCall(self.api, tuple(
@@ -280,7 +322,8 @@ def _graph_from_raw(raw: Any, graph_cls: type) -> Graph:
         for v, vm in zip(node.outputs, nm.outputs):
             if v.type != vm.to_type():
                 raise GraphError(f"graph JSON node {i}: recorded type of %{vm.name} "
-                                 f"({vm.to_type()}) differs from the inferred {v.type}: {node}")
+                                 f"({vm.to_type()}) differs from the inferred {v.type}: "
+                                 f"{node.header()}")
             if vm.name in env:
                 raise GraphError(f"graph JSON node {i}: value %{vm.name} defined twice")
             env[vm.name] = v
