@@ -215,3 +215,18 @@ def test_load_refuses_a_file_that_is_not_python(capsys, tmp_path, monkeypatch):
     err = capsys.readouterr().err
     assert err == ("opgraph: error: --load 'graph.json': a file that is not a .py file; --load "
                    "takes a module name or a .py file\n"), err
+
+
+@pytest.mark.parametrize("cmd", [["dump", OP], ["emit-c", OP], ["plan", OP], ["emit-cpp", OP],
+                                 ["view", OP], ["capture", "step.py", "--shape", "2,3"]],
+                         ids=lambda c: c[0])
+def test_an_output_in_a_missing_directory_is_refused_by_every_command(capsys, tmp_path,
+                                                                    monkeypatch, cmd):
+    """No command makes -o's directory (emit-c, plan and capture used to, even /nonexistent);
+    capture refuses before its step runs."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "step.py").write_text("open('ran', 'w').close()\ndef step(shape, dtype):\n    pass\n")
+    code = main([*cmd, "-o", str(tmp_path / "missing" / "out.txt")])
+    err = capsys.readouterr().err
+    assert code == 1 and err.startswith("opgraph: error: -o/--output: ") and err.count("\n") == 1, err
+    assert sorted(os.listdir(tmp_path)) == ["step.py"]

@@ -23,7 +23,7 @@ from opgraph.capture import CaptureError, Program, capture
 from opgraph.core.backend import BackendUnavailable
 from opgraph.core.dtypes import DataType
 from .common import (CliError, add_fast_math_option, called_exit, check_fast_math_level,
-                     check_memory, conflict, fmt_bytes, parse_backend, parse_dtype, parse_shape,
+                     check_memory, check_output, conflict, fmt_bytes, parse_backend, parse_dtype, parse_shape,
                      same_path, write_output)
 
 FORMATS = ("text", "json", "dot", "table", "html", "stats")
@@ -96,6 +96,7 @@ def run(args: argparse.Namespace) -> int:
     if args.output not in (None, "-") and same_path(args.output, args.file):
         raise CliError(f"-o/--output {args.output!r}: is FILE itself, which it would overwrite",
                        code=2)
+    check_output(args.output)  # before the step runs
     shape = args.shape
     if len(shape) < 2 or math.prod(shape) == 0:
         raise CliError(f"--shape {','.join(map(str, shape))}: expected N,C[,...] with every dim "

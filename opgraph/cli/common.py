@@ -305,7 +305,9 @@ def write_output(text: "str | bytes", path: "str | None", summary: "str | None" 
     """Write ``text`` to stdout (``path`` None or '-') or to ``path`` (bytes: binary), together
     with the files ``also`` (``(path, content, option)``: all or none, see :func:`write_files`),
     then print ``summary`` when ``path`` was a file; a failed write is a CliError naming its
-    option and leaves every path as it was."""
+    option and leaves every path as it was. ``path`` is checked like :func:`check_output` (its
+    directory must exist: only ``also``'s files, such as --dump-dir's, get directories made)."""
+    check_output(path, option)
     write_files([*also, (path, text, option)])
     if summary and path not in (None, "-"):
         print(f"wrote {path}: {summary}")
