@@ -230,3 +230,14 @@ def test_an_output_in_a_missing_directory_is_refused_by_every_command(capsys, tm
     err = capsys.readouterr().err
     assert code == 1 and err.startswith("opgraph: error: -o/--output: ") and err.count("\n") == 1, err
     assert sorted(os.listdir(tmp_path)) == ["step.py"]
+
+
+def test_an_output_another_output_writes_is_refused_and_nothing_written(capsys, tmp_path):
+    """-o naming one of --dump-dir's files: one of them would silently replace the other."""
+    d = tmp_path / "d"
+    d.mkdir()
+    (d / "00-input.txt").write_text("keep")
+    code = main(["dump", OP, "--level", "2", "--dump-dir", str(d), "-o", str(d / "00-input.txt")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "--dump-dir writes the same file" in err, err
+    assert os.listdir(d) == ["00-input.txt"] and (d / "00-input.txt").read_text() == "keep"

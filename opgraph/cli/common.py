@@ -320,13 +320,18 @@ def write_files(files: Sequence[tuple["str | None", "str | bytes", str]]) -> Non
     FIFO or a file in a directory that cannot take a temporary is written in place after them;
     ``path`` None or '-' is stdout). On a failed write the temporaries and any directory made
     for them are removed, every path keeps what it held, and a CliError names the option and
-    the path.
+    the path. Two files at one path are a CliError before anything is written.
 
     >>> import tempfile; d = tempfile.mkdtemp()
     >>> write_files([(os.path.join(d, "a.txt"), "A", "-o"), (os.path.join(d, "sub", "b.bin"), b"B", "--x")])
     >>> sorted(os.listdir(d)), open(os.path.join(d, "sub", "b.bin"), "rb").read()
     (['a.txt', 'sub'], b'B')
     """
+    first: dict[str, int] = {}  # real path -> the index of the first file written there
+    for k, (path, _, option) in enumerate(files):
+        if path not in (None, "-") and first.setdefault(os.path.realpath(path), k) != k:
+            other = files[first[os.path.realpath(path)]][2]  # one would replace the other
+            raise CliError(f"{option} {path!r}: {other} writes the same file", code=2)
     staged: list[tuple[str, str]] = []  # (temporary, final path)
     made: list[str] = []  # directories made for the files, outermost first
     try:
