@@ -77,3 +77,15 @@ def test_a_single_use_executor_runs_once_when_two_threads_run_it(monkeypatch):
     # meanAll = (1·[0, 1] + 3·[2, 3]) / 4 = [1.5, 2.5]; one update with momentum 0.5
     assert mean_all.tolist() == [1.5, 2.5]
     assert rm.tolist() == [0.75, 1.25]
+
+
+def test_a_workspace_size_no_uint64_holds_is_refused_and_the_executor_kept():
+    mean, invstd = stats_outputs()
+    st, ws, ex = aclnn.aclnnBatchNormStatsGetWorkspaceSize(T(X), 0.0, T(mean), T(invstd))
+    assert st == 0
+    for size in (1 << 64, 1 << 70):
+        assert int(aclnn.aclnnBatchNormStats(bytearray(ws), size, ex)) == 161002
+        assert "workspaceSize" in aclnn.aclGetRecentErrMsg() and "uint64_t" in aclnn.aclGetRecentErrMsg()
+        assert mean.tolist() == [7.0, 7.0]
+    assert aclnn.aclnnBatchNormStats(bytearray(ws), (1 << 64) - 1, ex) == 0  # the largest uint64
+    assert mean.tolist() == [2.0, 4.0]

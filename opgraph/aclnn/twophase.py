@@ -417,6 +417,10 @@ def check_runnable(workspace: Any, workspace_size: Any, executor: Optional[Execu
                          f"workspaceSize: expected an integer, got {type(workspace_size).__name__}")
     if workspace_size < 0:
         raise AclnnError(Status.ACLNN_ERR_PARAM_INVALID, f"workspaceSize: {workspace_size} is negative")
+    if int(workspace_size) >> 64:  # phase 1's rule for integers: what the C type (uint64_t) holds
+        raise AclnnError(Status.ACLNN_ERR_PARAM_INVALID,
+                         f"workspaceSize: an integer of {int(workspace_size).bit_length()} bits does "
+                         "not fit in a uint64_t")
     if workspace_size < need:
         raise AclnnError(Status.ACLNN_ERR_PARAM_INVALID,
                          f"workspaceSize: {workspace_size} is smaller than the {need} bytes phase 1 reported")
