@@ -13,7 +13,9 @@ torch = pytest.importorskip("torch", reason="torch is not installed (pip install
 
 from torch import nn  # noqa: E402
 
+import opgraph  # noqa: E402
 import opgraph.torch as ot  # noqa: E402
+from backends.numpy_backend import NumpyBackend  # noqa: E402
 
 C = 3
 
@@ -190,3 +192,30 @@ def test_importing_and_running_the_layer_leaves_dynamo_unimported():
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
     assert run.stdout.split() == ["False"]
+
+
+class CompilesLogged(NumpyBackend):
+    """numpy, logging the programs it compiles (each op_api's: its graph's name)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.compiled: list[str] = []
+
+    def compile(self, graph, memory_plan, platform):
+        self.compiled.append(graph.name)
+        return super().compile(graph, memory_plan, platform)
+
+
+def test_the_backward_runs_on_the_forwards_platform_and_backend():
+    """A backward after the block that set the platform and backend (``loss.backward()``
+    outside it) ran on the ones current then: here the Ascend910, which has no bfloat16
+    op_apis, and the default numpy instance."""
+    x = batch(0).bfloat16().requires_grad_()
+    w, b, rm, rv = torch.ones(C), torch.zeros(C), torch.zeros(C), torch.ones(C)
+    backend = CompilesLogged()
+    with opgraph.platform("Ascend910"):
+        with opgraph.platform("Ascend950"), opgraph.use_backend(backend):
+            y = ot.SyncBatchNormFunction.apply(x, w, b, rm, rv, 1e-5, 0.1, None, 1, {})
+        y.backward(torch.ones_like(y))
+    assert x.grad.dtype == torch.bfloat16
+    assert {"aclnnBatchNormReduceBackward", "aclnnBatchNormElemtBackward"} <= set(backend.compiled)

@@ -22,7 +22,7 @@ from typing import Any, Callable, Optional, Union
 import numpy as np
 import torch
 
-from opgraph.core.config import BackendRef, use_backend
+from opgraph.core.config import BackendRef, current_backend_ref, use_backend
 from opgraph.core.platform import Platform, get_platform, platform as use_platform
 from opgraph.core.tensor import tensor as op_tensor
 from opgraph.aclnn import (batch_norm_elemt as _elemt, batch_norm_elemt_backward as _elemt_bwd,
@@ -57,6 +57,19 @@ def on(backend: Optional[BackendRef] = None,
     if backend is None:
         return use_platform(platform)
     return _Both(use_backend(backend), use_platform(platform))
+
+
+def pinned(backend: Optional[BackendRef] = None, platform: PlatformRef = None) -> dict[str, Any]:
+    """``{"backend": ..., "platform": ...}`` for :func:`on`: the ones given, else the ones current
+    now — so that a later block (a backward after its forward's block ended) runs there too.
+
+    >>> with on(platform="Ascend950"):
+    ...     where = pinned()
+    >>> where["backend"], where["platform"].soc
+    ('numpy', 'Ascend950')
+    """
+    return {"backend": current_backend_ref() if backend is None else backend,
+            "platform": get_platform() if platform is None else platform}
 
 
 class _Both:
@@ -292,5 +305,5 @@ def register_cpu_kernels(backend: Optional[BackendRef] = None,
 
 __all__ = ["PRIMITIVES", "batch_norm_backward_elemt", "batch_norm_backward_reduce",
            "batch_norm_elemt", "batch_norm_gather_stats_with_counts", "batch_norm_stats",
-           "as_numpy", "on", "register_cpu_kernels", "running_stats_refused", "to_torch",
+           "as_numpy", "on", "pinned", "register_cpu_kernels", "running_stats_refused", "to_torch",
            "TorchViews"]

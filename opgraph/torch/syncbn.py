@@ -87,7 +87,8 @@ class SyncBatchNormFunction(torch.autograd.Function):
     ``apply(input, weight, bias, running_mean, running_var, eps, momentum, process_group,
     world_size, where)``; ``where`` = ``{"backend": ..., "platform": ...}`` for the op_apis
     (see :func:`opgraph.torch.kernels.on`; ``{}``: the current ones). The backward keeps the
-    forward's :func:`opgraph.fast_math` setting (``loss.backward()`` may run outside its block).
+    forward's backend, platform and :func:`opgraph.fast_math` setting (``loss.backward()`` may
+    run outside their blocks).
     """
 
     @staticmethod
@@ -104,11 +105,12 @@ class SyncBatchNormFunction(torch.autograd.Function):
         if per_channel == 1 and world_size < 2:
             raise ValueError("Expected more than 1 value per channel when training, got input "
                              f"size {per_channel}")
+        step = K.pinned(**where)  # the backward's op_apis run where the forward's ran
         ctx.capture = current_capture()  # the backward must run in the same one (or none)
         if ctx.capture is not None:  # opgraph.capture(): collectives become nodes of the program
             return captured.forward(ctx, input, weight, bias, running_mean, running_var, eps,
-                                    momentum, process_group, world_size, where)
-        ctx.process_group, ctx.where, ctx.world_size = process_group, where, world_size
+                                    momentum, process_group, world_size, step)
+        ctx.process_group, ctx.where, ctx.world_size = process_group, step, world_size
         ctx.fast_math = get_fast_math()
         with K.on(**where):  # once for the step's op_apis
             return SyncBatchNormFunction._forward(ctx, input, weight, bias, running_mean,
