@@ -3,8 +3,10 @@ keys, momentum=None cumulative average, eval behaviour, num_batches_tracked, the
 ordinary batch norm without a process group, and convert_sync_batchnorm."""
 from __future__ import annotations
 
+import gc
 import subprocess
 import sys
+import weakref
 
 import numpy as np
 import pytest
@@ -219,3 +221,22 @@ def test_the_backward_runs_on_the_forwards_platform_and_backend():
         y.backward(torch.ones_like(y))
     assert x.grad.dtype == torch.bfloat16
     assert {"aclnnBatchNormReduceBackward", "aclnnBatchNormElemtBackward"} <= set(backend.compiled)
+
+
+def test_a_graph_kept_after_its_backward_keeps_no_activation():
+    """The forward's tensor views were kept with the autograd node: a ``loss`` kept until the
+    next step (as a loop keeps it) kept every layer's input alive, which torch frees at the
+    backward. A second backward (retain_graph) still gives the same gradient."""
+    x = batch(0).requires_grad_()
+    h = x * 2  # the layer's input: an activation only the graph holds
+    y = ot.SyncBatchNormFunction.apply(h, torch.ones(C), torch.zeros(C), None, None, 1e-5, 0.1,
+                                       None, 1, {"backend": "numpy"})
+    loss = (y * batch(1)).sum()
+    activation = weakref.ref(h)
+    del h
+    loss.backward(retain_graph=True)
+    first = x.grad.clone()
+    loss.backward()
+    assert torch.equal(x.grad, 2 * first)
+    gc.collect()
+    assert activation() is None and loss.grad_fn is not None

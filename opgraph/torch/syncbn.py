@@ -177,13 +177,17 @@ class SyncBatchNormFunction(torch.autograd.Function):
     @staticmethod
     def _backward(ctx: Any, grad_output: Tensor) -> tuple[Optional[Tensor], ...]:
         input, weight, mean, invstd = ctx.saved_tensors
+        # the forward's views, released as autograd releases the saved tensors: a graph kept
+        # after its backward (``loss`` kept until the next step) must not keep the activations
+        views, ctx.views = ctx.views, None
+        views = views or K.TorchViews()  # (a second backward, retain_graph=True: views afresh)
         need_input, need_weight, need_bias = ctx.needs_input_grad[:3]
         grad_input = grad_weight = grad_bias = None
         C = input.shape[1]
         if input.numel() > 0:
             sum_dy, sum_dy_xmu, grad_weight, grad_bias = K.batch_norm_backward_reduce(
                 grad_output, input, mean, invstd, weight, need_input, need_weight, need_bias,
-                views=ctx.views)
+                views=views)
             if need_input:
                 if ctx.world_size > 1:  # one rank: the sum over ranks is its own
                     sums = torch.cat([sum_dy, sum_dy_xmu])
@@ -193,7 +197,7 @@ class SyncBatchNormFunction(torch.autograd.Function):
                     weight = weight.to(mean.dtype)
                 grad_input = K.batch_norm_backward_elemt(
                     grad_output, input, mean, invstd, weight, sum_dy, sum_dy_xmu, ctx.count,
-                    views=ctx.views)
+                    views=views)
             if weight is None or not need_weight:
                 grad_weight = None
             if weight is None or not need_bias:
