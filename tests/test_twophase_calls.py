@@ -2,6 +2,7 @@
 run from two threads."""
 from __future__ import annotations
 
+import gc
 import inspect
 import threading
 
@@ -10,6 +11,8 @@ import numpy as np
 import opgraph
 from opgraph import aclnn
 from opgraph.aclnn import twophase
+
+from forked import in_forked_child
 
 T = opgraph.tensor
 X = np.float32([[1, 2], [3, 6]])  # N = 2, C = 2: mean [2, 4], biased var [1, 4]
@@ -89,3 +92,30 @@ def test_a_workspace_size_no_uint64_holds_is_refused_and_the_executor_kept():
         assert mean.tolist() == [7.0, 7.0]
     assert aclnn.aclnnBatchNormStats(bytearray(ws), (1 << 64) - 1, ex) == 0  # the largest uint64
     assert mean.tolist() == [2.0, 4.0]
+
+
+def test_a_workspace_of_python_objects_is_refused_and_left_intact():
+    """An object array exports a buffer of PyObject pointers: a run wrote the arena's floats
+    over them and the process crashed when the array was freed (checked in a forked child).
+    A datetime64 array exports no buffer at all (numpy raised ValueError)."""
+    x = np.ones((4, 2, 8, 8), np.float32)
+
+    def check() -> bool:
+        ok = True
+        for make in (lambda n: np.array([[i, "ref"] for i in range(n)], dtype=object)[:, 0].copy(),
+                     lambda n: np.zeros(n, np.dtype([("a", "O"), ("b", "f8")])),
+                     lambda n: np.zeros(n, "M8[s]")):
+            mean, invstd = stats_outputs()
+            with opgraph.opt_level(1):  # a program with a workspace
+                st, ws, ex = aclnn.aclnnBatchNormStatsGetWorkspaceSize(T(x), 1e-5, T(mean), T(invstd))
+            w = make(ws)
+            before = w.copy()
+            ok &= ws > 0 and int(aclnn.aclnnBatchNormStats(w, ws, ex)) == 161002
+            ok &= "workspace" in aclnn.aclGetRecentErrMsg() and mean.tolist() == [7.0, 7.0]
+            ok &= bool((w == before).all())
+            ok &= aclnn.aclnnBatchNormStats(bytearray(ws), ws, ex) == 0 and mean.tolist() == [1.0, 1.0]
+            del w, before
+            gc.collect()
+        return ok
+
+    in_forked_child(check, "running phase 2 on a workspace of Python objects")

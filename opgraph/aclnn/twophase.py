@@ -25,6 +25,7 @@ for :func:`aclGetRecentErrMsg`. The executor API (repeatable executors, rebindin
 from __future__ import annotations
 
 import inspect
+import re
 import threading
 from typing import Any, Callable, Concatenate, Container, Mapping, Optional, ParamSpec, Sequence
 
@@ -370,12 +371,19 @@ def _captured(ex: Optional[Executor], args: Sequence[Any]) -> Optional[Executor]
 
 
 # --- phase 2 -----------------------------------------------------------------------------------
+_FIELD_NAMES = re.compile(r":[^:]*:")  # the names in a PEP 3118 struct format: "T{O:a:f:b:}"
+
+
 def _buffer_len(workspace: Any) -> int:
     try:
         mv = memoryview(workspace)
-    except TypeError:
+    except (TypeError, ValueError):  # (ValueError: numpy's datetime64 arrays export no buffer)
         raise AclnnError(Status.ACLNN_ERR_PARAM_INVALID,
                          f"workspace: expected a writable buffer, got {type(workspace).__name__}") from None
+    if "O" in _FIELD_NAMES.sub("", mv.format):  # a run would overwrite the references: a crash
+        raise AclnnError(Status.ACLNN_ERR_PARAM_INVALID,
+                         "workspace: the buffer holds Python object references (an object array); "
+                         "a workspace is plain bytes (a bytearray or a numeric array)")
     if mv.readonly:
         raise AclnnError(Status.ACLNN_ERR_PARAM_INVALID, "workspace: buffer is read-only")
     if not mv.c_contiguous:
