@@ -1,8 +1,8 @@
 """Direct calls on torch tensors (:mod:`opgraph.aclnn.direct`, whose rules they follow): an
 op_api call on CPU torch tensors (and numpy arrays) whose every argument has the metadata of a
 call seen before runs its compiled program straight from the tensors' memory, its outputs new
-torch tensors of the layouts phase 1 gave them. A tensor off the CPU, or with its negative bit
-set, is never keyed.
+torch tensors of the layouts phase 1 gave them. A tensor off the CPU, with its negative bit
+set or a ZeroTensor (no memory) is never keyed.
 
     >>> import torch
     >>> from backends.native import available
