@@ -18,7 +18,7 @@ from l0ops.collectives import AllGather, AllReduce
 from opgraph.aclnn.batch_norm_elemt import batch_norm_elemt
 from opgraph.aclnn.batch_norm_stats import (aclnnBatchNormStats, aclnnBatchNormStatsGetWorkspaceSize,
                                             batch_norm_stats)
-from opgraph.capture import CaptureError, all_gather, all_reduce, capture, check_schedule
+from opgraph.capture import CaptureError, all_gather, all_reduce, capture, check_schedule, on_replay
 from opgraph.core.collective import register_group
 from opgraph.core.dtypes import DataType as D
 from opgraph.core.ir import Graph, TensorType
@@ -155,6 +155,20 @@ def test_collectives_outside_a_capture_run_at_once():
     a, b = all_gather(np.float32([1, 2]), np.float32([3]))
     assert a.tolist() == [[1.0, 2.0]] and b.tolist() == [[3.0]]
     assert all_reduce(np.float32([4]), group="mirror2")[0].tolist() == [8.0]
+
+
+def test_a_capture_object_entered_again_records_only_its_new_block():
+    """The recorder was made once per capture object: a second block's program held the first
+    block's calls and their replay effects too."""
+    x = np.ones((2, 3, 4), np.float32)
+    cap, effects = capture(), []
+    for block in range(2):
+        with cap as prog:
+            batch_norm_stats(x, 1e-5)
+            on_replay(lambda: effects.append(block))
+        effects.clear()
+        prog.replay()
+        assert len(prog.calls) == 1 and effects == [block]
 
 
 def test_a_0d_array_keeps_its_shape_in_a_collective_outside_a_capture_as_inside():

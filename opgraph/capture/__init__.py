@@ -59,6 +59,7 @@ class capture:
         self._ctx: Any = None
 
     def __enter__(self) -> Program:
+        self.recorder = Recorder()  # each block its own (a capture object may be entered again)
         self._ctx = capturing.recording(self.recorder)
         self._ctx.__enter__()
         self.program = Program.__new__(Program)  # built (initialised) when the block ends
