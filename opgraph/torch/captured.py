@@ -61,7 +61,8 @@ class TorchGroup:
         for i, a in enumerate(arrays):
             by_dtype.setdefault(a.dtype, []).append(i)
         for same in by_dtype.values():
-            flat = torch.cat([K.to_torch(np.ascontiguousarray(arrays[i]).reshape(-1)) for i in same])
+            flat = torch.cat([K.to_torch(np.ascontiguousarray(arrays[i]).reshape(-1))
+                              for i in same])
             dist.all_reduce(flat, dist.ReduceOp.SUM, self.pg)
             summed, at = K.as_numpy(flat), 0
             for i in same:

@@ -34,7 +34,8 @@ import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from opgraph.capture import CaptureError, active as capturing, current as current_capture, on_replay
+from opgraph.capture import (CaptureError, active as capturing, current as current_capture,
+                              on_replay)
 from opgraph.core.config import BackendRef, fast_math, get_fast_math
 from . import captured, kernels as K
 from .kernels import PlatformRef
