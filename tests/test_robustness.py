@@ -11,6 +11,7 @@ import pytest
 
 import opgraph
 from opgraph import AclnnError, GraphError, Status, aclnn
+from opgraph.core.platform import Platform
 from backends import native
 
 F32 = np.float32
@@ -265,3 +266,21 @@ def test_pythonic_backward_reduce_mask_must_be_a_bool(flag):
             opgraph.ops.batch_norm_backward_reduce(x, x, c, c, c, *masks)
         assert e.value.status == Status.ACLNN_ERR_PARAM_INVALID
         assert f"{name}: expected a bool, got {type(flag).__name__}" in str(e.value)
+
+
+def test_a_hand_made_platform_is_checked_where_it_is_made():
+    """Platform fields feed the tilings, which divide by the core count: a platform with no
+    cores made SyncBatchNormGatherStats' phase 1 raise ZeroDivisionError on the 950."""
+    for fields, error, word in (((0, 245760), ValueError, "vector_cores"),
+                                ((64, 0), ValueError, "ub_size"),
+                                ((2.5, 245760), TypeError, "vector_cores"),
+                                ((True, 245760), TypeError, "vector_cores")):
+        with pytest.raises(error, match=word):
+            Platform("Ascend950", 3, 3510, *fields)
+    one_core = Platform("Ascend950", 3, 3510, np.int64(1), 245760)
+    assert type(one_core.vector_cores) is int
+    rm, rv = np.zeros(2, F32), np.ones(2, F32)
+    with opgraph.platform(one_core):  # totalSum 2 = Σx over counts 2: mean 1, running mean 0.5·1
+        bm, _ = opgraph.ops.sync_batch_norm_gather_stats(
+            np.full((1, 2), 2, F32), np.full((1, 2), 4, F32), np.int32([2]), rm, rv, 0.5, 1e-5)
+    assert bm.tolist() == [1.0, 1.0] and rm.tolist() == [0.5, 0.5]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import operator
 from dataclasses import dataclass
 
 
@@ -22,6 +23,23 @@ class Platform:
     npu_arch: int
     vector_cores: int
     ub_size: int
+
+    def __post_init__(self) -> None:
+        # a hand-made platform feeds the tilings (they divide by the core count): checked here,
+        # not as a ZeroDivisionError inside phase 1
+        if not isinstance(self.soc, str):
+            raise TypeError(f"soc must be a str, got {type(self.soc).__name__}")
+        for name in ("soc_version", "npu_arch", "vector_cores", "ub_size"):
+            value = getattr(self, name)
+            try:
+                if isinstance(value, bool):
+                    raise TypeError
+                object.__setattr__(self, name, operator.index(value))  # (numpy ints as ints)
+            except TypeError:
+                raise TypeError(f"{name} must be an int, got {type(value).__name__}") from None
+        for name in ("vector_cores", "ub_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
 
     @property
     def arch_name(self) -> str:
