@@ -251,6 +251,11 @@ def test_program_is_built_at_the_end_of_the_block():
         batch_norm_stats(np.ones((2, 3, 4), np.float32), 1e-5)
     assert prog.stats().launches == 1 and prog.outputs == ["mean", "invstd"]
     assert opgraph.capture is capture and not opgraph.capture.__module__.endswith("program")
+    # built, it is an ordinary object: hasattr and getattr with a default work (a notebook's
+    # display asks for _repr_html_), where every unknown name was "not built yet"
+    assert not hasattr(prog, "_repr_html_") and getattr(prog, "nonexistent", 7) == 7
+    with pytest.raises(AttributeError, match="no attribute 'replya'"):
+        prog.replya()
 
 
 def stats_into(x: np.ndarray, mean: np.ndarray, invstd: np.ndarray) -> None:

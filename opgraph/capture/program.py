@@ -242,9 +242,9 @@ class Program:
 
     run = replay
 
-    def __getattr__(self, name: str) -> Any:  # only reached before the capture block ended
-        if name.startswith("__"):
-            raise AttributeError(name)
+    def __getattr__(self, name: str) -> Any:  # an attribute the program does not have (yet)
+        if name.startswith("__") or "compiled" in self.__dict__:  # built: hasattr works
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
         raise CaptureError(f"prog.{name}: the program is built when the capture block ends "
                            "(without an exception)")
 
