@@ -24,6 +24,7 @@ from opgraph.core.dtypes import DataType as D
 from opgraph.core.ir import Graph, TensorType
 from opgraph.core.opdef import L0Error
 from opgraph.core.memory import plan_memory
+from threads import hammer
 
 ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("capture_syncbn", ROOT / "examples" / "capture_syncbn.py")
@@ -378,3 +379,26 @@ def test_a_group_answering_with_the_wrong_arrays_is_named(how, says):
         AllReduce.compute(ys, AllReduce.make_attrs(group=f"broken-{how}"))
     with pytest.raises(L0Error, match="AllGather: group 'mirror2' has 2 ranks, the graph was captured with 3"):
         AllGather.compute(xs, AllGather.make_attrs(group="mirror2", world=3))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("level", [0, 2])
+def test_replays_racing_in_threads_each_get_their_own_results(backend, level):
+    """Each replay ran in the program's one workspace: two threads replaying at once overwrote
+    each other's intermediates (wrong outputs, every run on 2 cores). A replay that finds it
+    taken runs in a workspace of its own."""
+    shape = (16, 8, 64)
+    with capture(level) as prog:
+        mean, invstd = batch_norm_stats(np.ones(shape, np.float32), 1e-5)
+        batch_norm_elemt(np.ones(shape, np.float32), None, None, mean, invstd, 1e-5)
+    assert prog.workspace_size
+    rng = np.random.default_rng(0)
+    xs = [rng.standard_normal(shape).astype(np.float32) * (k + 1) + k for k in range(4)]
+
+    def replay(k):
+        out = np.empty(shape, np.float32)
+        prog.replay(backend, input=xs[k], output=out)
+        return out
+    wants = [replay(k) for k in range(len(xs))]
+    got, errors = hammer(replay, wants, np.array_equal, rounds=60)
+    assert errors == [] and len(got) == len(xs)

@@ -12,6 +12,7 @@ same types.
 """
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
@@ -129,6 +130,7 @@ class Program:
         self._written = frozenset(self.outputs)
         self._executables: dict[int, tuple[Backend, Executable]] = {}
         self._workspace: Optional[bytearray] = None
+        self._workspace_lock = threading.Lock()  # held by the replay running in _workspace
         self._rebound: dict[str, tuple[Any, Any, Tensor]] = {}  # name: (object, layout, Tensor)
         self._apart: tuple = ()  # the (name, tensor) pairs last rebound and found apart
 
@@ -228,14 +230,24 @@ class Program:
         if be is None or self._executables.get(id(be), (None,))[0] is not be:
             be = get_backend(ref)  # whether it is available, named when not
         if self.compiled.nodes:
-            if self.workspace_size and (self._workspace is None
-                                        or len(self._workspace) < self.workspace_size):
-                self._workspace = bytearray(self.workspace_size)
+            # the program's workspace, unless another thread's replay is running in it: then
+            # one of this replay's own (which the executable runs node by node, as any other)
+            mine = self._workspace_lock.acquire(blocking=False)
+            workspace = None
+            if self.workspace_size:
+                if not mine:
+                    workspace = bytearray(self.workspace_size)
+                else:
+                    if self._workspace is None or len(self._workspace) < self.workspace_size:
+                        self._workspace = bytearray(self.workspace_size)
+                    workspace = self._workspace
             token = silence()  # IEEE results are defined; the NPU does not warn
             try:
-                self.executable(be).run_repeatable(bindings, self._workspace if self.workspace_size else None)
+                self.executable(be).run_repeatable(bindings, workspace)
             finally:
                 restore(token)
+                if mine:
+                    self._workspace_lock.release()
         for effect in self.on_replay:
             effect()
         return {name: bindings[name].view() for name in self.outputs}
