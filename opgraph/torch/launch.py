@@ -198,4 +198,4 @@ def _stop(procs: list[Any], grace: float) -> None:
             p.join()
 
 
-__all__ = ["RankError", "free_port", "init_gloo", "run_ranks"]
+__all__ = ["RankError", "free_port", "init_gloo", "leave_group", "run_ranks"]
