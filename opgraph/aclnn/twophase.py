@@ -380,7 +380,8 @@ def _buffer_len(workspace: Any) -> int:
     except (TypeError, ValueError):  # (ValueError: numpy's datetime64 arrays export no buffer)
         raise AclnnError(Status.ACLNN_ERR_PARAM_INVALID,
                          f"workspace: expected a writable buffer, got {type(workspace).__name__}") from None
-    if "O" in _FIELD_NAMES.sub("", mv.format):  # a run would overwrite the references: a crash
+    fmt = mv.format
+    if "O" in fmt and "O" in _FIELD_NAMES.sub("", fmt):  # a run would overwrite the references
         raise AclnnError(Status.ACLNN_ERR_PARAM_INVALID,
                          "workspace: the buffer holds Python object references (an object array); "
                          "a workspace is plain bytes (a bytearray or a numeric array)")
