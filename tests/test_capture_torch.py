@@ -301,3 +301,23 @@ def test_collectives_on_a_torch_group_keep_each_arrays_dtype_and_shape():
             ("float32", (), 9)]
     for now, replayed in ot.run_ranks(_exchanges, 2, timeout=60.0, pg_timeout=20.0):
         assert now == replayed == want
+
+
+def test_a_bf16_step_without_running_stats_on_the_950_is_captured_as_eager():
+    """The Ascend950's gather refuses no running stats next to a bfloat16 input (its zeros
+    would be bf16): captured and eager, the layer gives it float32 ones, bit for bit alike."""
+    x, dy, _, _ = (t.bfloat16() for t in _data(0, torch.float32))
+    w, b = torch.linspace(0.5, 2, C), torch.linspace(-1, 1, C)
+
+    def step():
+        xi = x.clone().requires_grad_()
+        y = ot.SyncBatchNormFunction.apply(xi, w, b, None, None, 1e-5, 0.1, None, 1,
+                                           {"platform": "Ascend950"})
+        return [y, *torch.autograd.grad(y, xi, dy)]
+
+    want = [t.detach() for t in step()]
+    with opgraph.capture() as prog:
+        outs = step()
+    prog.replay()
+    assert all(torch.equal(a.view(torch.int16), g.detach().view(torch.int16))
+               for a, g in zip(want, outs))

@@ -48,6 +48,10 @@ SCENARIOS = {
     # the 950's gather refuses bf16 running stats: the layer updates float32 copies
     "bf16_950_bf16_model": dict(sizes={2: [2, 3], 3: [1, 0, 3]}, dims=(4, 2), dtype="bfloat16",
                                 platform="Ascend950", model="bfloat16"),
+    # nor does it go without running stats next to a bf16 input (it makes bf16 zeros): the layer
+    # gives it float32 ones and drops their update
+    "bf16_950_no_running_stats": dict(sizes={2: [3, 2], 3: [2, 0, 2]}, dims=(3, 2),
+                                      dtype="bfloat16", platform="Ascend950", track=False),
 }
 STEPS = 2
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -200,6 +204,8 @@ def chained_reference(cs, world: int, gloo_sums=None) -> list[dict]:
                 counts = counts.to(bn.running_mean.dtype)
                 if cs.get("platform") == "Ascend950":  # the fused kernel's: mean's dtype
                     running = [t.float() for t in running]
+            elif cs.get("platform") == "Ascend950" and xi.dtype != torch.float32:
+                running = [torch.zeros(C), torch.ones(C)]  # (their update dropped)
             mean, invstd = K.batch_norm_gather_stats_with_counts(
                 xi, table[:, :C], table[:, C:2 * C], *running, momentum, EPS, counts, **where)
             if bn.running_mean is not None:

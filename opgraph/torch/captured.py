@@ -91,8 +91,10 @@ def forward(ctx: Any, input: Tensor, weight: Optional[Tensor], bias: Optional[Te
                                "is float32 and autograd would convert it outside the program "
                                "(keep the layer's parameters float32, e.g. with autocast)")
     with K.on(**where):
-        refused = K.running_stats_refused(running_mean, torch.float32)
-    if refused:
+        refused = K.running_stats_refused(running_mean, torch.float32, input.dtype)
+    if refused and running_mean is None:  # (a half-precision input on the 950, as eager)
+        running_mean, running_var = K.scratch_running_stats(C)
+    elif refused:
         raise CaptureError(f"SyncBatchNorm in a capture: running_mean is {running_mean.dtype}; "
                            "the Ascend950's gather keeps running statistics in float32, and "
                            "rounding them back would run outside the program (keep the layer's "

@@ -130,18 +130,31 @@ def _views(views: Optional[TorchViews]) -> Callable[[Any], Any]:
     return as_numpy if views is None else views
 
 
-def running_stats_refused(running_mean: Optional[Tensor], mean_dtype: torch.dtype) -> bool:
+def running_stats_refused(running_mean: Optional[Tensor], mean_dtype: torch.dtype,
+                          input_dtype: Optional[torch.dtype] = None) -> bool:
     """Whether batch_norm_gather_stats_with_counts on the current platform refuses
     ``running_mean`` (and a running var of its dtype) next to a ``mean`` of ``mean_dtype``: the
     Ascend950's fused kernel keeps the running statistics in mean's dtype and fails on any other
-    (561103); the 910B op casts them to float32 and back itself.
+    (561103; without running stats, given ``input_dtype``: it makes zeros in the input's dtype
+    and fails on those, 561002); the 910B op casts them to float32 and back itself.
 
     >>> with on(platform="Ascend950"):
-    ...     running_stats_refused(torch.zeros(2, dtype=torch.bfloat16), torch.float32)
-    True
+    ...     (running_stats_refused(torch.zeros(2, dtype=torch.bfloat16), torch.float32),
+    ...      running_stats_refused(None, torch.float32, torch.bfloat16))
+    (True, True)
     """
-    return (running_mean is not None and running_mean.dtype != mean_dtype
-            and get_platform().soc == _gather.FUSED_SOC)
+    dtype = input_dtype if running_mean is None else running_mean.dtype
+    return dtype is not None and dtype != mean_dtype and get_platform().soc == _gather.FUSED_SOC
+
+
+def scratch_running_stats(C: int) -> tuple[Tensor, Tensor]:
+    """Float32 running mean and var (zeros, ones) for a gather that refuses to go without them
+    (:func:`running_stats_refused` of None); what it writes into them is to be dropped.
+
+    >>> [t.tolist() for t in scratch_running_stats(2)]
+    [[0.0, 0.0], [1.0, 1.0]]
+    """
+    return torch.zeros(C, dtype=torch.float32), torch.ones(C, dtype=torch.float32)
 
 
 def batch_norm_stats(input: Tensor, eps: float, *, backend: Optional[BackendRef] = None,
@@ -305,5 +318,5 @@ def register_cpu_kernels(backend: Optional[BackendRef] = None,
 
 __all__ = ["PRIMITIVES", "batch_norm_backward_elemt", "batch_norm_backward_reduce",
            "batch_norm_elemt", "batch_norm_gather_stats_with_counts", "batch_norm_stats",
-           "as_numpy", "on", "pinned", "register_cpu_kernels", "running_stats_refused", "to_torch",
-           "TorchViews"]
+           "as_numpy", "on", "pinned", "register_cpu_kernels", "running_stats_refused",
+           "scratch_running_stats", "to_torch", "TorchViews"]

@@ -12,7 +12,8 @@ local) and eval mode is refused, as is a backward outside the capture of its for
 differences: an empty rank sends float32 zeros, the dtype the other ranks' statistics have
 (torch sends the input's dtype, which gloo cannot gather together with float32 rows when the
 input is half precision); and where the gather refuses half-precision running stats (the
-Ascend950's, 561103) they are updated in float32 copies and rounded back.
+Ascend950's, 561103) they are updated in float32 copies and rounded back (and where it refuses
+none next to a half-precision input, 561002, it gets float32 ones whose update is dropped).
 
     >>> import torch
     >>> bn = SyncBatchNorm(3)
@@ -145,13 +146,17 @@ class SyncBatchNormFunction(torch.autograd.Function):
             counts = K.as_numpy(torch.from_numpy(counts).to(running_mean.dtype))
         if len(table):
             # a half-precision model's running stats where the op refuses them (the 950):
-            # updated in float32 copies, then rounded back as torch's kernels store them
-            widen = K.running_stats_refused(running_mean, STATS_DTYPE)
-            rm, rv = ((running_mean.float(), None if running_var is None else running_var.float())
-                      if widen else (running_mean, running_var))
+            # updated in float32 copies, then rounded back as torch's kernels store them; none
+            # with a half-precision input there: float32 ones, updated and dropped
+            widen = K.running_stats_refused(running_mean, STATS_DTYPE, input.dtype)
+            rm, rv = running_mean, running_var
+            if widen and running_mean is None:
+                rm, rv = K.scratch_running_stats(C)
+            elif widen:
+                rm, rv = running_mean.float(), None if running_var is None else running_var.float()
             mean, invstd = K.batch_norm_gather_stats_with_counts(
                 input, mean_all, invstd_all, rm, rv, momentum, eps, counts, views=views)
-            if widen:
+            if widen and running_mean is not None:
                 running_mean.copy_(rm)
                 if running_var is not None:
                     running_var.copy_(rv)
