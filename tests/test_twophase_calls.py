@@ -69,7 +69,9 @@ def test_a_single_use_executor_runs_once_when_two_threads_run_it(monkeypatch):
         return real(ref)
 
     monkeypatch.setattr(twophase, "made", held_made)
-    run = lambda: aclnn.aclnnBatchNormGatherStatsWithCounts(bytearray(ws) if ws else None, ws, ex)  # noqa: E731
+    def run():
+        return aclnn.aclnnBatchNormGatherStatsWithCounts(bytearray(ws) if ws else None, ws, ex)
+
     a = threading.Thread(target=lambda: results.setdefault("a", run()))
     a.start()
     assert inside.wait(120)
