@@ -73,6 +73,15 @@ def ddp_freed_by_leave_group(rank, world):
         gc.enable()
 
 
+def add_in_place(rank, world, x, model):
+    dist.barrier()                  # every rank has its arguments before any changes them
+    x.add_(10 ** rank)
+    with torch.no_grad():
+        model.weight.add_(10 ** rank)
+    dist.barrier()                  # every rank has changed them before any reads them
+    return x.tolist(), model.weight.flatten().tolist()
+
+
 def no_children_left():
     return not [p for p in multiprocessing.active_children() if p.name.startswith("opgraph-rank")]
 
@@ -135,3 +144,14 @@ def test_ranks_share_the_cores_with_opgraphs_threads_too(monkeypatch):
     monkeypatch.setenv("OPGRAPH_NUM_THREADS", "3")  # the user's choice is kept
     out = run_ranks(threads_here, 2, timeout=60, threads=1)
     assert [o[:2] for o in out] == [(1, "3")] * 2 and out[0][2] in (3, None)
+
+
+def test_each_rank_gets_its_own_copy_of_the_arguments():
+    """torch's multiprocessing reducers moved a tensor argument (a model's parameters) into
+    shared memory: every rank saw the others' in-place changes, and so did the caller."""
+    x, model = torch.zeros(2), torch.nn.Linear(2, 1, bias=False)
+    torch.nn.init.zeros_(model.weight)
+    got = run_ranks(add_in_place, 2, (x, model), timeout=60.0, pg_timeout=20.0)
+    assert got == [([1.0, 1.0], [1.0, 1.0]), ([10.0, 10.0], [10.0, 10.0])]
+    assert x.tolist() == [0.0, 0.0] and not x.is_shared() and not model.weight.is_shared()
+    assert no_children_left()

@@ -81,11 +81,12 @@ def leave_group() -> None:
         dist.destroy_process_group()
 
 
-def _rank_main(fn: RankFn, rank: int, world_size: int, port: int, args: Sequence[Any],
+def _rank_main(fn: RankFn, rank: int, world_size: int, port: int, packed_args: bytes,
                conn: Any, pg_timeout: float, threads: int, opgraph_threads: str) -> None:
     """The body of one spawned rank: join the group, run ``fn``, send back its result — before
     leaving the group, so that a failing rank reports before its peers notice it is gone."""
     try:
+        args = pickle.loads(packed_args)
         torch.set_num_threads(threads)
         # opgraph's thread teams too (the native kernels', the numpy chunks'): ranks sharing the
         # cores must not each start a team as large as the machine, whose idle workers spin
@@ -114,13 +115,17 @@ def run_ranks(fn: RankFn, world_size: int, args: Sequence[Any] = (), *, timeout:
     a gloo group of ``world_size``. ``fn`` must be importable (a module-level function) and its
     result picklable. ``timeout`` bounds the whole run, ``pg_timeout`` each collective;
     ``threads`` is torch's intra-op thread count per rank and, unless ``$OPGRAPH_NUM_THREADS``
-    is set, opgraph's (default: the cores shared out).
+    is set, opgraph's (default: the cores shared out). Each rank gets its own copy of ``args``
+    (plain pickle: a tensor or model is not shared between the ranks and the caller).
     """
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
     threads = threads or max(1, (os.cpu_count() or 1) // world_size)
     # read here: a fork server's children have the environment it started with, not ours
     opgraph_threads = os.environ.get("OPGRAPH_NUM_THREADS", "").strip() or str(threads)
+    # plain pickle, as the results come back: torch's multiprocessing reducers would move a
+    # tensor (a model's parameters) into shared memory, one copy for the caller and every rank
+    packed_args = pickle.dumps(tuple(args))
     ctx = _context()
     port = free_port()
     procs, conns, ok = [], {}, False
@@ -128,7 +133,7 @@ def run_ranks(fn: RankFn, world_size: int, args: Sequence[Any] = (), *, timeout:
         for rank in range(world_size):
             recv, send = ctx.Pipe(duplex=False)
             p = ctx.Process(target=_rank_main, name=f"opgraph-rank{rank}", daemon=True,
-                            args=(fn, rank, world_size, port, tuple(args), send, pg_timeout,
+                            args=(fn, rank, world_size, port, packed_args, send, pg_timeout,
                                   threads, opgraph_threads))
             p.start()
             send.close()
