@@ -321,3 +321,16 @@ def test_a_bf16_step_without_running_stats_on_the_950_is_captured_as_eager():
     prog.replay()
     assert all(torch.equal(a.view(torch.int16), g.detach().view(torch.int16))
                for a, g in zip(want, outs))
+
+
+def test_collectives_take_torch_tensors_outside_a_capture_as_inside():
+    """Outside a capture the arrays went through np.asarray: a bfloat16 tensor raised TypeError
+    and one requiring grad RuntimeError, where a capture's opgraph.tensor takes both."""
+    for t in (torch.tensor([1.5, -2.0], dtype=torch.bfloat16), torch.ones(2, requires_grad=True)):
+        now = [*all_gather(t), *all_reduce(t)]
+        with opgraph.capture() as prog:
+            all_gather(t), all_reduce(t)
+        replayed = list(prog.replay().values())
+        assert [(a.dtype, a.shape, a.tolist()) for a in now] == \
+            [(a.dtype, a.shape, a.tolist()) for a in replayed]
+        assert [a.shape for a in now] == [(1, 2), (2,)]

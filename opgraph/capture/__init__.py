@@ -30,7 +30,7 @@ from opgraph.core import capturing
 from opgraph.core.collective import get_group
 from opgraph.core.config import check_level, get_fast_math, get_opt_level
 from opgraph.core.platform import get_platform
-from opgraph.core.tensor import Tensor
+from opgraph.core.tensor import Tensor, tensor
 from .program import Program, ProgramStats, check_schedule
 from .recorder import CaptureError, Recorder
 
@@ -82,8 +82,9 @@ def _collective(op: str, arrays: tuple, group: str) -> list[np.ndarray]:
     if isinstance(rec, Recorder):
         return rec.collective(op, group, arrays)
     impl = get_group(group)
-    # (0-d stays 0-d, as the collective nodes take it: ascontiguousarray made it [1])
-    xs = [np.asarray(a.numpy() if isinstance(a, Tensor) else a, order="C") for a in arrays]
+    # each as a capture takes it (opgraph.tensor: a torch tensor too, bfloat16 or requiring
+    # grad), 0-d staying 0-d
+    xs = [np.asarray((a if isinstance(a, Tensor) else tensor(a)).view(), order="C") for a in arrays]
     return impl.all_gather(xs) if op == "AllGather" else impl.all_reduce(xs)
 
 
