@@ -413,6 +413,9 @@ def test_an_internal_error_is_one_line_or_with_traceback_its_exception(capsys, m
     (["dump", OP, "--shape", "2_0,3"], "--shape"),  # int() reads 20
     (["run", OP, "--seed", "1_0"], "--seed"),
     (["dump", "aclnnBatchNormGatherStatsWithCounts", "--ranks", "1_0"], "--ranks"),
+    (["dump", OP, "--level", "２"], "--level"),  # int() reads 2
+    (["run", OP, "--level", "+1"], "--level"),
+    (["capture", str(ROOT / "examples" / "capture_syncbn.py"), "--level", "٢"], "--level"),
 ], ids=lambda v: " ".join(v) if isinstance(v, list) else v)
 def test_integers_are_plain_ascii_decimals(capsys, argv, option):
     error_line(capsys, argv, option, status=2)

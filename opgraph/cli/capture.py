@@ -23,8 +23,8 @@ from opgraph.capture import CaptureError, Program, capture
 from opgraph.core.backend import BackendUnavailable
 from opgraph.core.dtypes import DataType
 from .common import (CliError, add_fast_math_option, called_exit, check_fast_math_level,
-                     check_memory, check_output, conflict, fmt_bytes, parse_backend, parse_dtype, parse_shape,
-                     same_path, write_output)
+                     check_memory, check_output, conflict, fmt_bytes, integer_option,
+                     parse_backend, parse_dtype, parse_shape, same_path, write_output)
 
 FORMATS = ("text", "json", "dot", "table", "html", "stats")
 
@@ -158,7 +158,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--shape", type=parse_shape, default=(8, 16, 14, 14), help="N,C[,...] "
                    "(default 8,16,14,14)")
     p.add_argument("--dtype", type=parse_dtype, default=DataType.FLOAT, help="default float32")
-    p.add_argument("--level", type=int, choices=(0, 1, 2),
+    p.add_argument("--level", type=integer_option, choices=(0, 1, 2),
                    help="0 as recorded, 1 what CANN launches, 2 fused across the calls (default; "
                         "with --format stats: every level unless one is given)")
     p.add_argument("--format", choices=FORMATS, default="text",

@@ -65,7 +65,7 @@ def add_common_options(p: argparse.ArgumentParser, spec: OpApiSpec, *,
              "the library default, 1 on --backend ascend-sim, whose kernels exist up to it"
              if level_default is None and backend else
              "the library default" if level_default is None else level_default)
-    p.add_argument("--level", type=int, choices=OPT_LEVELS, default=level_default,
+    p.add_argument("--level", type=integer_option, choices=OPT_LEVELS, default=level_default,
                    help="optimisation level: 0 as recorded, 1 what CANN launches, 2 fused "
                         f"(default: {shown})")
     if backend:
