@@ -334,3 +334,29 @@ def test_collectives_take_torch_tensors_outside_a_capture_as_inside():
         assert [(a.dtype, a.shape, a.tolist()) for a in now] == \
             [(a.dtype, a.shape, a.tolist()) for a in replayed]
         assert [a.shape for a in now] == [(1, 2), (2,)]
+
+
+def test_a_strided_input_and_gradient_are_read_where_they_are_on_every_replay():
+    """The layer made a non-contiguous input (and gradient) contiguous first, as torch does:
+    in a capture that copy was made once, and every replay read it, not the caller's tensor
+    where it was captured (new data in place was never seen)."""
+    g = torch.Generator().manual_seed(3)
+    base, dbase = (torch.randn(4, C, 6, 5, generator=g) for _ in range(2))
+    x, dy = base.transpose(2, 3), dbase.transpose(2, 3)  # [4, C, 5, 6], not contiguous
+    w, b = torch.linspace(0.5, 2, C), torch.linspace(-1, 1, C)
+
+    def step(xs, dys):
+        xi = xs.detach().requires_grad_()
+        y = ot.SyncBatchNormFunction.apply(xi, w, b, None, None, 1e-5, 0.1, None, 1,
+                                           {"backend": "numpy"})
+        return [y, *torch.autograd.grad(y, xi, dys)]
+
+    with opgraph.capture() as prog:
+        outs = step(x, dy)
+    for _ in range(2):
+        base.copy_(torch.randn(base.shape, generator=g))  # new data where it was captured
+        dbase.copy_(torch.randn(base.shape, generator=g))
+        prog.replay()
+        want = [t.detach() for t in step(x, dy)]
+        assert all(torch.equal(a.contiguous().view(torch.int32),
+                               o.detach().contiguous().view(torch.int32)) for a, o in zip(want, outs))

@@ -100,18 +100,19 @@ class SyncBatchNormFunction(torch.autograd.Function):
                 momentum: float, process_group: Any, world_size: int,
                 where: Optional[dict[str, Any]] = None) -> Tensor:
         where = where or {}
-        input = _keep_layout(input)
-        weight = weight.contiguous() if weight is not None else None
-        C = input.shape[1]
-        per_channel = input.numel() // C
+        per_channel = input.numel() // input.shape[1]
         if per_channel == 1 and world_size < 2:
             raise ValueError("Expected more than 1 value per channel when training, got input "
                              f"size {per_channel}")
         step = K.pinned(**where)  # the backward's op_apis run where the forward's ran
         ctx.capture = current_capture()  # the backward must run in the same one (or none)
         if ctx.capture is not None:  # opgraph.capture(): collectives become nodes of the program
+            # the caller's tensors as they are (the op_apis' Contiguous is in the program): a
+            # copy made now would be what every replay reads
             return captured.forward(ctx, input, weight, bias, running_mean, running_var, eps,
                                     momentum, process_group, world_size, step)
+        input = _keep_layout(input)
+        weight = weight.contiguous() if weight is not None else None
         ctx.process_group, ctx.where, ctx.world_size = process_group, step, world_size
         ctx.fast_math = get_fast_math()
         with K.on(**where):  # once for the step's op_apis
@@ -172,11 +173,11 @@ class SyncBatchNormFunction(torch.autograd.Function):
     @eager_under_compile
     @once_differentiable  # its gradients are not differentiable: a second backward says so
     def backward(ctx: Any, grad_output: Tensor) -> tuple[Optional[Tensor], ...]:
-        grad_output = _keep_layout(grad_output)
         if current_capture() is not ctx.capture:
             raise CaptureError(_SPLIT_STEP[ctx.capture is None])
-        if ctx.capture is not None:
+        if ctx.capture is not None:  # (grad_output as it is, as the forward's input)
             return captured.backward(ctx, grad_output)
+        grad_output = _keep_layout(grad_output)
         with K.on(**ctx.where), fast_math(ctx.fast_math):  # once for the step's op_apis
             return SyncBatchNormFunction._backward(ctx, grad_output)
 
