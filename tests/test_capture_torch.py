@@ -360,3 +360,24 @@ def test_a_strided_input_and_gradient_are_read_where_they_are_on_every_replay():
         want = [t.detach() for t in step(x, dy)]
         assert all(torch.equal(a.contiguous().view(torch.int32),
                                o.detach().contiguous().view(torch.int32)) for a, o in zip(want, outs))
+
+
+def test_a_frozen_half_precision_weight_is_read_where_it_is_by_the_backward_too():
+    """The captured backward cast a float16 weight to float32 as torch does, once when
+    capturing: after the weight changed in place (load_state_dict), replays normalised with the
+    new weight and took the input gradient with the old one."""
+    x, dy = (t[:, :, :2].half() for t in _data(0, torch.float32)[:2])
+    w, b = torch.linspace(0.5, 2, C).half(), torch.linspace(-1, 1, C).half()
+
+    def step():
+        xi = x.clone().requires_grad_()
+        y = ot.SyncBatchNormFunction.apply(xi, w, b, None, None, 1e-5, 0.1, None, 1,
+                                           {"backend": "numpy"})
+        return [y, *torch.autograd.grad(y, xi, dy)]
+
+    with opgraph.capture() as prog:
+        outs = step()
+    w.copy_(torch.linspace(3, -1, C))
+    prog.replay()
+    assert all(torch.equal(a.detach().view(torch.int16), o.detach().view(torch.int16))
+               for a, o in zip(step(), outs))

@@ -130,8 +130,9 @@ def backward(ctx: Any, grad_output: Tensor) -> tuple[Optional[Tensor], ...]:
         grad_output, input, mean, invstd, weight, need_input, need_weight, need_bias, **ctx.where)
     if need_input:
         sum_dy, sum_dy_xmu = (K.to_torch(a) for a in all_reduce(sum_dy, sum_dy_xmu, group=ctx.group))
-        if weight is not None and weight.dtype != mean.dtype:
-            weight = weight.to(mean.dtype)
+        # a half-precision (frozen) weight as it is: the op_api widens it in the program, the
+        # same bits as torch's weight.to(mean.dtype), which made here would be a copy every
+        # replay read
         grad_input = K.batch_norm_backward_elemt(grad_output, input, mean, invstd, weight, sum_dy,
                                                  sum_dy_xmu, count, **ctx.where)
     if weight is None or not need_weight:
