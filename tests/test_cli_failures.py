@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 
 from opgraph.cli import common, main
+from opgraph.core import html
+from opgraph.core.layout import LayoutUnavailable
 
 OP = "aclnnBatchNormElemtBackward"
 ROOT = Path(__file__).resolve().parents[1]
@@ -241,3 +243,21 @@ def test_an_output_another_output_writes_is_refused_and_nothing_written(capsys, 
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and "--dump-dir writes the same file" in err, err
     assert os.listdir(d) == ["00-input.txt"] and (d / "00-input.txt").read_text() == "keep"
+
+
+@pytest.mark.parametrize("argv", [
+    ["view", OP, "-o", "page.html"],
+    ["capture", str(ROOT / "examples" / "capture_syncbn.py"), "--shape", "2,3", "--format", "html",
+     "-o", "page.html"]], ids=lambda a: a[0])
+def test_no_layout_engine_is_one_error_line(capsys, tmp_path, monkeypatch, argv):
+    """Neither graphviz's dot nor grandalf: the environment's, one line (capture --format html
+    said 'internal error')."""
+    def unavailable(*args, **kwargs):
+        raise LayoutUnavailable("laying out a graph needs graphviz's dot on PATH or grandalf")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(html, "layout", unavailable)
+    code = main(argv)
+    err = capsys.readouterr().err
+    assert code == 1 and err == "opgraph: error: laying out a graph needs graphviz's dot on PATH " \
+                                "or grandalf\n", err
+    assert os.listdir(tmp_path) == []

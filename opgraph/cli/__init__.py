@@ -22,6 +22,7 @@ import importlib.util
 
 from backends.native.build import NativeBuildError
 from opgraph import __version__
+from opgraph.core.layout import LayoutUnavailable
 from opgraph.core.opapi import load_entry_points, load_module
 from . import capture, demo, dump, emit_c, emit_cpp, ops, plan, run, syncbn, tiling, view
 from .common import CliError, Parser, called_exit
@@ -171,7 +172,8 @@ def _run(argv: Optional[Sequence[str]]) -> int:
     except CliError as e:
         _say(f"opgraph: error: {one_line(str(e))}")
         return e.code
-    except NativeBuildError as e:  # the C compiler or the kernel cache: the environment's
+    except (NativeBuildError, LayoutUnavailable) as e:  # the C compiler, the kernel cache, no
+        # graph layout engine (a page drawn by view or capture): the environment's
         if wanted:
             raise
         _say(f"opgraph: error: {one_line(str(e))}")
