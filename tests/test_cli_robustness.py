@@ -295,8 +295,18 @@ def test_conflicting_options_are_refused_naming_both(capsys, tmp_path, argv, fir
 def test_capture_refuses_to_overwrite_its_file(capsys, tmp_path, output):
     (tmp_path / "s.py").write_text(STEP)
     (tmp_path / "link.py").symlink_to("s.py")
-    error_line(capsys, ["capture", "s.py", "-o", output], "is FILE itself", status=2)
+    error_line(capsys, ["capture", "s.py", "-o", output], "which this command reads", status=2)
     assert (tmp_path / "s.py").read_text() == STEP
+
+
+@pytest.mark.parametrize("cmd", ["dump", "emit-c", "plan", "emit-cpp", "view"])
+def test_an_output_over_a_loaded_py_file_is_refused(capsys, tmp_path, cmd):
+    """-o naming the op_api module --load imports (by another spelling of its path)."""
+    (tmp_path / "ops.py").write_text("# registers nothing\n")
+    error_line(capsys, [cmd, OP, "--load", "ops.py", "-o", str(tmp_path / "ops.py")],
+               "which this command reads", status=2)
+    assert (tmp_path / "ops.py").read_text() == "# registers nothing\n"
+    assert os.listdir(tmp_path) == ["ops.py"]
 
 
 def test_emit_cpp_refuses_a_program_named_like_its_data(capsys, tmp_path):

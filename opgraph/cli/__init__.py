@@ -25,7 +25,7 @@ from opgraph import __version__
 from opgraph.core.layout import LayoutUnavailable
 from opgraph.core.opapi import load_entry_points, load_module
 from . import capture, demo, dump, emit_c, emit_cpp, ops, plan, run, syncbn, tiling, view
-from .common import CliError, Parser, called_exit
+from .common import READ_FILES, CliError, Parser, called_exit
 
 COMMANDS = [demo, ops, dump, view, run, tiling, emit_c, plan, emit_cpp, syncbn, capture]
 
@@ -129,6 +129,7 @@ def load(target: str) -> None:
             module = importlib.util.module_from_spec(spec)
             sys.modules[name] = module
             USER_CODE.add(os.path.realpath(target))
+            READ_FILES.append(target)
             spec.loader.exec_module(module)
         elif os.path.isfile(target):  # `--load graph.json` would import graph, then graph.json
             raise CliError(f"--load {target!r}: a file that is not a .py file; --load takes a "
@@ -149,6 +150,7 @@ def load(target: str) -> None:
 def _run(argv: Optional[Sequence[str]]) -> int:
     wanted = False  # --traceback, taken from anywhere on the line
     try:
+        READ_FILES.clear()  # (of an earlier main() in this process)
         mods, argv = split_load(sys.argv[1:] if argv is None else list(argv))
         wanted = "--traceback" in argv
         argv = [a for a in argv if a != "--traceback"]

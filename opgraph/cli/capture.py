@@ -22,9 +22,9 @@ from l0ops.collectives import is_collective
 from opgraph.capture import CaptureError, Program, capture
 from opgraph.core.backend import BackendUnavailable
 from opgraph.core.dtypes import DataType
-from .common import (CliError, add_fast_math_option, called_exit, check_fast_math_level,
-                     check_memory, check_output, conflict, fmt_bytes, integer_option,
-                     parse_backend, parse_dtype, parse_shape, same_path, write_output)
+from .common import (READ_FILES, CliError, add_fast_math_option, called_exit,
+                     check_fast_math_level, check_memory, check_output, conflict, fmt_bytes,
+                     integer_option, parse_backend, parse_dtype, parse_shape, write_output)
 
 FORMATS = ("text", "json", "dot", "table", "html", "stats")
 
@@ -93,10 +93,8 @@ def run(args: argparse.Namespace) -> int:
     if args.format == "stats" and args.run:
         raise conflict("--format stats", "--run", "the stats table counts launches and bytes, it "
                        "replays nothing")
-    if args.output not in (None, "-") and same_path(args.output, args.file):
-        raise CliError(f"-o/--output {args.output!r}: is FILE itself, which it would overwrite",
-                       code=2)
-    check_output(args.output)  # before the step runs
+    READ_FILES.append(args.file)
+    check_output(args.output)  # before the step runs (FILE itself is refused)
     shape = args.shape
     if len(shape) < 2 or math.prod(shape) == 0:
         raise CliError(f"--shape {','.join(map(str, shape))}: expected N,C[,...] with every dim "

@@ -271,10 +271,13 @@ def same_path(a: str, b: str) -> bool:
     return os.path.realpath(a) == os.path.realpath(b)
 
 
+READ_FILES: list[str] = []  # the files this command reads as code: --load's .py files, capture's FILE
+
+
 def check_output(path: "str | None", option: str = "-o/--output") -> None:
-    """CliError naming ``option`` unless ``path`` could be written (None or '-': stdout): a
-    command with several outputs checks them all before writing any, so a rejected call leaves
-    every output untouched.
+    """CliError naming ``option`` unless ``path`` could be written (None or '-': stdout) and is
+    none of the :data:`READ_FILES` (which it would overwrite): a command with several outputs
+    checks them all before writing any, so a rejected call leaves every output untouched.
 
     >>> check_output("/nonexistent/x")  # doctest: +ELLIPSIS
     Traceback (most recent call last):
@@ -283,6 +286,10 @@ def check_output(path: "str | None", option: str = "-o/--output") -> None:
     """
     if path in (None, "-"):
         return
+    read = next((f for f in READ_FILES if path and same_path(path, f)), None)
+    if read is not None:
+        raise CliError(f"{option} {path!r}: is {read!r}, which this command reads; it would "
+                       "overwrite it", code=2)
     folder = os.path.dirname(os.path.abspath(path)) if path else ""
     if not path:
         code = errno.ENOENT
