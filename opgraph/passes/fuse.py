@@ -17,7 +17,7 @@ Fusion needs nothing op-specific: an op is fusable when its definition has an ``
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from l0ops.fused import FusedAttrs, Instr
 from l0ops.primitives import instr_shape
@@ -135,37 +135,66 @@ def register_shapes(body: Sequence[Instr], externals: Sequence[Value]) -> dict[s
 def narrow_viewed(order: list[Node], externals: Sequence[Value], body: Sequence[Instr],
                   regs: dict[str, str]) -> "Node | None":
     """The member (of a group, ``order``, whose body :func:`body_of` made) producing a value that
-    a member view reads through a register smaller than the value — a broadcast not
+    a view in the body reads through a register smaller than the value — a broadcast not
     materialised (``Mul(BroadcastTo(x), …)`` is as large as ``x`` inside a body), which the view
-    cannot reshape — or None. Computed outside the group, that value is read whole."""
+    cannot reshape — or None. The view may be a member or inside a member's own body (a fused
+    kernel's); the member nearest it is named. Computed outside the group, that value is read
+    whole."""
     shapes = register_shapes(body, externals)
+    values: dict[str, list[Value]] = {}  # a register -> the member values it holds
     for n in order:
-        if n.opdef.kind != "view" or not n.inputs:
-            continue
-        v = n.inputs[0]
-        src = regs[v.name]
-        if regs[n.outputs[0].name] != src and math.prod(shapes[src]) != v.type.numel:
-            return v.producer
+        for v in n.outputs:
+            values.setdefault(regs[v.name], []).append(v)
+    for ins in body:
+        if ins.op == "view" and math.prod(shapes[ins.args[0]]) != math.prod(ins.shape or ()):
+            return _narrow_member(ins.args[0], body, shapes, values)
     return None
+
+
+def _narrow_member(reg: str, body: Sequence[Instr], shapes: dict[str, tuple[int, ...]],
+                   values: dict[str, list[Value]]) -> "Node | None":
+    """The producer of the member value nearest ``reg`` (``reg`` itself, then what it is
+    computed from) whose register is smaller than the value."""
+    queue, seen = [reg], {reg}
+    while queue:
+        r = queue.pop(0)
+        for v in values.get(r, ()):
+            if math.prod(shapes[r]) != v.type.numel:
+                return v.producer
+        if r.startswith("t"):
+            for a in body[int(r[1:])].args:
+                if a not in seen:
+                    seen.add(a)
+                    queue.append(a)
+    return None
+
+
+def grown_apart_from_views(g: Graph, grow: Callable[[set[int]], list[Node]]
+                           ) -> tuple[list[Node], tuple, set[int]]:
+    """The members ``grow(blocked)`` gives, in graph order, with their :func:`body_of` and the
+    ids blocked: a member whose value a view in the group would read unbroadcast
+    (:func:`narrow_viewed`) is blocked and the group grown again without it (a member blocked
+    already, e.g. a seed ``grow`` always keeps, ends the search: the body stays as it is)."""
+    blocked: set[int] = set()
+    while True:
+        members = {id(n) for n in grow(blocked)}
+        order = [n for n in g.nodes if id(n) in members]
+        made = body_of(order)
+        narrow = narrow_viewed(order, *made)
+        if narrow is None or id(narrow) in blocked:
+            return order, made, blocked
+        blocked.add(id(narrow))
 
 
 def _fused_group(g: Graph, seed: Node, taken: set, left_out: set) -> "tuple[list[Node], tuple] | None":
     """The group rooted at ``seed`` in graph order with its :func:`body_of`, or None (fewer
-    than two nodes). A member whose value a view in the group would read unbroadcast
-    (:func:`narrow_viewed`) is left out (its id added to ``left_out``) and the group grown
-    again without it."""
-    blocked: set[int] = set()
-    while True:
-        group = _group(g, seed, taken, blocked)
-        if len(group) < 2:
-            return None
-        order = [n for n in g.nodes if any(n is m for m in group)]
-        made = body_of(order)
-        narrow = narrow_viewed(order, *made)
-        if narrow is None:
-            left_out.update(blocked)
-            return order, made
-        blocked.add(id(narrow))
+    than two nodes); members left out (:func:`grown_apart_from_views`) are added to
+    ``left_out``."""
+    order, made, blocked = grown_apart_from_views(g, lambda blocked: _group(g, seed, taken, blocked))
+    if len(order) < 2:
+        return None
+    left_out.update(blocked)
+    return order, made
 
 
 def _fuse(g: Graph) -> dict[str, int]:

@@ -25,7 +25,7 @@ from opgraph.core.ir import Graph, Node, Value
 from opgraph.core.memory import memory_of, written_memory
 from opgraph.core.opdef import L0Error
 from opgraph.core.passmanager import FunctionPass, sweep_dead
-from .fuse import body_of, expandable, viewed_broadcast
+from .fuse import expandable, grown_apart_from_views, viewed_broadcast
 
 
 def _depends_on(node: Node, group: set[int], memo: dict[int, bool]) -> bool:
@@ -280,15 +280,16 @@ def _fuse_reductions(g: Graph, keep_big_inside: bool = False) -> dict[str, int]:
 
         def order_ok(ids: set[int]) -> bool:
             return _keeps_access_order(g, {id(n) for n in kept(ids)}, memo)
-        group = _grow(seed, taken, keep_big_inside, outs)
-        if not order_ok({id(n) for n in group}):  # grown again, checking each join
-            group = _grow(seed, taken, keep_big_inside, outs, order_ok)
-        group = kept({id(n) for n in group})
-        ids = {id(n) for n in group}
-        order = [n for n in g.nodes if id(n) in ids]
-        slots = _result_slots(g, order, ids)
-        try:  # a body that does not type-check (a view of a broadcast inside): left unfused
-            externals, body, regs = body_of(order)
+
+        def grow(blocked: set[int]) -> list[Node]:
+            group = _grow(seed, taken | blocked, keep_big_inside, outs)
+            if not order_ok({id(n) for n in group}):  # grown again, checking each join
+                group = _grow(seed, taken | blocked, keep_big_inside, outs, order_ok)
+            return kept({id(n) for n in group})
+        try:  # a body that does not type-check (a view of the seed's result): left unfused
+            order, (externals, body, regs), _ = grown_apart_from_views(g, grow)
+            ids = {id(n) for n in order}
+            slots = _result_slots(g, order, ids)
             attrs = FusedReduceAttrs(body=tuple(body), results=tuple(regs[v.name] for v, _ in slots),
                                      out_shapes=tuple(v.shape for v, _ in slots),
                                      out_formats=_formats([v.type.format for v, _ in slots]))
@@ -307,7 +308,7 @@ def _fuse_reductions(g: Graph, keep_big_inside: bool = False) -> dict[str, int]:
         taken.update(ids)
         taken.add(id(node))
         fused += 1
-        absorbed += len(group)
+        absorbed += len(order)
         dead += sweep_dead(g)  # the next group's order check sees the graph as it will run
         _order(g)
         alive = {id(n) for n in g.nodes}
