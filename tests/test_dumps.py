@@ -90,6 +90,12 @@ BAD_JSON = [
     ("extra-field", _mut(lambda d: d.update(code="print(1)")), "code"),
     ("nodes-not-list", _mut(lambda d: d.update(nodes=5)), "nodes"),
     ("bad-shape", _mut(lambda d: d["inputs"][0].update(shape="2")), "shape"),
+    # type confusion is refused, not coerced (a JSON true read as the dim 1, "2" as 2)
+    ("bool-dim", _mut(lambda d: d["inputs"][0].update(shape=[True])), "inputs.0.shape.0"),
+    ("string-dim", _mut(lambda d: d["inputs"][0].update(shape=["2"])), "inputs.0.shape.0"),
+    ("float-dim", _mut(lambda d: d["nodes"][0]["outputs"][0].update(shape=[2.0])), "shape.0"),
+    ("version-true", _mut(lambda d: d.update(version=True)), "version"),
+    ("version-float", _mut(lambda d: d.update(version=1.0)), "version"),
     ("bad-input-dtype", _mut(lambda d: d["inputs"][0].update(dtype="float17")), "dtype"),
     ("bad-value-name", _mut(lambda d: d["inputs"][0].update(name='x" -> evil')), "name"),
     ("unknown-op", _mut(lambda d: d["nodes"][0].update(op="Conv9D")), "unknown l0 op 'Conv9D'"),

@@ -64,7 +64,7 @@ def _check_values(value: Any, what: str) -> None:
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 class ValueModel(_Strict):
@@ -208,7 +208,7 @@ class GraphModel(_Strict):
     nodes: list[NodeModel]
     outputs: list[str]
 
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, strict=True)
 
     @field_validator("name")
     @classmethod
