@@ -157,6 +157,9 @@ BAD_CALLS = [  # the recorded call is data a backend reads: a value must suit it
     ("bool-int", {"name": "g", "kind": "bool", "value": 1}, "kind bool"),
     ("nul-name", {"name": "e\u0000", "kind": "double", "value": 1.0}, "call argument name"),
     ("empty-name", {"name": "", "kind": "double", "value": 1.0}, "call argument name"),
+    # names a backend may spell in generated code (emit-cpp's call0_<name> variables)
+    ("code-name", {"name": "x=0;system(0);int y", "kind": "double", "value": 1.0}, "identifier"),
+    ("code-tensor", {"name": "y", "kind": "tensor", "value": "y;abort()"}, "kind tensor"),
 ]
 
 
@@ -174,7 +177,7 @@ def test_good_call_arguments_load():
 
 @pytest.mark.parametrize("field,where", [("api", "call"), ("source", "node")])
 @pytest.mark.parametrize("bad", ["a\ud800b", "a\u001b[2Jb"])
-def test_call_api_and_node_source_are_printable(field, where, bad):
+def test_call_api_and_node_source_are_checked(field, where, bad):
     """A lone surrogate would fail every later write (the ONNX export, an HTML page), an ESC
     would drive a terminal: refused on loading like names."""
     def put(d):
@@ -182,7 +185,8 @@ def test_call_api_and_node_source_are_printable(field, where, bad):
             d["call"] = {"api": bad, "args": []}
         else:
             d["nodes"][0]["source"] = bad
-    with pytest.raises(GraphError, match=f"{where}.*holds"):
+    with pytest.raises(GraphError, match=f"{where}.*not an identifier" if where == "call" else
+                       f"{where}.*holds"):
         Graph.from_json(_mut(put))
 
 

@@ -140,10 +140,11 @@ class NodeModel(_Strict):
 
 
 def _name_field(v: str, what: str) -> str:
-    """A non-empty :func:`printable` name (an op_api or a parameter of one)."""
-    if not v:
-        raise ValueError(f"{what} is empty")
-    return printable(v, what)
+    """An identifier (an op_api or a parameter of one: a backend may spell it in code it
+    generates, such as emit-cpp's variables)."""
+    if not v.isidentifier():
+        raise ValueError(f"{what} {v!r} is not an identifier")
+    return v
 
 
 class CallArgModel(_Strict):
@@ -175,7 +176,7 @@ class CallArgModel(_Strict):
     def _value_of_kind(self) -> "CallArgModel":
         v = self.value
         number = isinstance(v, (int, float)) and not isinstance(v, bool)
-        ok = {"tensor": v is None or isinstance(v, str),
+        ok = {"tensor": v is None or isinstance(v, str) and v.isidentifier(),
               "double": number or v in NON_FINITE, "float": number or v in NON_FINITE,
               "int": number and isinstance(v, int), "bool": isinstance(v, bool)}[self.kind]
         if not ok:
