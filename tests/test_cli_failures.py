@@ -4,6 +4,7 @@ temporaries renamed into place), user code that ends oddly (``sys.exit`` in an o
 callbacks, ``GeneratorExit``, a closed stdout) and a failing C compiler give one line."""
 from __future__ import annotations
 
+import json
 import os
 import resource
 import subprocess
@@ -261,3 +262,19 @@ def test_no_layout_engine_is_one_error_line(capsys, tmp_path, monkeypatch, argv)
     assert code == 1 and err == "opgraph: error: laying out a graph needs graphviz's dot on PATH " \
                                 "or grandalf\n", err
     assert os.listdir(tmp_path) == []
+
+
+def test_an_output_naming_stdout_is_written_as_stdout(tmp_path):
+    """-o /dev/stdout: no 'wrote /dev/stdout' line appended to the JSON in a pipe, and
+    emit-cpp's .bin files go to the current directory as for stdout (with stdout redirected to
+    a file they went to /dev, beside /dev/stdout); --trace-json may not mix into the summary."""
+    proc = opgraph_process(["dump", OP, "--format", "json", "-o", "/dev/stdout"], tmp_path)
+    assert proc.returncode == 0 and json.loads(proc.stdout)["name"] == OP, proc.stdout[-200:]
+    with open(tmp_path / "prog.cpp", "w") as out:
+        proc = subprocess.run([sys.executable, "-m", "opgraph", "emit-cpp", OP, "--embed-limit", "0",
+                               "-o", "/dev/stdout"], cwd=tmp_path, stdout=out, stderr=subprocess.PIPE,
+                              text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "gradOut.bin").is_file() and "wrote" not in (tmp_path / "prog.cpp").read_text()
+    proc = opgraph_process(["run", OP, "--trace-json", "/dev/stdout"], tmp_path)
+    one_error_line(proc, "--trace-json: expected a file name")

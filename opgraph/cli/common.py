@@ -264,6 +264,22 @@ def conflict(first: str, second: str, why: str) -> CliError:
     return CliError(f"{first} and {second} cannot be combined: {why}", code=2)
 
 
+def names_stdout(path: "str | None") -> bool:
+    """Whether ``path`` is this process's stdout: None, '-', or another name of the file stdout
+    is (``/dev/stdout``, ``/dev/fd/1``, the file stdout is redirected to), which is written as
+    stdout: in order with what is printed, and with no 'wrote ...' line mixed into it.
+
+    >>> names_stdout("-"), names_stdout("/nonexistent/x")
+    (True, False)
+    """
+    if path in (None, "-"):
+        return True
+    try:
+        return os.path.samestat(os.stat(path), os.fstat(sys.stdout.fileno()))
+    except (OSError, ValueError, AttributeError):  # (no such file; stdout is no real file)
+        return False
+
+
 def same_path(a: str, b: str) -> bool:
     """Whether paths ``a`` and ``b`` name the same file (existing or not; links followed)."""
     if os.path.exists(a) and os.path.exists(b):
@@ -314,6 +330,7 @@ def write_output(text: "str | bytes", path: "str | None", summary: "str | None" 
     then print ``summary`` when ``path`` was a file; a failed write is a CliError naming its
     option and leaves every path as it was. ``path`` is checked like :func:`check_output` (its
     directory must exist: only ``also``'s files, such as --dump-dir's, get directories made)."""
+    path = "-" if names_stdout(path) else path
     check_output(path, option)
     write_files([*also, (path, text, option)])
     if summary and path not in (None, "-"):

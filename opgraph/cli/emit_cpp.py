@@ -22,7 +22,8 @@ from typing import Any
 
 from backends.aclnn.emit_cpp import emit_cpp
 from .cases import add_op_subparsers
-from .common import CliError, check_memory, check_output, non_negative_int, same_path, write_output
+from .common import (CliError, check_memory, check_output, names_stdout, non_negative_int, same_path,
+                     write_output)
 from .plan import case_plan
 
 BIN_OPTION = "-o/--output (its .bin inputs)"
@@ -37,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
                  f"the inputs embedded as C++ text (~{EMBED_BYTES} B an element while it is built)",
                  f" --embed-limit {args.embed_limit}")
     src, files = emit_cpp(plan, data, embed_limit=args.embed_limit)
-    to_file = args.output not in (None, "-")
+    to_file = not names_stdout(args.output)
     folder = os.path.dirname(os.path.abspath(args.output)) if to_file else "."
     bins = {os.path.join(folder, name): blob for name, blob in files.items()}
     check_output(args.output)

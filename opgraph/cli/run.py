@@ -24,7 +24,7 @@ from opgraph.core.platform import lookup
 from opgraph.core.status import Status
 from .cases import Case, Recorded, add_op_subparsers, build_case, check, execute, record
 from .common import (CliError, add_fast_math_option, check_output, fmt_status, fmt_type, fmt_values,
-                     write_output)
+                     names_stdout, write_output)
 from .tiling import trace_report
 
 # what `run` holds at once, in multiples of the op's inputs and outputs: the float64 draws and
@@ -137,7 +137,7 @@ def errors(out: np.ndarray, ref: np.ndarray) -> tuple[float, float]:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.trace_json is not None and args.trace_json in ("", "-"):
+    if args.trace_json is not None and (args.trace_json == "" or names_stdout(args.trace_json)):
         raise CliError("--trace-json: expected a file name (the summary goes to stdout)", code=2)
     check_output(args.trace_json, "--trace-json")
     case = build_case(args, peak=PEAK)
