@@ -278,3 +278,14 @@ def test_an_output_naming_stdout_is_written_as_stdout(tmp_path):
     assert (tmp_path / "gradOut.bin").is_file() and "wrote" not in (tmp_path / "prog.cpp").read_text()
     proc = opgraph_process(["run", OP, "--trace-json", "/dev/stdout"], tmp_path)
     one_error_line(proc, "--trace-json: expected a file name")
+
+
+def test_netron_with_the_page_on_stdout_keeps_its_notes_out_of_the_page(tmp_path):
+    """view --netron -o -: the page alone on stdout ('wrote ... ONNX' and 'Netron is serving'
+    on stderr), the ONNX file in the current directory."""
+    (tmp_path / "netron.py").write_text("def start(path):\n    pass\ndef wait():\n    pass\n")
+    proc = opgraph_process(["view", OP, "--netron", "-o", "-"], tmp_path,
+                           PYTHONPATH=f"{tmp_path}:{ROOT}")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.endswith("</html>\n") and "Netron is serving" in proc.stderr
+    assert (tmp_path / f"{OP}.level2.onnx").is_file()

@@ -16,7 +16,8 @@ import argparse
 import dataclasses
 import importlib
 import os
-from typing import Any, Optional
+import sys
+from typing import Any, Optional, TextIO
 
 from opgraph.core.html import Panel, Tab, diff_tab, render_html
 from opgraph.core.ir import Graph
@@ -24,7 +25,8 @@ from opgraph.core.layout import ENGINES, default_engine
 from opgraph.core.onnx_export import OnnxUnavailable
 from opgraph.passes import graph_stats, optimize
 from .cases import Case, add_op_subparsers, build_case, check, execute, record, recorded_executor
-from .common import CliError, add_fast_math_option, check_output, parse_backend, write_output
+from .common import (CliError, add_fast_math_option, check_output, names_stdout, parse_backend,
+                     write_output)
 from .dump import PassStep, trace_passes
 from .run import Profile, profiled_execute
 
@@ -94,8 +96,9 @@ def build_tabs(case: Case, graph: Graph, args: argparse.Namespace) -> list[Tab]:
 
 
 def onnx_path(args: argparse.Namespace, level: int) -> str:
-    """Where --netron writes the ONNX file: beside -o, else in the current directory."""
-    if args.output not in (None, "-"):
+    """Where --netron writes the ONNX file: beside -o, else (the page on stdout, by any name)
+    in the current directory."""
+    if not names_stdout(args.output):
         return os.path.splitext(args.output)[0] + f".level{level}.onnx"
     return f"{args.op}.level{level}.onnx"
 
@@ -117,10 +120,10 @@ def onnx_bytes(graph: Graph) -> bytes:
         raise CliError(f"--netron: {e}") from None
 
 
-def serve_in_netron(netron: Any, path: str) -> int:
-    """Serve the ONNX file ``path`` in Netron (until Ctrl+C)."""
+def serve_in_netron(netron: Any, path: str, say: TextIO) -> int:
+    """Serve the ONNX file ``path`` in Netron (until Ctrl+C), saying so on ``say``."""
     netron.start(path)
-    print("Netron is serving the graph; press Ctrl+C to stop")
+    print("Netron is serving the graph; press Ctrl+C to stop", file=say)
     try:
         netron.wait()
     except KeyboardInterrupt:
@@ -149,8 +152,9 @@ def run(args: argparse.Namespace) -> int:
     if onnx is None:
         return write_output(page, args.output, summary)
     write_output(page, args.output, summary, also=[(onnx_file, onnx, "--netron")])  # both or none
-    print(f"wrote {onnx_file}: ONNX for Netron")
-    return serve_in_netron(netron, onnx_file)
+    say = sys.stderr if names_stdout(args.output) else sys.stdout  # not into the page
+    print(f"wrote {onnx_file}: ONNX for Netron", file=say)
+    return serve_in_netron(netron, onnx_file, say)
 
 
 def _options(p: argparse.ArgumentParser) -> None:
