@@ -434,3 +434,14 @@ def test_integers_are_plain_ascii_decimals(capsys, argv, option):
 def test_plain_decimals_with_spaces_and_signs_where_allowed():
     assert common.parse_shape(" 2, 3 ") == (2, 3)
     assert common.integer_option("-4") == -4 and common.parse_int("007") == 7
+
+
+@pytest.mark.parametrize("argv", [["--loa", "m.py", "ops"], ["--traceb", "ops"], ["ops", "--loa", "m.py"]],
+                         ids=lambda a: " ".join(a))
+def test_an_abbreviated_load_or_traceback_is_refused_not_ignored(capsys, argv):
+    """main takes --load and --traceback from the line itself; argparse read --loa as --load
+    and the module was silently not imported (exit 0)."""
+    Path("m.py").write_text("# registers nothing\n")
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("opgraph: error: "), err

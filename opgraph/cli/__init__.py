@@ -33,7 +33,8 @@ COMMANDS = [demo, ops, dump, view, run, tiling, emit_c, plan, emit_cpp, syncbn, 
 def build_parser() -> argparse.ArgumentParser:
     """The top-level parser with one subcommand per module in :data:`COMMANDS`."""
     parser = Parser(
-        prog="opgraph",
+        prog="opgraph", allow_abbrev=False,  # (--loa would be argparse's --load, which main
+        # takes from the line itself: it would be ignored)
         description="Record, inspect, optimise and run CANN aclnn operator graphs "
                     "(op_api + l0 ops) in Python.",
         epilog="run 'opgraph COMMAND --help' for the options of a command")
