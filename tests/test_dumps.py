@@ -190,6 +190,17 @@ def test_call_api_and_node_source_are_checked(field, where, bad):
         Graph.from_json(_mut(put))
 
 
+@pytest.mark.parametrize("fn", [lambda d: d["nodes"][0].update(op="X" * 10 ** 6),
+                                lambda d: d["nodes"][0].update(inputs=["y" * 10 ** 6]),
+                                lambda d: d["nodes"][0]["attrs"].update({"z" * 10 ** 6: 1}),
+                                lambda d: d.update(schema="s" * 10 ** 6)],
+                         ids=["op", "input", "attr", "schema"])
+def test_an_error_quoting_a_huge_value_is_short(fn):
+    with pytest.raises(GraphError) as e:
+        Graph.from_json(_mut(fn))
+    assert len(str(e.value)) < 1100 and str(e.value).endswith("more characters)")
+
+
 def test_errors_about_a_fused_node_are_one_line():
     """A fused node prints with its body on several lines; loading errors quote its header."""
     d = json.loads(optimize(recorded(), 2).to_json())

@@ -275,10 +275,25 @@ def from_json(text: "str | bytes", graph_cls: type) -> Graph:
         return _graph_from_raw(raw, graph_cls)
     except RecursionError:
         raise GraphError("graph JSON is invalid: nested too deeply") from None
-    except GraphError:
-        raise
+    except GraphError as e:
+        raise GraphError(_clipped(str(e))) from None
     except (ValueError, TypeError, KeyError, OverflowError) as e:  # a rule the checks above missed
-        raise GraphError(f"graph JSON is invalid: {type(e).__name__}: {e}") from None
+        raise GraphError(_clipped(f"graph JSON is invalid: {type(e).__name__}: {e}")) from None
+
+
+MAX_ERROR = 1000  # characters of a loading error: the file's values it quotes may be huge
+
+
+def _clipped(message: str) -> str:
+    """``message`` cut after :data:`MAX_ERROR` characters (a megabyte op name in a file is
+    quoted in the error naming it).
+
+    >>> _clipped("x" * 1005)[-30:], _clipped("short")
+    ('xxxxxxx... (5 more characters)', 'short')
+    """
+    if len(message) <= MAX_ERROR:
+        return message
+    return f"{message[:MAX_ERROR]}... ({len(message) - MAX_ERROR} more characters)"
 
 
 def _graph_from_raw(raw: Any, graph_cls: type) -> Graph:
