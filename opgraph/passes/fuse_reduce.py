@@ -286,7 +286,7 @@ def _fuse_reductions(g: Graph, keep_big_inside: bool = False) -> dict[str, int]:
             if not order_ok({id(n) for n in group}):  # grown again, checking each join
                 group = _grow(seed, taken | blocked, keep_big_inside, outs, order_ok)
             return kept({id(n) for n in group})
-        try:  # a body that does not type-check (a view of the seed's result): left unfused
+        try:  # a body that still does not type-check is left unfused (no fuzzed graph does)
             order, (externals, body, regs), _ = grown_apart_from_views(g, grow)
             ids = {id(n) for n in order}
             slots = _result_slots(g, order, ids)
