@@ -394,11 +394,6 @@ def _buffer_len(workspace: Any) -> int:
     return mv.nbytes
 
 
-def _spent(executor: Executor) -> bool:
-    """Whether a single-use executor has run (or is running)."""
-    return bool(executor.runs) and not executor.repeatable
-
-
 def _already_ran() -> AclnnError:
     return AclnnError(Status.ACLNN_ERR_PARAM_INVALID,
                       "executor: already ran; phase 2 runs once per phase 1 unless "
@@ -406,6 +401,7 @@ def _already_ran() -> AclnnError:
 
 
 _CLAIM = threading.Lock()  # a run is claimed at once: checked and counted under it
+_UINT64_MAX = (1 << 64) - 1
 
 
 def check_runnable(workspace: Any, workspace_size: Any, executor: Optional[Executor]) -> None:
@@ -418,7 +414,7 @@ def check_runnable(workspace: Any, workspace_size: Any, executor: Optional[Execu
     if executor.destroyed:
         raise AclnnError(Status.ACLNN_ERR_PARAM_INVALID,
                          "executor: already destroyed (aclDestroyAclOpExecutor)")
-    if _spent(executor):
+    if executor.runs and not executor.repeatable:  # (a single-use executor)
         raise _already_ran()
     need = executor.workspace_size
     if isinstance(workspace_size, (bool, np.bool_)) or not isinstance(workspace_size, (int, np.integer)):
@@ -426,7 +422,7 @@ def check_runnable(workspace: Any, workspace_size: Any, executor: Optional[Execu
                          f"workspaceSize: expected an integer, got {type(workspace_size).__name__}")
     if workspace_size < 0:
         raise AclnnError(Status.ACLNN_ERR_PARAM_INVALID, f"workspaceSize: {workspace_size} is negative")
-    if int(workspace_size) >> 64:  # phase 1's rule for integers: what the C type (uint64_t) holds
+    if workspace_size > _UINT64_MAX:  # phase 1's rule for integers: what the C type holds
         raise AclnnError(Status.ACLNN_ERR_PARAM_INVALID,
                          f"workspaceSize: an integer of {int(workspace_size).bit_length()} bits does "
                          "not fit in a uint64_t")
@@ -463,7 +459,7 @@ def run_executor(workspace: Any, workspace_size: int, executor: Optional[Executo
     except BackendUnavailable as e:
         return fail(Status.ACLNN_ERR_RUNTIME_ERROR, str(e))
     with _CLAIM:  # another thread may have run this executor since the check above
-        if _spent(executor):
+        if executor.runs and not executor.repeatable:
             e = _already_ran()
             return fail(e.status, e.message)
         executor.runs += 1
