@@ -52,6 +52,15 @@ def test_load_errors_are_one_line(capsys):
     assert code == 2 and "--load" in err
 
 
+def test_one_file_loaded_by_two_paths_is_one_module(capsys):
+    """``--load a.py --load ./a.py``: the same file, not a second op_api of the same name (it
+    was 'already registered': the paths were compared as typed)."""
+    same = os.path.join(os.path.dirname(EXAMPLE), ".", os.path.basename(EXAMPLE))
+    code, out, err = run_cli(capsys, "ops", "--load", EXAMPLE, "--load", same)
+    assert code == 0, err
+    assert "aclnnChannelScale" in out
+
+
 def test_load_finds_a_module_in_the_current_directory_by_name(tmp_path):
     # the console script, as a user runs it: unlike `python -m`, it has no cwd on sys.path
     script = os.path.join(os.path.dirname(sys.executable), "opgraph")

@@ -122,14 +122,15 @@ def load(target: str) -> None:
     """Import a module by name (installed, or in the current directory) or a ``.py`` file by
     path (CliError naming --load on failure); its code is noted in :data:`USER_CODE`."""
     try:
-        if target.endswith(".py"):
-            name = "opgraph_user_" + "".join(c if c.isalnum() else "_" for c in target)
-            spec = importlib.util.spec_from_file_location(name, target)
+        if target.endswith(".py"):  # by its real path: one file is one module however named
+            real = os.path.realpath(target)
+            name = "opgraph_user_" + "".join(c if c.isalnum() else "_" for c in real)
+            spec = importlib.util.spec_from_file_location(name, real)
             if spec is None or spec.loader is None:
                 raise ImportError(f"cannot load {target!r}")
             module = importlib.util.module_from_spec(spec)
             sys.modules[name] = module
-            USER_CODE.add(os.path.realpath(target))
+            USER_CODE.add(real)
             READ_FILES.append(target)
             spec.loader.exec_module(module)
         elif os.path.isfile(target):  # `--load graph.json` would import graph, then graph.json
