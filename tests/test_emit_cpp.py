@@ -200,6 +200,31 @@ def test_f32_f16_bf16_results_print_exactly(stub_lib, tmp_path):
         assert same_floats(got[name], a.astype(np.float32)), name
 
 
+@needs_gxx
+def test_buffer_names_are_spelled_safely_and_uniquely(stub_lib, tmp_path):
+    """A loaded graph's names may hold quotes, ``%`` and ``/``: the program spells each buffer
+    with word characters only, in its variables, ``.bin`` files and messages, and two names that
+    spell alike stay apart (they broke the C string literals and wrote files elsewhere)."""
+    rng = np.random.default_rng(0)
+    data = {name: rng.standard_normal(n).astype(np.float32)
+            for name, n in (('q"%s\\', 300), ("up/../x", 300), ("a-b", 3), ("a_b", 3))}
+    src, files = emit_cpp(copy_through_plan(data), data, embed_limit=100)
+    assert sorted(files) == ["q__s_.bin", "up____x.bin"]
+    assert '"%s' not in src and "up/" not in src
+    (tmp_path / "prog.cpp").write_text(src)
+    for name, blob in files.items():
+        (tmp_path / name).write_bytes(blob)
+    error = compile_cpp(tmp_path / "prog.cpp", stub_lib, "-o", str(tmp_path / "prog"))
+    assert error == "", error
+    run = subprocess.run([str(tmp_path / "prog")], capture_output=True, text=True, cwd=tmp_path)
+    assert run.returncode == 0, run.stdout[-2000:]
+    got = printed(run.stdout)
+    labels = {'q"%s\\': "q__s_", "up/../x": "up____x", "a-b": "a_b", "a_b": "a_b_1"}
+    assert sorted(got) == sorted(labels.values())
+    for name, a in data.items():
+        assert same_floats(got[labels[name]], a), name
+
+
 # --- fixture headers vs the documented public prototypes -----------------------------------------
 # The prototypes as the reference sheet documents them. Phase 1 of the §4 ops ends with the
 # common tail of §1.1; their phase 2 is the §4 form (aclnnInplaceCopy's takes const aclrtStream).

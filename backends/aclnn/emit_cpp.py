@@ -116,9 +116,30 @@ static bool ReadBin(const char *path, std::vector<T> &data) {
 '''
 
 
-def ident(name: str) -> str:
-    """A C identifier for a plan id: ``"37_c"`` → ``t_37_c``."""
-    return "t_" + re.sub(r"\W", "_", name)
+class Spelling:
+    """Names as a program spells them — in its variables, ``.bin`` file names and messages:
+    ASCII word characters only (a loaded graph's names may hold quotes, ``%``, ``/``), each
+    name its own spelling (``a-b`` and ``a_b`` are ``a_b`` and ``a_b_1``).
+
+        >>> spell = Spelling()
+        >>> spell("37_c"), spell("a-b"), spell("a_b"), spell("a-b")
+        ('37_c', 'a_b', 'a_b_1', 'a_b')
+    """
+
+    def __init__(self) -> None:
+        self.made: dict[str, str] = {}
+
+    def __call__(self, name: str) -> str:
+        got = self.made.get(name)
+        if got is None:
+            got = base = re.sub(r"\W", "_", name, flags=re.ASCII)
+            taken = set(self.made.values())
+            k = 0
+            while got in taken:
+                k += 1
+                got = f"{base}_{k}"
+            self.made[name] = got
+        return got
 
 
 def ints(values) -> str:
@@ -171,6 +192,8 @@ class Emitter:
         self.out: list[str] = []
         self.files: dict[str, bytes] = {}
         self.meta: list[tuple[str, str]] = []  # (destroy function, variable)
+        self.label = Spelling()  # a user or plan buffer (host_ / dev_ variables, .bin files)
+        self.tensor_name = Spelling()  # a tensor (t_ variables)
 
     def w(self, line: str = "", indent: int = 1) -> None:
         self.out.append("    " * indent + line if line else "")
@@ -180,7 +203,8 @@ class Emitter:
 
     def user(self, u) -> None:
         ctype = C_TYPES[dtype_from_acl(u.dtype).name]
-        host, dev = f"host_{ident(u.name)[2:]}", f"dev_{ident(u.name)[2:]}"
+        name = self.label(u.name)
+        host, dev = f"host_{name}", f"dev_{name}"
         values = host_bits(self.data[u.name], u.dtype) if u.name in self.data else None
         if values is not None and values.size != u.elems:
             raise ValueError(f"data for {u.name} has {values.size} elements, the plan needs {u.elems}")
@@ -191,21 +215,21 @@ class Emitter:
             self.w(f"std::vector<{ctype}> {host}({u.elems});" if values is None else
                    f"std::vector<{ctype}> {host} = {{{body}}};")
         else:
-            self.files[f"{u.name}.bin"] = values.tobytes()
+            self.files[f"{name}.bin"] = values.tobytes()
             self.w(f"std::vector<{ctype}> {host}({u.elems});")
-            self.w(f'CHECK_RET(ReadBin("{u.name}.bin", {host}), '
-                   f'LOG_PRINT("cannot read {u.name}.bin\\n"); return 1);')
+            self.w(f'CHECK_RET(ReadBin("{name}.bin", {host}), '
+                   f'LOG_PRINT("cannot read {name}.bin\\n"); return 1);')
         size = f"{host}.size() * sizeof({ctype})"
         self.w(f"void *{dev} = nullptr;")
         self.w(f"ret = aclrtMalloc(&{dev}, {size}, ACL_MEM_MALLOC_HUGE_FIRST);")
-        self.check("ret == ACL_SUCCESS", f"aclrtMalloc {u.name}")
+        self.check("ret == ACL_SUCCESS", f"aclrtMalloc {name}")
         self.w(f"ret = aclrtMemcpy({dev}, {size}, {host}.data(), {size}, ACL_MEMCPY_HOST_TO_DEVICE);")
-        self.check("ret == ACL_SUCCESS", f"aclrtMemcpy {u.name}")
+        self.check("ret == ACL_SUCCESS", f"aclrtMemcpy {name}")
         self.meta.append(("aclrtFree", dev))
 
     def tensor(self, t: TensorDesc) -> None:
-        v = ident(t.id)
-        addr = (f"dev_{ident(t.user)[2:]}" if t.buffer in ("user", "plan")
+        v = "t_" + self.tensor_name(t.id)
+        addr = (f"dev_{self.label(t.user)}" if t.buffer in ("user", "plan")
                 else f"static_cast<char *>(arena) + {t.ws_offset}" if self.plan.workspace_size
                 else "nullptr")  # (an empty intermediate: no workspace, no arena)
         self.w(f"std::vector<int64_t> {v}_dims = {ints(t.dims)}, {v}_strides = {ints(t.strides)}, "
@@ -213,12 +237,12 @@ class Emitter:
         self.w(f"aclTensor *{v} = aclCreateTensor({v}_dims.data(), {v}_dims.size(), {t.dtype}, "
                f"{v}_strides.data(), {t.offset}, {t.format}, {v}_storage.data(), {v}_storage.size(), "
                f"{addr});")
-        self.check(f"{v} != nullptr", f"aclCreateTensor {t.id}", "-1")
+        self.check(f"{v} != nullptr", f"aclCreateTensor {v[2:]}", "-1")
         self.meta.append(("aclDestroyTensor", v))
 
     def arg(self, a: Arg, i: int) -> str:
         if a.kind == "tensor":
-            return ident(a.tensor) if a.tensor else "nullptr"
+            return "t_" + self.tensor_name(a.tensor) if a.tensor else "nullptr"
         if a.kind == "dtype":
             return a.dtype
         if a.kind == "bool":
@@ -261,14 +285,15 @@ class Emitter:
 
     def result(self, u) -> None:
         d = dtype_from_acl(u.dtype)
-        ctype, host = C_TYPES[d.name], f"host_{ident(u.name)[2:]}"
+        name = self.label(u.name)
+        ctype, host = C_TYPES[d.name], f"host_{name}"
         size = f"{host}.size() * sizeof({ctype})"
-        self.w(f"ret = aclrtMemcpy({host}.data(), {size}, dev_{ident(u.name)[2:]}, {size}, "
+        self.w(f"ret = aclrtMemcpy({host}.data(), {size}, dev_{name}, {size}, "
                "ACL_MEMCPY_DEVICE_TO_HOST);")
-        self.check("ret == ACL_SUCCESS", f"copy result {u.name} from device to host")
+        self.check("ret == ACL_SUCCESS", f"copy result {name} from device to host")
         value = (f"{PRINT_AS_FLOAT[d.name]}({host}[i])" if d.name in PRINT_AS_FLOAT
                  else f"{host}[i]")
-        self.w(f'LOG_PRINT("{u.name}:\\n");')
+        self.w(f'LOG_PRINT("{name}:\\n");')
         self.w(f"for (size_t i = 0; i < {host}.size(); i++) {{")
         self.w(f'LOG_PRINT("result[%zu] is: %.9g\\n", i, static_cast<double>({value}));', 2)
         self.w("}")
@@ -297,10 +322,10 @@ class Emitter:
             self.user(u)
         self.w()
         for b in p.plan_buffers:
-            dev = f"dev_{ident(b.name)[2:]}"
+            dev = f"dev_{self.label(b.name)}"
             self.w(f"void *{dev} = nullptr;  // a buffer the plan owns")
             self.w(f"ret = aclrtMalloc(&{dev}, {b.nbytes}, ACL_MEM_MALLOC_HUGE_FIRST);")
-            self.check("ret == ACL_SUCCESS", f"aclrtMalloc {b.name}")
+            self.check("ret == ACL_SUCCESS", f"aclrtMalloc {self.label(b.name)}")
             self.meta.append(("aclrtFree", dev))
         if p.workspace_size:
             self.w("// workspace arena for the intermediate tensors of the plan")
