@@ -121,3 +121,31 @@ def test_a_workspace_of_python_objects_is_refused_and_left_intact():
         return ok
 
     in_forked_child(check, "running phase 2 on a workspace of Python objects")
+
+
+def test_a_workspace_sharing_memory_with_a_tensor_is_refused_and_nothing_written():
+    """A workspace whose scratch bytes overlap the call's input or an output is 161002 naming
+    that tensor, before anything runs (the run wrote its scratch over the tensor: wrong results,
+    no error); the same call with a workspace of its own gives the formula's values."""
+    x = np.float16([[1, 2], [3, 6], [5, 10]])  # per channel: mean 3, 6; biased var 8/3, 32/3
+    with opgraph.opt_level(0):  # (level 0 keeps scratch: a workspace)
+        for victim in ("input", "mean", "invstd"):
+            arena = np.full(1 << 14, 7, np.uint8)
+            at = {"input": 64, "mean": 256, "invstd": 512}
+            placed = {k: np.frombuffer(arena, np.float16 if k == "input" else np.float32,
+                                       x.size if k == "input" else 2, at[k]) for k in at}
+            placed["input"][:] = x.reshape(-1)
+            args = (T(placed["input"].reshape(3, 2)), 0.0, T(placed["mean"]), T(placed["invstd"]))
+            st, ws, ex = aclnn.aclnnBatchNormStatsGetWorkspaceSize(*args)
+            assert st == 0 and ws > 0, aclnn.aclGetRecentErrMsg()
+            before = arena.copy()
+            start = at[victim] - 8  # the scratch starts just before the tensor
+            assert int(aclnn.aclnnBatchNormStats(arena[start:start + ws], ws, ex)) == 161002
+            msg = aclnn.aclGetRecentErrMsg()
+            assert f"workspace: shares memory with {victim}" in msg, msg
+            assert np.array_equal(arena, before)
+            st, ws, ex = aclnn.aclnnBatchNormStatsGetWorkspaceSize(*args)
+            assert aclnn.aclnnBatchNormStats(arena[4096:4096 + ws], ws, ex) == 0
+            assert placed["mean"].tolist() == [3.0, 6.0]
+            want = 1 / np.sqrt(np.float64([8 / 3, 32 / 3]))
+            assert np.allclose(placed["invstd"], want, rtol=1e-3)

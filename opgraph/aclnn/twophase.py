@@ -42,7 +42,7 @@ from opgraph.core.opdef import L0Error
 from opgraph.core.quiet import restore, silence
 from opgraph.core.platform import get_platform
 from opgraph.core.status import AclnnError, Status
-from opgraph.core.tensor import Tensor, extent, overlaps_itself, same_view
+from opgraph.core.tensor import Tensor, array_address, extent, overlaps_itself, same_view
 from opgraph.core.types import RecordedCall
 from opgraph.passes import fast_math_applied, optimize
 from .cache import EXECUTOR_CACHE, CachedOp, cache_key, clear_all_caches, written_inputs
@@ -437,6 +437,21 @@ def check_runnable(workspace: Any, workspace_size: Any, executor: Optional[Execu
         if have < need:
             raise AclnnError(Status.ACLNN_ERR_PARAM_INVALID,
                              f"workspace: buffer holds {have} bytes, phase 1 reported {need}")
+        _check_apart(workspace, need, executor.bindings)
+
+
+def _check_apart(workspace: Any, need: int, bindings: Mapping[str, Optional[Tensor]]) -> None:
+    """The workspace's first ``need`` bytes (the run's scratch) share no byte with a tensor of
+    the call: the run would overwrite an input or output (AclnnError naming it)."""
+    lo = array_address(np.frombuffer(workspace, np.uint8, need))
+    hi = lo + need
+    for name, t in bindings.items():
+        if t is not None:
+            tlo, thi = extent(t)
+            if tlo < hi and lo < thi and tlo < thi:  # (an empty tensor spans no byte)
+                raise AclnnError(Status.ACLNN_ERR_PARAM_INVALID,
+                                 f"workspace: shares memory with {name}, which the run's scratch "
+                                 "would overwrite; a workspace is a buffer of its own")
 
 
 def run_executor(workspace: Any, workspace_size: int, executor: Optional[Executor],
