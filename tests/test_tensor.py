@@ -77,10 +77,19 @@ def test_view_exactly_fitting_storage_is_accepted():
     (dict(shape=(2, 2), strides=(2, 1), offset=-1), "offset"),
     (dict(shape=(2, 2), strides=(1,), offset=0), "rank"),
     (dict(shape=(2, -2), strides=(2, 1), offset=0), "negative"),
+    # what aclCreateTensor's int64_t cannot hold (BroadcastTo named it 561103 later)
+    (dict(shape=(2 ** 63, 1), strides=(0, 0), offset=0), "int64_t"),
+    (dict(shape=(1,), strides=(2 ** 63,), offset=0), "int64_t"),
+    (dict(shape=(2 ** 32, 2 ** 32), strides=(0, 0), offset=0), "element count"),
 ])
 def test_invalid_views_are_rejected(kwargs, match):
     with pytest.raises(ValueError, match=match):
         Tensor(np.zeros(10, np.float32), **kwargs)
+
+
+def test_a_view_within_int64_is_made():
+    t = Tensor(np.zeros(1, np.float32), (2 ** 31, 2 ** 31 - 1), (0, 0), 0)  # 2**62 - 2**31 elements
+    assert t.numel == 2 ** 62 - 2 ** 31
 
 
 def test_storage_must_be_flat():

@@ -30,6 +30,7 @@ from .memo import BoundedMemo
 
 
 MAX_RANK = 64  # numpy's limit on array dimensions
+_INT64_MAX = (1 << 63) - 1  # aclCreateTensor takes dims, strides and offset as int64_t
 
 
 _ROW_MAJOR = BoundedMemo(limit=4096)  # shape tuple -> row-major strides
@@ -136,6 +137,10 @@ class Tensor(_Slots):
             raise ValueError(f"strides {strides} must be >= 0")
         if offset < 0:
             raise ValueError(f"offset {offset} must be >= 0")
+        if max((*shape, *strides, offset, math.prod(shape))) > _INT64_MAX:
+            raise ValueError(f"shape {shape}, strides {strides}, offset {offset}: the dims, strides, "
+                             "offset and element count must fit in an int64_t, as aclCreateTensor "
+                             "takes them")
         if math.prod(shape) > 0:
             last = offset + sum((n - 1) * s for n, s in zip(shape, strides))
             if last >= storage.size:
