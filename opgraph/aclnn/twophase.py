@@ -25,7 +25,6 @@ for :func:`aclGetRecentErrMsg`. The executor API (repeatable executors, rebindin
 from __future__ import annotations
 
 import inspect
-import re
 import threading
 from typing import Any, Callable, Concatenate, Container, Mapping, Optional, ParamSpec, Sequence
 
@@ -42,9 +41,10 @@ from opgraph.core.opdef import L0Error
 from opgraph.core.quiet import restore, silence
 from opgraph.core.platform import get_platform
 from opgraph.core.status import AclnnError, Status
-from opgraph.core.tensor import Tensor, array_address, extent, overlaps_itself, same_view
+from opgraph.core.tensor import Tensor, extent, overlaps_itself, same_view
 from opgraph.core.types import RecordedCall
 from opgraph.passes import fast_math_applied, optimize
+from .phase2_checks import already_ran, check_runnable
 from .cache import EXECUTOR_CACHE, CachedOp, cache_key, clear_all_caches, written_inputs
 from .structure import STRUCTURE_CACHE, UNTEMPLATED, Template, build_template, structure_key
 
@@ -371,87 +371,7 @@ def _captured(ex: Optional[Executor], args: Sequence[Any]) -> Optional[Executor]
 
 
 # --- phase 2 -----------------------------------------------------------------------------------
-_FIELD_NAMES = re.compile(r":[^:]*:")  # the names in a PEP 3118 struct format: "T{O:a:f:b:}"
-
-
-def _buffer_len(workspace: Any) -> int:
-    try:
-        mv = memoryview(workspace)
-    except (TypeError, ValueError):  # (ValueError: numpy's datetime64 arrays export no buffer)
-        raise AclnnError(Status.ACLNN_ERR_PARAM_INVALID,
-                         f"workspace: expected a writable buffer, got {type(workspace).__name__}") from None
-    fmt = mv.format
-    if "O" in fmt and "O" in _FIELD_NAMES.sub("", fmt):  # a run would overwrite the references
-        raise AclnnError(Status.ACLNN_ERR_PARAM_INVALID,
-                         "workspace: the buffer holds Python object references (an object array); "
-                         "a workspace is plain bytes (a bytearray or a numeric array)")
-    if mv.readonly:
-        raise AclnnError(Status.ACLNN_ERR_PARAM_INVALID, "workspace: buffer is read-only")
-    if not mv.c_contiguous:
-        raise AclnnError(Status.ACLNN_ERR_PARAM_INVALID,
-                         "workspace: buffer is not contiguous; a workspace is one block of bytes "
-                         "(a bytearray or a C-contiguous array)")
-    return mv.nbytes
-
-
-def _already_ran() -> AclnnError:
-    return AclnnError(Status.ACLNN_ERR_PARAM_INVALID,
-                      "executor: already ran; phase 2 runs once per phase 1 unless "
-                      "aclSetAclOpExecutorRepeatable was called right after phase 1")
-
-
 _CLAIM = threading.Lock()  # a run is claimed at once: checked and counted under it
-_UINT64_MAX = (1 << 64) - 1
-
-
-def check_runnable(workspace: Any, workspace_size: Any, executor: Optional[Executor]) -> None:
-    """The phase-2 argument checks (raise AclnnError)."""
-    if executor is None:
-        raise AclnnError(Status.ACLNN_ERR_PARAM_NULLPTR, "executor: must not be NULL")
-    if not isinstance(executor, Executor) or executor.program is None:
-        raise AclnnError(Status.ACLNN_ERR_PARAM_INVALID,
-                         f"executor: expected an Executor from phase 1, got {type(executor).__name__}")
-    if executor.destroyed:
-        raise AclnnError(Status.ACLNN_ERR_PARAM_INVALID,
-                         "executor: already destroyed (aclDestroyAclOpExecutor)")
-    if executor.runs and not executor.repeatable:  # (a single-use executor)
-        raise _already_ran()
-    need = executor.workspace_size
-    if isinstance(workspace_size, (bool, np.bool_)) or not isinstance(workspace_size, (int, np.integer)):
-        raise AclnnError(Status.ACLNN_ERR_PARAM_INVALID,
-                         f"workspaceSize: expected an integer, got {type(workspace_size).__name__}")
-    if workspace_size < 0:
-        raise AclnnError(Status.ACLNN_ERR_PARAM_INVALID, f"workspaceSize: {workspace_size} is negative")
-    if workspace_size > _UINT64_MAX:  # phase 1's rule for integers: what the C type holds
-        raise AclnnError(Status.ACLNN_ERR_PARAM_INVALID,
-                         f"workspaceSize: an integer of {int(workspace_size).bit_length()} bits does "
-                         "not fit in a uint64_t")
-    if workspace_size < need:
-        raise AclnnError(Status.ACLNN_ERR_PARAM_INVALID,
-                         f"workspaceSize: {workspace_size} is smaller than the {need} bytes phase 1 reported")
-    if need > 0:
-        if workspace is None:
-            raise AclnnError(Status.ACLNN_ERR_PARAM_NULLPTR,
-                             f"workspace: NULL but phase 1 reported {need} bytes")
-        have = _buffer_len(workspace)
-        if have < need:
-            raise AclnnError(Status.ACLNN_ERR_PARAM_INVALID,
-                             f"workspace: buffer holds {have} bytes, phase 1 reported {need}")
-        _check_apart(workspace, need, executor.bindings)
-
-
-def _check_apart(workspace: Any, need: int, bindings: Mapping[str, Optional[Tensor]]) -> None:
-    """The workspace's first ``need`` bytes (the run's scratch) share no byte with a tensor of
-    the call: the run would overwrite an input or output (AclnnError naming it)."""
-    lo = array_address(np.frombuffer(workspace, np.uint8, need))
-    hi = lo + need
-    for name, t in bindings.items():
-        if t is not None:
-            tlo, thi = extent(t)
-            if tlo < hi and lo < thi and tlo < thi:  # (an empty tensor spans no byte)
-                raise AclnnError(Status.ACLNN_ERR_PARAM_INVALID,
-                                 f"workspace: shares memory with {name}, which the run's scratch "
-                                 "would overwrite; a workspace is a buffer of its own")
 
 
 def run_executor(workspace: Any, workspace_size: int, executor: Optional[Executor],
@@ -475,7 +395,7 @@ def run_executor(workspace: Any, workspace_size: int, executor: Optional[Executo
         return fail(Status.ACLNN_ERR_RUNTIME_ERROR, str(e))
     with _CLAIM:  # another thread may have run this executor since the check above
         if executor.runs and not executor.repeatable:
-            e = _already_ran()
+            e = already_ran()
             return fail(e.status, e.message)
         executor.runs += 1
     recorder = capturing.active()
