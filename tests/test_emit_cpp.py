@@ -180,13 +180,9 @@ def same_floats(got: np.ndarray, want: np.ndarray) -> bool:
             and np.array_equal(np.signbit(got[nan]), np.signbit(want[nan])))
 
 
-@needs_gxx
-def test_f32_f16_bf16_results_print_exactly(stub_lib, tmp_path):
-    every = np.arange(65536, dtype=np.uint16)  # every f16 / bf16 bit pattern
-    data = {"f32": np.array(F32_BITS, np.uint32).view(np.float32),
-            "f16": every.view(np.float16), "bf16": every.view(DataType.BF16.np)}
-    src, files = emit_cpp(copy_through_plan(data), data, embed_limit=100)
-    assert sorted(files) == ["bf16.bin", "f16.bin"]
+def run_on_stub(src: str, files: dict[str, bytes], stub_lib: str, tmp_path) -> dict[str, np.ndarray]:
+    """Build the program (its .bin files beside it) against the stub library, run it there and
+    read back what it printed."""
     (tmp_path / "prog.cpp").write_text(src)
     for name, blob in files.items():
         (tmp_path / name).write_bytes(blob)
@@ -194,7 +190,17 @@ def test_f32_f16_bf16_results_print_exactly(stub_lib, tmp_path):
     assert error == "", error
     run = subprocess.run([str(tmp_path / "prog")], capture_output=True, text=True, cwd=tmp_path)
     assert run.returncode == 0, run.stdout[-2000:]
-    got = printed(run.stdout)
+    return printed(run.stdout)
+
+
+@needs_gxx
+def test_f32_f16_bf16_results_print_exactly(stub_lib, tmp_path):
+    every = np.arange(65536, dtype=np.uint16)  # every f16 / bf16 bit pattern
+    data = {"f32": np.array(F32_BITS, np.uint32).view(np.float32),
+            "f16": every.view(np.float16), "bf16": every.view(DataType.BF16.np)}
+    src, files = emit_cpp(copy_through_plan(data), data, embed_limit=100)
+    assert sorted(files) == ["bf16.bin", "f16.bin"]
+    got = run_on_stub(src, files, stub_lib, tmp_path)
     assert sorted(got) == ["bf16", "f16", "f32"]
     for name, a in data.items():  # numpy / ml_dtypes widen f16 and bf16 to float32 exactly
         assert same_floats(got[name], a.astype(np.float32)), name
@@ -211,14 +217,7 @@ def test_buffer_names_are_spelled_safely_and_uniquely(stub_lib, tmp_path):
     src, files = emit_cpp(copy_through_plan(data), data, embed_limit=100)
     assert sorted(files) == ["q__s_.bin", "up____x.bin"]
     assert '"%s' not in src and "up/" not in src
-    (tmp_path / "prog.cpp").write_text(src)
-    for name, blob in files.items():
-        (tmp_path / name).write_bytes(blob)
-    error = compile_cpp(tmp_path / "prog.cpp", stub_lib, "-o", str(tmp_path / "prog"))
-    assert error == "", error
-    run = subprocess.run([str(tmp_path / "prog")], capture_output=True, text=True, cwd=tmp_path)
-    assert run.returncode == 0, run.stdout[-2000:]
-    got = printed(run.stdout)
+    got = run_on_stub(src, files, stub_lib, tmp_path)
     labels = {'q"%s\\': "q__s_", "up/../x": "up____x", "a-b": "a_b", "a_b": "a_b_1"}
     assert sorted(got) == sorted(labels.values())
     for name, a in data.items():
