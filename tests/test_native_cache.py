@@ -9,6 +9,8 @@ import multiprocessing
 import os
 import platform
 import stat
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -311,6 +313,28 @@ def test_stale_temporaries_are_evicted_fresh_ones_kept(cache):
     build.evict()
     assert not stale.exists() and fresh.exists()
     assert all(f.exists() for f in entry(cache, k))
+
+
+# --- damaged entries -------------------------------------------------------------------------------
+def test_another_kernels_library_under_this_name_is_compiled_again(cache):
+    a, b = build.load(source(501)), build.load(source(502))
+    entry(cache, a)[0].replace(entry(cache, b)[0])  # b's name now holds a's (valid) library
+    build.forget()
+    before = build.stats["compiles"]
+    assert call(build.load(source(502))) == 502  # not a's 501
+    assert build.stats["compiles"] == before + 1
+
+
+@pytest.mark.parametrize("keep", [100, 3000])
+def test_a_truncated_library_is_compiled_again_not_loaded(cache, keep):
+    lib = entry(cache, build.load(source(503, 400)))[0]
+    lib.write_bytes(lib.read_bytes()[:keep])  # dlopen() takes 3000 bytes, then SIGBUS on a call
+    build.forget()
+    code = ("from backends.native import build; from tests.test_native_cache import call, source; "
+            "print(call(build.load(source(503, 400))), build.stats['compiles'])")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).parent.parent)
+    assert (proc.returncode, proc.stdout.split()) == (0, [str(503 * 400), "1"]), proc.stderr
 
 
 @pytest.mark.parametrize("value", ["lots", "-1", "nan"])

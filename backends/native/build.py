@@ -25,6 +25,10 @@ The disk cache is
   (``os.replace``), the library last. The new library is loaded before it is renamed, so no
   process ever loads a half-written file, and processes compiling the same kernel at the same
   time all succeed (the last rename wins; the bytes are the same).
+* sealed: the library ends with :data:`SEAL` and the sha256 of its cache key and bytes
+  (:func:`seal`); a cached library whose seal does not match (truncated or damaged on disk,
+  another kernel's library under this name) is not loaded but compiled again, as a missing one
+  is (``dlopen()`` of a truncated library can succeed and then crash the process with SIGBUS).
 * bounded: after every compile the least recently used entries (``.so`` with its ``.c`` and
   ``.cmd``) are deleted until the directory holds at most :func:`cache_limit` bytes
   (:data:`MAX_CACHE_BYTES`, 256 MiB, or ``$OPGRAPH_CACHE_MAX_MB``). A disk hit sets the library's
@@ -71,7 +75,8 @@ _PCH = re.compile(r"p_[0-9a-f]{64}\.h\.gch")
 # what the vector kernels include: parsing it is ~0.3 s of every compile, so GCC gets it
 # precompiled (p_<sha256>.h and its .h.gch in the cache, made once per compiler, flags and CPU)
 PCH_HEADER = "#include <immintrin.h>\n"
-_DELETE_ORDER = {"so": 0, "cmd": 1, "c": 2}  # the library first: no .so is left without sidecars
+_DELETE_ORDER = {"so": 0, "cmd": 1, "c": 2}
+SEAL = b"\0opgraph-kernel-seal:"  # + 64 hex digits: the end of every cached library  # the library first: no .so is left without sidecars
 
 stats = {"compiles": 0, "disk_hits": 0, "memory_hits": 0}  # counters, for tests and benchmarks
 _LOCK = threading.Lock()
@@ -306,6 +311,7 @@ def compile_source(source: str, lib: Path, cc: str, extra: Sequence[str] = ()) -
             raise NativeBuildError(f"C compiler failed on generated kernel {src} "
                                    f"(command: {shown}):\n{msg}")
         os.replace(temps[0], src)
+        seal(Path(tmp_lib), lib.stem[2:])
         os.chmod(tmp_lib, 0o700)  # the linker may have recreated it with the umask's mode
         try:
             handle = ctypes.CDLL(tmp_lib)
@@ -319,6 +325,33 @@ def compile_source(source: str, lib: Path, cc: str, extra: Sequence[str] = ()) -
             _unlink(leftover)
     stats["compiles"] += 1
     return handle
+
+
+def _digest(key: str, body: bytes) -> bytes:
+    return SEAL + hashlib.sha256(key.encode() + b"\0" + body).hexdigest().encode()
+
+
+def seal(lib: Path, key: str) -> None:
+    """Append the seal of cache key ``key`` to the library ``lib`` (ELF ignores trailing bytes).
+
+        >>> import tempfile; p = Path(tempfile.mkdtemp()) / "x.so"; _ = p.write_bytes(b"ELF")
+        >>> seal(p, "k1"); sealed(p, "k1"), sealed(p, "k2")
+        (True, False)
+    """
+    body = lib.read_bytes()
+    with open(lib, "ab") as f:
+        f.write(_digest(key, body))
+
+
+def sealed(lib: Path, key: str) -> bool:
+    """Whether ``lib`` ends with the seal of ``key`` over the bytes before it (see :func:`seal`);
+    False for a file that cannot be read."""
+    try:
+        data = lib.read_bytes()
+    except OSError:
+        return False
+    n = len(SEAL) + 64
+    return len(data) > n and data[-n:] == _digest(key, data[:-n])
 
 
 def precompiled(base: Sequence[str], directory: Path) -> list[str]:
@@ -371,13 +404,14 @@ def precompiled(base: Sequence[str], directory: Path) -> list[str]:
 
 def _open_cached(lib: Path) -> Optional[ctypes.CDLL]:
     """The cached library ``lib`` loaded (its access time set to now), or None when there is
-    none or it cannot be loaded (evicted meanwhile, damaged: then it is rebuilt)."""
+    none or it cannot be loaded (evicted meanwhile, damaged or not its key's: its seal does not
+    match; then it is rebuilt)."""
     try:
         st = os.lstat(lib)
     except FileNotFoundError:
         return None
     _require_private("library", lib, st)
-    if not _mark_used(lib, st):
+    if not _mark_used(lib, st) or not sealed(lib, lib.stem[2:]):
         return None
     try:
         return ctypes.CDLL(str(lib))
