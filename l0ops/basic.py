@@ -12,13 +12,16 @@ launch nothing for it (the ``free`` predicates say when; level-1 pruning removes
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from opgraph.core.dtypes import DataType
 from opgraph.core.opdef import DType, Fidelity, L0Error, OpAttrs, require
+from opgraph.core.tensor import MAX_RANK
 from opgraph.core.types import TensorType
 from .define import define_op
-from .primitives import cast_array
+from .primitives import cast_array, fill_value_ok
 
 MOVES = (Fidelity("no arithmetic", "moves or views data"),)
 EXACT = (Fidelity("bit-faithful", "IEEE 754: one rounding to the result dtype"),)
@@ -133,9 +136,19 @@ class FillAttrs(OpAttrs):
     dtype: DType = DataType.FLOAT
 
 
+def _fill_infer(ts, a):
+    """A shape a tensor can have (as ``opgraph.Tensor`` checks it) and a value the dtype holds."""
+    shape = a.shape
+    require(len(shape) <= MAX_RANK and all(n >= 0 for n in shape) and math.prod(shape) < 2 ** 63,
+            "Fill", f"shape {list(shape)}: at most {MAX_RANK} dims, none negative, and an element "
+            "count an int64_t holds")
+    require(fill_value_ok(a.value, a.dtype), "Fill",
+            f"value {a.value!r} does not convert to {a.dtype.short} (its integer part must fit)")
+    return [TensorType(shape, a.dtype)]
+
+
 Fill = define_op(
-    "Fill", attrs=FillAttrs, num_inputs=0, kind="source",
-    infer=lambda ts, a: [TensorType(a.shape, a.dtype)],
+    "Fill", attrs=FillAttrs, num_inputs=0, kind="source", infer=_fill_infer,
     compute=lambda xs, a: [np.full(a.shape, a.value, dtype=a.dtype.np)], fidelity=MOVES,
     expand=lambda emit, args, a, ts: emit("fill", [], a.dtype, shape=a.shape, value=a.value),
     doc="A new tensor of ``shape`` filled with ``value`` (writes a fresh buffer).")

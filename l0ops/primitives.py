@@ -82,6 +82,22 @@ def cast_array(x: np.ndarray, to: DataType) -> np.ndarray:
     if src_is_float and dst.kind in "iu":
         return np.trunc(np.nan_to_num(x.astype(np.float64), nan=0.0)).astype(dst)
     return x.astype(dst)
+
+
+def fill_value_ok(value: float, dtype: DataType) -> bool:
+    """Whether ``value`` converts to ``dtype`` (aclnnInplaceFillScalar: "value must be
+    convertible to selfRef's dtype"): any value into floats and BOOL; into an integer dtype a
+    finite value whose integer part the dtype holds (the fraction is truncated).
+
+    >>> fill_value_ok(300.0, DataType.INT8), fill_value_ok(-128.5, DataType.INT8), fill_value_ok(1e9, DataType.FLOAT16)
+    (False, True, True)
+    """
+    if dtype.np.kind not in "iu":
+        return True
+    info = np.iinfo(dtype.np)
+    return math.isfinite(value) and info.min <= math.trunc(value) <= info.max
+
+
 ARITH = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide,
          "max": np.maximum}
 PRIMS = tuple(ARITH) + ("cast", "view", "sum", "fill", "sqrt", "fma", "eq", "where", "pow")
@@ -236,6 +252,8 @@ def _check_body(body: Sequence[Instr], in_types: Sequence[TensorType]) -> RegTyp
         if op == "fill":
             if ins.value is None:
                 fail(k, ins, "fill needs a value")
+            if not fill_value_ok(ins.value, dtype):
+                fail(k, ins, f"{ins.value!r} does not convert to {dtype.short}")
             regs[f"t{k}"] = (dtype, tuple(ins.shape or ()))
             continue
         src_dtype, src_shape = regs[args[0]]

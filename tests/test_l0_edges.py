@@ -1,0 +1,72 @@
+"""l0 ops at their edges, found by an audit of each op alone: attributes a builder must refuse
+at ``add_node`` (an L0Error naming the op and the rule, not a numpy error in a pass or a
+backend), and results that must keep level 0's bits at every level on numpy and native
+(expected values from float64 / numpy formulas written here)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import opgraph
+from backends import get as get_backend, native
+from l0ops import L0Error
+from l0ops.primitives import FusedAttrs, Instr
+from opgraph import passes
+from opgraph.core.dtypes import DataType
+from opgraph.core.ir import Graph
+
+F, F16, BF16 = DataType.FLOAT, DataType.FLOAT16, DataType.BF16
+BACKENDS = ["numpy"] + (["native"] if native.available() else [])
+
+
+def node(g: Graph, op: str, *args, **attrs):
+    return g.add_node(op, list(args), **attrs).outputs[0]
+
+
+def run(g: Graph, level: int, backend: str, arrays: dict) -> list[np.ndarray]:
+    """The graph's outputs at ``level`` on ``backend``."""
+    opt = passes.optimize(g, level)
+    got = get_backend(backend).run(opt, {k: opgraph.tensor(np.array(v)) for k, v in arrays.items()})
+    return [np.asarray(got[v.name]) for v in opt.outputs]
+
+
+def raw(a: np.ndarray) -> bytes:
+    return np.ascontiguousarray(a).tobytes()
+
+
+@pytest.mark.parametrize("dtype, value", [
+    (DataType.INT32, 1e10), (DataType.INT32, 2.0 ** 31), (DataType.INT8, 300.0),
+    (DataType.INT8, -129.0), (DataType.UINT8, -1.0), (DataType.INT64, 2.0 ** 63),
+    (DataType.INT32, float("nan")), (DataType.INT32, float("inf"))])
+def test_fill_refuses_a_value_its_integer_dtype_cannot_hold(dtype, value):
+    """An integer Fill of a value out of its dtype's range (NaN, inf) was recorded; level 0 then
+    filled garbage (numpy's unsafe cast) and level 2 raised OverflowError / ValueError while
+    compiling the fused body. Refused where it is built, as a hand-built fused fill is."""
+    g = Graph("fill")
+    with pytest.raises(L0Error, match=r"Fill: value .* does not convert to"):
+        node(g, "Fill", shape=(2,), value=value, dtype=dtype)
+    body = (Instr(op="fill", args=(), dtype=dtype, value=value),)
+    with pytest.raises(L0Error, match=r"FusedElementwise: t0 .* does not convert to"):
+        g.add_node("FusedElementwise", [], FusedAttrs(shape=(2,), body=body, result="t0",
+                                                       out_dtype=dtype))
+
+
+@pytest.mark.parametrize("dtype, value, want", [
+    (DataType.INT8, 127.9, 127), (DataType.INT8, -128.5, -128), (DataType.UINT8, 255.0, 255),
+    (DataType.INT32, -2.5, -2), (F16, 1e6, np.inf), (DataType.BOOL, 2.0, True)])
+def test_fill_keeps_values_its_dtype_holds(dtype, value, want):
+    g = Graph("fill")
+    g.outputs = [node(g, "Fill", shape=(3,), value=value, dtype=dtype)]
+    for backend in BACKENDS:
+        for level in (0, 2):
+            with np.errstate(over="ignore"):
+                got = run(g, level, backend, {})[0]
+            assert got.dtype == dtype.np and np.array_equal(got, np.full(3, want, dtype.np))
+
+
+@pytest.mark.parametrize("shape", [(-1,), (2, -3), (2 ** 62, 2 ** 62), (1,) * 65])
+def test_fill_refuses_a_shape_no_tensor_has(shape):
+    """Fill(shape=(-1,)) was recorded as f32[-1] (numpy then failed at run time); an element
+    count beyond int64 or a rank beyond numpy's likewise."""
+    with pytest.raises(L0Error, match="Fill: shape"):
+        node(Graph("fill"), "Fill", shape=shape, value=1.0, dtype=F)
