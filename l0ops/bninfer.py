@@ -22,6 +22,7 @@ from opgraph.core.dtypes import DataType
 from opgraph.core.opdef import DType, Fidelity, OpAttrs, require
 from opgraph.core.types import TensorType
 from .define import define_op
+from .primitives import fill_value_ok
 
 F32, F16, BF16 = DataType.FLOAT, DataType.FLOAT16, DataType.BF16
 FLOATS = (F32, F16, BF16)
@@ -147,14 +148,27 @@ class ConstAttrs(OpAttrs):
     dtype: DType
 
 
+def _as_f32(value: float) -> float:
+    """``value`` rounded to float32 (RNE; beyond its range: ±inf, without a warning)."""
+    with np.errstate(over="ignore"):
+        return float(np.float32(value))
+
+
 def _const(xs, a: ConstAttrs) -> list:
-    return [np.asarray(np.float32(a.value)).astype(a.dtype.np)]
+    with np.errstate(over="ignore"):
+        return [np.asarray(np.float32(a.value)).astype(a.dtype.np)]
+
+
+def _const_infer(ts, a: ConstAttrs) -> list:
+    require(fill_value_ok(_as_f32(a.value), a.dtype), "ConvertToTensor",
+            f"value {a.value!r} does not convert to {a.dtype.short}")
+    return [TensorType((), a.dtype)]
 
 
 ConvertToTensor = define_op(
     "ConvertToTensor", attrs=ConstAttrs, num_inputs=0, kind="source",
-    infer=lambda ts, a: [TensorType((), a.dtype)], compute=_const,
-    expand=lambda emit, args, a, ts: emit("fill", [], a.dtype, value=a.value),
+    infer=_const_infer, compute=_const,  # fused: the float32 scalar, rounded once to dtype
+    expand=lambda emit, args, a, ts: emit("fill", [], a.dtype, value=_as_f32(a.value)),
     free=lambda node: True,
     fidelity=(Fidelity("no arithmetic", "a float32 scalar rounded (RNE) to dtype on the host"),),
     doc="A 0-d host tensor holding a scalar in ``dtype`` (aclOpExecutor::ConvertToTensor); it "

@@ -13,7 +13,7 @@ from l0ops import L0Error
 from l0ops.primitives import FusedAttrs, Instr
 from opgraph import passes
 from opgraph.core.dtypes import DataType
-from opgraph.core.ir import Graph
+from opgraph.core.ir import Graph, TensorType
 
 F, F16, BF16 = DataType.FLOAT, DataType.FLOAT16, DataType.BF16
 BACKENDS = ["numpy"] + (["native"] if native.available() else [])
@@ -70,3 +70,20 @@ def test_fill_refuses_a_shape_no_tensor_has(shape):
     count beyond int64 or a rank beyond numpy's likewise."""
     with pytest.raises(L0Error, match="Fill: shape"):
         node(Graph("fill"), "Fill", shape=shape, value=1.0, dtype=F)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", [F16, BF16, F, DataType.INT32])
+@pytest.mark.parametrize("value", [1 + 2 ** -11 + 2 ** -40, 1 + 2 ** -8 + 2 ** -40, 16777217.0, 0.1])
+def test_convert_to_tensor_rounds_through_float32_at_every_level(value, dtype, backend):
+    """ConvertToTensor holds the float32 scalar rounded to its dtype; fused (level 2), its
+    expansion filled the double value rounded once to the dtype instead: 1 + 2^-11 + 2^-40 was
+    1.0 in f16 at level 0 and 1.0009766 at level 2."""
+    g = Graph("const")
+    x = g.add_input("x", TensorType((3,), dtype))
+    g.outputs = [node(g, "Mul", x, node(g, "ConvertToTensor", value=value, dtype=dtype))]
+    with np.errstate(over="ignore"):  # float64 -> float32 (RNE) -> dtype (RNE)
+        want = np.float32(value).astype(dtype.np)
+    for level in (0, 1, 2):
+        got = run(g, level, backend, {"x": np.ones(3, dtype.np)})[0]
+        assert raw(got) == raw(np.full(3, want, dtype.np)), (level, got, want)
