@@ -91,7 +91,8 @@ def _sum_compute(xs, a):
         return [x]
     if x.dtype.kind in "fV":
         return _sum_float(xs, a)
-    axes = _norm_axes("ReduceSum", a.axes, x.ndim)  # integers: exact in any order
+    # integers: exact in any order; a 0-d tensor's axis 0 is itself (nothing to reduce)
+    axes = tuple(d for d in _norm_axes("ReduceSum", a.axes, x.ndim) if d < x.ndim)
     return [np.asarray(np.sum(x, axis=axes, keepdims=a.keepdims,
                               dtype=np.int64 if x.dtype == np.bool_ else x.dtype))]
 

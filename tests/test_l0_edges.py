@@ -87,3 +87,19 @@ def test_convert_to_tensor_rounds_through_float32_at_every_level(value, dtype, b
     for level in (0, 1, 2):
         got = run(g, level, backend, {"x": np.ones(3, dtype.np)})[0]
         assert raw(got) == raw(np.full(3, want, dtype.np)), (level, got, want)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype, out", [(DataType.INT32, DataType.INT32),
+                                        (DataType.BOOL, DataType.INT64)])
+@pytest.mark.parametrize("axes", [(0,), (-1,)])
+def test_integer_reduce_sum_of_a_0d_tensor(axes, dtype, out, backend):
+    """ReduceSum over axis 0 of a 0-d integer tensor (its type infers as the tensor itself, as
+    for floats) raised numpy's AxisError when it ran."""
+    g = Graph("sum0d")
+    x = g.add_input("x", TensorType((), dtype))
+    g.outputs = [node(g, "ReduceSum", x, axes=axes)]
+    assert str(g.outputs[0].type) == f"{out.short}[]"
+    for level in (0, 1, 2):
+        got = run(g, level, backend, {"x": np.array(1, dtype.np)})[0]
+        assert got.dtype == out.np and got.shape == () and got == 1
