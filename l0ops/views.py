@@ -10,8 +10,10 @@ in :mod:`l0ops.basic`). Each needs a contiguous input and returns a new view of 
 from __future__ import annotations
 
 import math
+from typing import Annotated
 
 import numpy as np
+from pydantic import BeforeValidator
 
 from opgraph.core.dtypes import Format, format_of
 from opgraph.core.opdef import Fidelity, OpAttrs, require
@@ -87,12 +89,7 @@ SqueezeNd = define_op(
 
 
 class FormatAttrs(OpAttrs):
-    format: Format
-
-    def __init__(self, **data):
-        if "format" in data:
-            data["format"] = format_of(data["format"])
-        super().__init__(**data)
+    format: Annotated[Format, BeforeValidator(format_of)]  # a Format, its name or its number
 
 
 def _reformat_infer(ts, a):

@@ -103,3 +103,14 @@ def test_integer_reduce_sum_of_a_0d_tensor(axes, dtype, out, backend):
     for level in (0, 1, 2):
         got = run(g, level, backend, {"x": np.array(1, dtype.np)})[0]
         assert got.dtype == out.np and got.shape == () and got == 1
+
+
+@pytest.mark.parametrize("fmt", ["XX", None, 999])
+def test_reformat_refuses_an_unknown_format_naming_the_op(fmt):
+    """An unknown format was a bare ValueError ('unknown format ...') from the attribute
+    model's constructor, naming neither the op nor the attribute."""
+    g = Graph("reformat")
+    x = g.add_input("x", TensorType((1, 3), F))
+    with pytest.raises(L0Error, match="ReFormat: invalid attributes: format"):
+        node(g, "ReFormat", x, format=fmt)
+    assert str(node(g, "ReFormat", x, format="NC").type) == "f32[1,3]@NC"
