@@ -5,6 +5,8 @@ a size threshold, a profiled run, a read-only output) goes the node-by-node way.
 from __future__ import annotations
 
 import concurrent.futures as futures
+import sys
+import threading
 
 import numpy as np
 import pytest
@@ -148,6 +150,49 @@ def test_threads_share_one_program_and_its_direct_launch():
         return True
     with futures.ThreadPoolExecutor(4) as pool:
         assert all(pool.map(worker, range(4)))
+
+
+def test_a_thread_taking_the_launches_another_just_prepared_finds_their_pointer_memo():
+    """Thread A prepares a fresh executable's direct launch and is held at its first step after
+    the launches are published; a call on another thread meanwhile takes them (it found the
+    pointer memo still empty: IndexError), and both get the reference's bits."""
+    case = R.make_case(SHAPE, R.F32, seed=5)
+    with opgraph.use_backend("native"), opgraph.opt_level(2):
+        _, _, ex, _ = R.run_op(R.to_tensors(case), opgraph.tensor(np.zeros(SHAPE, np.float32)))
+    exe = backend_registry.get("native").compile(ex.program.compiled, ex.program.memory_plan, ex.platform)
+    names = [v.name for v in ex.program.compiled.inputs]
+    outs = [np.zeros(SHAPE, np.float32) for _ in range(2)]
+    binds = [dict(zip(names, [t for t in R.to_tensors(case) if t is not None] + [opgraph.tensor(o)]))
+             for o in outs]
+    held, go = threading.Event(), threading.Event()
+
+    def hold(frame, event, arg):  # in thread A: wait once, in _direct, after launches are set
+        if frame.f_code is native.NativeExecutable._direct.__code__ and not held.is_set():
+            def line(frame, event, arg):
+                if event == "line" and exe.launches is not None and not held.is_set():
+                    held.set()
+                    go.wait(30)
+                return line
+            return line
+        return None
+
+    def thread_a() -> None:
+        sys.settrace(hold)
+        try:
+            exe.run(binds[0])
+        finally:
+            sys.settrace(None)
+    a = threading.Thread(target=thread_a)
+    a.start()
+    try:
+        assert held.wait(30)
+        exe.run(binds[1])
+    finally:
+        go.set()
+        a.join(30)
+    expected = numpy_result(case)
+    for out in outs:
+        R.assert_bits_equal(out, expected)
 
 
 def test_threads_calling_new_sizes_of_one_structure_get_their_own_bits():

@@ -295,9 +295,11 @@ class NativeExecutable(NumpyExecutable):
             return False
         if self.direct is not None and self.launches is None:  # prepared once, on first run
             with np.errstate(all="ignore"):  # (its numpy part: per-channel values, constants)
-                self.launches = self._prepared(bindings)
-            self.pointers = [([], None)] * len(self.launches or ())
-            self.direct = None if self.launches is None else self.direct
+                launches = self._prepared(bindings)
+            # the pointer memo before the launches: another thread takes them once they are set
+            self.pointers = [([], None)] * len(launches or ())
+            self.launches = launches
+            self.direct = None if launches is None else self.direct
         if self.launches is not None:
             return self._run_direct(bindings)
         if self.reduce is not None:
