@@ -41,10 +41,12 @@ def _promoting_infer(op: str):
 
 
 def _strict_infer(op: str):
-    """Sub / Div: both operands of one dtype, which the result keeps."""
+    """Sub / Div: both operands of one dtype, which the result keeps (Sub: not BOOL, which
+    numpy and torch do not subtract either)."""
     def infer(ts, a):
         x, y = ts
         require(x.dtype == y.dtype, op, f"operand dtypes differ ({x.dtype.short} vs {y.dtype.short})")
+        require(not (op == "Sub" and x.dtype == DataType.BOOL), op, "bool operands do not subtract")
         return [x.with_(shape=_shape(op, ts))]
     return infer
 

@@ -287,6 +287,8 @@ def _check_body(body: Sequence[Instr], in_types: Sequence[TensorType]) -> RegTyp
         operands = [regs[r] for r in args]
         if op not in ("cast", "eq", "where") and any(d != dtype for d, _ in operands):
             fail(k, ins, f"operand dtypes differ from {dtype.short}")
+        if op == "sub" and dtype == DataType.BOOL:
+            fail(k, ins, "bool registers do not subtract")
         try:
             regs[f"t{k}"] = (dtype, instr_shape(ins, [shape for _, shape in operands]))
         except ValueError:

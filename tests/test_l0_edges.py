@@ -114,3 +114,16 @@ def test_reformat_refuses_an_unknown_format_naming_the_op(fmt):
     with pytest.raises(L0Error, match="ReFormat: invalid attributes: format"):
         node(g, "ReFormat", x, format=fmt)
     assert str(node(g, "ReFormat", x, format="NC").type) == "f32[1,3]@NC"
+
+
+def test_sub_refuses_bool_operands():
+    """Sub of two BOOL tensors (and a fused body's sub of bool registers) was recorded, then
+    numpy raised TypeError ('boolean subtract ... is not supported') at run time."""
+    g = Graph("sub")
+    a, b = (g.add_input(n, TensorType((4,), DataType.BOOL)) for n in "ab")
+    with pytest.raises(L0Error, match="Sub: bool operands do not subtract"):
+        node(g, "Sub", a, b)
+    body = (Instr(op="sub", args=("in0", "in1"), dtype=DataType.BOOL),)
+    with pytest.raises(L0Error, match="t0 .*: bool registers do not subtract"):
+        g.add_node("FusedElementwise", [a, b], FusedAttrs(shape=(4,), body=body, result="t0",
+                                                           out_dtype=DataType.BOOL))
