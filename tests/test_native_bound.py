@@ -21,6 +21,7 @@ from opgraph.core.backend import get as get_backend
 from l0ops.define import define_op
 from opgraph.core.dtypes import DataType
 from opgraph.core.ir import Graph, TensorType
+from opgraph.core.opapi import InputConfig, get_op_api
 from opgraph.core.memory import plan_memory
 from opgraph.core.platform import get_platform, platform as use_platform
 
@@ -243,3 +244,18 @@ def test_thresholds_changed_after_binding_are_honoured_on_rebinding(bound_runs, 
         x = rng.standard_normal(inputs["x"].shape).astype(np.float32)
         replay_both(prog, input=x)
     assert bound_runs["runs"] == 1 + 2
+
+
+@pytest.mark.parametrize("api", ["aclnnBatchNormReduce", "aclnnBatchNormGatherStatsWithCounts"])
+def test_a_repeatable_level_0_call_over_zero_channels_runs_again_without_a_workspace(api):
+    """Zero channels at level 0: the empty intermediates take no workspace, so phase 1 asks for
+    none; the repeated run binds its steps with holders of their own for them (it read a
+    zero-size arena slot out of the missing workspace: TypeError, 361001 on the second run)."""
+    spec = get_op_api(api)
+    cfg = InputConfig((2, 0, 3, 3), DataType.FLOAT, {o.name: o.default for o in spec.options})
+    arrays = spec.make_inputs(cfg, np.random.default_rng(0))
+    with opgraph.opt_level(0), opgraph.use_backend("native"):
+        st, ws, exe = spec.get_workspace_size(*spec.args_of(arrays, opgraph.tensor, cfg))
+        assert (st, ws) == (0, 0)
+        aclnn.aclSetAclOpExecutorRepeatable(exe)
+        assert [int(spec.run(None, 0, exe)) for _ in range(3)] == [0, 0, 0], aclnn.aclGetRecentErrMsg()

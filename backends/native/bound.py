@@ -225,6 +225,8 @@ def _holder(slot: Any, value: Any, arena: Any, bindings: Mapping[str, Tensor]) -
         return np.empty(value.shape, value.dtype.np)
     if slot.user is not None:
         return bindings[slot.user].view().reshape(slot.shape)
+    if slot.size == 0:  # an empty value takes no workspace bytes (there may be no workspace)
+        return np.empty(slot.shape, slot.dtype)
     return np.frombuffer(arena, slot.dtype, slot.size, slot.offset).reshape(slot.shape)
 
 
