@@ -278,8 +278,8 @@ def _check_body(body: Sequence[Instr], in_types: Sequence[TensorType]) -> RegTyp
                 ok = broadcast_shape(src_shape, over) == over
             except ValueError:
                 ok = False
-            if not ok or (out and (len(out) != len(over)
-                                   or any(o not in (1, n) for o, n in zip(out, over)))):
+            if not ok or (ins.shape is not None and (len(out) != len(over) or any(
+                    o not in (1, n) for o, n in zip(out, over)))):  # (shape (): a rank-0 sum only)
                 fail(k, ins, f"sum of {list(src_shape)} over {list(over)} to {list(out)}: the register "
                              "must broadcast to the summed shape, whose rank the result keeps")
             regs[f"t{k}"] = (dtype, out)

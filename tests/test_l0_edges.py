@@ -10,6 +10,7 @@ import pytest
 import opgraph
 from backends import get as get_backend, native
 from l0ops import L0Error
+from l0ops.fused_reduce import FusedReduceAttrs
 from l0ops.primitives import FusedAttrs, Instr
 from opgraph import passes
 from opgraph.core.dtypes import DataType
@@ -127,3 +128,24 @@ def test_sub_refuses_bool_operands():
     with pytest.raises(L0Error, match="t0 .*: bool registers do not subtract"):
         g.add_node("FusedElementwise", [a, b], FusedAttrs(shape=(4,), body=body, result="t0",
                                                            out_dtype=DataType.BOOL))
+
+
+@pytest.mark.parametrize("op", ["FusedElementwise", "FusedReduce"])
+def test_a_sum_to_shape_empty_keeps_the_rank_of_what_it_sums(op):
+    """A body's ``sum`` with shape=() of a [3] register type-checked as a scalar, but ran as a
+    keepdims sum over no axis (the [3] register itself): the kernel then failed to broadcast
+    [3] to its result. shape=() sums only a rank-0 register (shape None sums all elements)."""
+    g = Graph("sum")
+    x = g.add_input("x", TensorType((3,), F))
+
+    def add(shape):
+        body = (Instr(op="sum", args=("in0",), dtype=F, shape=shape),)
+        if op == "FusedElementwise":
+            return g.add_node(op, [x], FusedAttrs(shape=(1,), body=body, result="t0", out_dtype=F))
+        return g.add_node(op, [x], FusedReduceAttrs(body=body, results=("t0",), out_shapes=((),)))
+    with pytest.raises(L0Error, match=r"sum of \[3\] over \[3\] to \[\]"):
+        add(())
+    g.outputs = [add(None).outputs[0]]
+    for backend in BACKENDS:
+        got = run(g, 0, backend, {"x": np.float32([1, 2, 4])})[0]
+        assert got.reshape(-1).tolist() == [7.0]
