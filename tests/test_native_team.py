@@ -185,6 +185,24 @@ def test_set_threads(threads):
     assert team.threads() == 3  # (the environment's default: tests/test_numpy_workers.py)
 
 
+def test_a_huge_thread_count_or_spin_is_the_most_the_team_takes(threads):
+    """More threads than the team holds are that many, in set_threads and in the environment;
+    ctypes wrapped a larger int into int64 silently (2**64 + 1 threads ran on one)."""
+    threads(2)
+    try:
+        team.set_threads(2 ** 64 + 1, spin_us=1e30)
+        assert team.threads() == team.MAX_THREADS
+        team.set_threads(2, spin_us=float("inf"))
+        assert team.threads() == 2
+    finally:
+        team.set_threads(2, spin_us=team.spin_us())  # idle workers sleep again
+    code = "from backends.native import team; print(team.threads())"
+    env = dict(os.environ, OPGRAPH_NUM_THREADS=str(2 ** 64 + 2), OPGRAPH_SPIN_US="1e300")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                          timeout=120, cwd=Path(__file__).parent.parent)
+    assert proc.stdout.split() == [str(team.MAX_THREADS)], proc.stderr
+
+
 @pytest.mark.parametrize("size", list(SIZES))
 @pytest.mark.parametrize("dtype", list(DTYPES))
 def test_kernels_bit_identical_for_any_thread_count(size, dtype, threads, runtime):

@@ -242,6 +242,18 @@ void opg_omp_run(opg_body body, void *ctx, int64_t n, int64_t grain) {
 """
 
 _STATE: dict[str, Any] = {}
+MAX_THREADS = int(re.search(r"#define OPG_MAX_THREADS (\d+)", SOURCE)[1])  # more are this many
+_MAX_SPIN_NS = (1 << 63) - 1
+
+
+def _spin_ns(us: float) -> int:
+    """``us`` microseconds as the team's int64 nanoseconds, at most ~292 years (ctypes wraps a
+    larger int silently: 1e30 µs came out as a few years, some values negative, then ignored).
+
+        >>> _spin_ns(2.5), _spin_ns(1e30) == (1 << 63) - 1
+        (2500, True)
+    """
+    return int(max(us, 0.0) * 1000) if us < 9e15 else _MAX_SPIN_NS
 
 
 def spin_us() -> float:
@@ -262,7 +274,7 @@ def _library() -> Any:
         lib = kernel.handle
         lib.opg_team_set.argtypes, lib.opg_team_set.restype = [ctypes.c_int64, ctypes.c_int64], None
         lib.opg_team_threads.argtypes, lib.opg_team_threads.restype = [], ctypes.c_int64
-        lib.opg_team_set(default_threads(), int(spin_us() * 1000))
+        lib.opg_team_set(min(default_threads(), MAX_THREADS), _spin_ns(spin_us()))
         _STATE["serial"] = lib.opg_team_threads() < 2
         _STATE["team"] = _STATE["run"] = ctypes.cast(kernel.fn, ctypes.c_void_p).value
         _STATE["lib"] = lib
@@ -388,11 +400,12 @@ def runtime() -> str:
 
 
 def set_threads(n: int, spin_us: Optional[float] = None) -> None:
-    """Use ``n`` >= 1 threads (the caller included) from now on; optionally change the spin."""
+    """Use ``n`` >= 1 threads (the caller included; more than :data:`MAX_THREADS` are that
+    many) from now on; optionally change the spin."""
     if not isinstance(n, int) or n < 1:
         raise ValueError(f"threads must be an integer >= 1, got {n!r}")
     lib = _library()
-    lib.opg_team_set(n, -1 if spin_us is None else int(max(spin_us, 0.0) * 1000))
+    lib.opg_team_set(min(n, MAX_THREADS), -1 if spin_us is None else _spin_ns(spin_us))
     _STATE["serial"] = lib.opg_team_threads() < 2
 
 
