@@ -230,3 +230,22 @@ def test_fused_results_keep_their_format_tag(backend):
     assert np.array_equal(np.asarray(got[opt.outputs[1].name]), sq)
     assert np.array_equal(arrays["w"], np.broadcast_to(cs * np.float32(0.1), (2, 3, 2, 1)))
     assert np.array_equal(arrays["v"], np.broadcast_to(sq, (2, 3, 2, 2)))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_constant_folding_keeps_values_a_fill_cannot_hold(backend):
+    """Folding a 0-d node of Fills made a Fill of float(value): (2**27 + 1)**2 in int64 came
+    out 2**54 + 2**28 at level 2 (1 lost), and a cast to complex raised TypeError in the pass.
+    Such nodes stay as they are."""
+    g = Graph("fold_int64")
+    a = node(g, "Fill", shape=(), value=float(2 ** 27 + 1), dtype=DataType.INT64)
+    c = node(g, "Cast", node(g, "Fill", shape=(), value=1.5, dtype=F), to=DataType.COMPLEX64)
+    g.outputs = [node(g, "Mul", a, a), c, node(g, "Add", a, a)]
+    want = [np.int64((2 ** 27 + 1) ** 2), np.complex64(1.5), np.int64(2 ** 28 + 2)]
+    for level in (0, 1, 2):
+        opt = passes.optimize(g, level)
+        got = get_backend(backend).run(opt, {})
+        for v, w in zip(opt.outputs, want):
+            r = np.asarray(got[v.name])
+            assert r.dtype == w.dtype and r.shape == () and r == w, (level, v.name, r, w)
+    assert [n.op for n in passes.optimize(g, 2).nodes].count("Fill") == 3  # Add(a, a) folded

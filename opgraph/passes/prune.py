@@ -56,17 +56,27 @@ def _is_fill(v) -> bool:
     return v.producer is not None and v.producer.op == "Fill"
 
 
-def _fold_constant(g: Graph, n: Node) -> None:
+def _fold_constant(g: Graph, n: Node) -> bool:
     """Evaluate a node whose operands are all Fills on one element each; the result is a Fill.
-    Same op, same operand values: the folded value has the result's exact bits."""
+    Same op, same operand values: the folded value has the result's exact bits — unless a
+    Fill's (float) value cannot hold them (an int64 beyond 2**53, a complex): then nothing is
+    folded."""
     args = [np.full((), v.producer.attrs.value, dtype=v.dtype.np) for v in n.inputs]
-    if n.opdef.kind in MOVES:  # a view, copy or broadcast of a constant: the same value
-        value = args[0]
-    else:
-        value = n.opdef.compute(args, n.attrs)[0]
     out = n.outputs[0].type
-    _replace(g, n, "Fill", [], shape=out.shape, value=float(cast_array(np.asarray(value), out.dtype)),
-             dtype=out.dtype)
+    with np.errstate(all="ignore"):  # (IEEE results, as the node computes them)
+        if n.opdef.kind in MOVES:  # a view, copy or broadcast of a constant: the same value
+            value = args[0]
+        else:
+            value = n.opdef.compute(args, n.attrs)[0]
+        exact = cast_array(np.asarray(value), out.dtype)
+        if np.iscomplexobj(exact):  # a Fill holds a real value
+            return False
+        held = float(exact)
+        back = np.asarray(held).astype(out.dtype.np)
+    if back.tobytes() != exact.tobytes() and not (np.isnan(held) and np.isnan(exact.astype(float))):
+        return False
+    _replace(g, n, "Fill", [], shape=out.shape, value=held, dtype=out.dtype)
+    return True
 
 
 def _foldable(n: Node) -> bool:
