@@ -8,6 +8,7 @@ doubling, buffers, tile, blocks/small/big, tile counts and tails).
 from __future__ import annotations
 
 import math
+import threading
 
 import ml_dtypes
 import numpy as np
@@ -425,3 +426,24 @@ def test_level_2_fuses_the_kernel_away_and_runs_numpys_bits_without_a_trace(soc)
             assert np.array_equal(opgraph.ops.batch_norm_elemt_backward(*args).view(np.uint32),
                                   want.view(np.uint32))
             assert backends.get("ascend-sim").last_trace is not None
+
+
+def test_traces_are_each_threads_last_run():
+    """A run on another thread leaves this thread's traces be (runs on two threads at once put
+    their traces into one another's lists, or emptied them)."""
+    sim = backends.get("ascend-sim")
+    arrays = {shape: bn_arrays(shape, {"*": F32}, F32) for shape in [(2, 3, 1, 4), (3, 5, 77)]}
+
+    def run(shape) -> None:
+        with opgraph.opt_level(1):  # (a context variable: each thread sets its own)
+            run_aclnn(arrays[shape], "ascend-sim")
+    run((2, 3, 1, 4))
+    other = threading.Thread(target=run, args=((3, 5, 77),))
+    other.start()
+    other.join()
+    assert [t.tiling.numel for t in sim.traces] == [24] and sim.last_trace is sim.traces[0]
+    seen = []
+    other = threading.Thread(target=lambda: seen.append((sim.traces, sim.last_trace)))
+    other.start()
+    other.join()
+    assert seen == [([], None)]  # a thread that ran nothing has no trace

@@ -22,6 +22,7 @@ trace (``last_trace`` None).
 """
 from __future__ import annotations
 
+import threading
 from typing import Any, Mapping, Optional
 
 import numpy as np
@@ -42,7 +43,8 @@ class AscendSimBackend(NumpyBackend):
 
     ``platform`` (name or Platform) fixes the SoC; by default it is the current platform when its
     NpuArch matches the node's ``arch`` attr, else the first preset with that arch. ``cores``
-    and ``ub_size`` override the platform's vector-core count R and UB bytes.
+    and ``ub_size`` override the platform's vector-core count R and UB bytes. ``traces`` and
+    ``last_trace`` are the calling thread's last run's (runs on other threads leave them be).
     """
 
     name = "ascend-sim"
@@ -51,8 +53,25 @@ class AscendSimBackend(NumpyBackend):
                  ub_size: Optional[int] = None):
         self.platform = lookup(platform) if platform is not None else None
         self.cores, self.ub_size = cores, ub_size
-        self.traces: list[KernelTrace] = []      # every launch of the last run, in order
-        self.last_trace: Optional[KernelTrace] = None
+        self._runs = threading.local()  # per thread: its last run's traces, its run's so far
+
+    @property
+    def traces(self) -> list[KernelTrace]:
+        """Every launch of this thread's last run, in order."""
+        return getattr(self._runs, "traces", [])
+
+    @traces.setter
+    def traces(self, value: list[KernelTrace]) -> None:
+        self._runs.traces = value
+
+    @property
+    def last_trace(self) -> Optional[KernelTrace]:
+        """The last launch of this thread's last run (None: it launched no simulated kernel)."""
+        return getattr(self._runs, "last_trace", None)
+
+    @last_trace.setter
+    def last_trace(self, value: Optional[KernelTrace]) -> None:
+        self._runs.last_trace = value
 
     def platform_for(self, arch: int, current: Optional[Platform] = None) -> Platform:
         """The SoC a node recorded for NpuArch ``arch`` runs on (NotModelledError if none)."""
