@@ -13,6 +13,8 @@ import l0ops
 import opgraph
 from backends.numpy_backend import NumpyBackend
 from l0ops import OpAttrs
+from l0ops.basic import CastAttrs
+from l0ops.reduce import ReduceAttrs
 from opgraph.core.opapi import Param
 from opgraph import DataType, Graph, GraphError, TensorType, aclnn
 from opgraph.core.ir import Value
@@ -421,3 +423,22 @@ def test_json_is_standard_with_non_finite_floats_and_round_trips(level):
     assert dict((n, v) for n, _, v in back.call.args)["eps"] == float("inf")
     fills = [n.attrs.value for n in back.nodes if n.op == "Fill"][-3:]
     assert fills[:2] == [float("inf"), float("-inf")] and np.isnan(fills[2])
+
+
+def test_add_node_refuses_what_is_not_the_ops_naming_it():
+    """Attributes of another op's model raised AttributeError in its inference ('CastAttrs'
+    object has no attribute 'axes') or were recorded (Mul(..., to=f16)); an operand that is
+    not a value raised AttributeError; an unknown op a KeyError. Each is now refused where the
+    node is added, naming the op."""
+    g = Graph("bad")
+    x = g.add_input("x", TensorType((2, 3), DataType.FLOAT))
+    for op, ins, attrs, want in [("Cast", [x], ReduceAttrs(axes=(0,)), "CastAttrs, got ReduceAttrs"),
+                                 ("ReduceSum", [x], CastAttrs(to=DataType.FLOAT16), "ReduceAttrs, got Cast"),
+                                 ("Mul", [x, x], CastAttrs(to=DataType.FLOAT16), "OpAttrs, got CastAttrs")]:
+        with pytest.raises(l0ops.L0Error, match=f"{op}: attributes must be {want}"):
+            g.add_node(op, ins, attrs)
+    with pytest.raises(l0ops.L0Error, match="Mul: input 1 is not a graph value: str"):
+        g.add_node("Mul", [x, "x"])
+    with pytest.raises(GraphError, match="unknown l0 op 'NoSuchOp'"):
+        g.add_node("NoSuchOp", [x])
+    assert g.nodes == []

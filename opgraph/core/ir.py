@@ -25,7 +25,7 @@ from pydantic import BaseModel
 
 from . import html, onnx_export, serialize
 from .dtypes import DataType
-from .opdef import OpDef, get_op
+from .opdef import L0Error, OpDef, get_op
 from .types import GraphError, RecordedCall, TensorType, format_attr
 
 __all__ = ["Graph", "GraphError", "Node", "TensorType", "Value"]
@@ -129,10 +129,20 @@ class Graph:
                  source: Optional[str] = None, out_types: "Sequence[TensorType] | None" = None,
                  **attr_kwargs: Any) -> Node:
         """Append (or insert at ``index``) a call of ``op``; output types are inferred unless
-        given (``out_types``: for callers that derive them from a graph already checked)."""
-        opdef = get_op(op)
+        given (``out_types``: for callers that derive them from a graph already checked). An
+        unknown op is a GraphError; operands that are not values and attributes of another op's
+        model are L0Errors naming the op."""
+        try:
+            opdef = get_op(op)
+        except KeyError as e:
+            raise GraphError(e.args[0]) from None
         if attrs is None:
             attrs = opdef.make_attrs(**attr_kwargs)
+        elif type(attrs) is not opdef.attrs:
+            raise L0Error(f"{op}: attributes must be {opdef.attrs.__name__}, got {type(attrs).__name__}")
+        for i, v in enumerate(inputs):
+            if type(v) is not Value:
+                raise L0Error(f"{op}: input {i} is not a graph value: {type(v).__name__}")
         if out_types is None:
             out_types = opdef.infer_types([v.type for v in inputs], attrs)
         if out_names:
