@@ -315,6 +315,21 @@ def test_stale_temporaries_are_evicted_fresh_ones_kept(cache):
     assert all(f.exists() for f in entry(cache, k))
 
 
+def test_an_unwritable_cache_directory_is_one_clear_error(cache, monkeypatch):
+    """A cache directory the process cannot write into (read-only, not ours to write: as root
+    a chmod would not stop us, so mkstemp is made to fail as it does there) is named, with the
+    fix, as a NativeBuildError (it was mkstemp's PermissionError naming a temporary)."""
+    build.private_dir(cache)
+
+    def refuse(*args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(Path(kwargs["dir"]) / "x.tmp"))
+    monkeypatch.setattr(build.tempfile, "mkstemp", refuse)
+    with refused(f"cannot write into the native kernel cache directory {cache}: Permission "
+                 "denied; make it writable or set OPGRAPH_CACHE_DIR") as e:
+        build.load(source(504))
+    assert "x.tmp" not in str(e.value)
+
+
 # --- damaged entries -------------------------------------------------------------------------------
 def test_another_kernels_library_under_this_name_is_compiled_again(cache):
     a, b = build.load(source(501)), build.load(source(502))

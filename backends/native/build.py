@@ -25,8 +25,8 @@ The disk cache is
   (``os.replace``), the library last. The new library is loaded before it is renamed, so no
   process ever loads a half-written file, and processes compiling the same kernel at the same
   time all succeed (the last rename wins; the bytes are the same).
-* sealed: the library ends with :data:`SEAL` and the sha256 of its cache key and bytes
-  (:func:`seal`); a cached library whose seal does not match (truncated or damaged on disk,
+* sealed: the library ends with :data:`.seal.SEAL` and the sha256 of its cache key and bytes
+  (:func:`.seal.seal`); a cached library whose seal does not match (truncated or damaged on disk,
   another kernel's library under this name) is not loaded but compiled again, as a missing one
   is (``dlopen()`` of a truncated library can succeed and then crash the process with SIGBUS).
 * bounded: after every compile the least recently used entries (``.so`` with its ``.c`` and
@@ -61,6 +61,7 @@ from typing import Any, Optional, Sequence
 
 from opgraph.core.config import env_number
 from opgraph.core.tensor import array_address
+from .seal import seal, sealed
 
 COMPILERS = ("cc", "gcc", "clang")
 BASE_FLAGS = ("-O2", "-ffp-contract=off", "-fno-fast-math", "-fPIC", "-shared", "-std=c11")
@@ -75,8 +76,7 @@ _PCH = re.compile(r"p_[0-9a-f]{64}\.h\.gch")
 # what the vector kernels include: parsing it is ~0.3 s of every compile, so GCC gets it
 # precompiled (p_<sha256>.h and its .h.gch in the cache, made once per compiler, flags and CPU)
 PCH_HEADER = "#include <immintrin.h>\n"
-_DELETE_ORDER = {"so": 0, "cmd": 1, "c": 2}
-SEAL = b"\0opgraph-kernel-seal:"  # + 64 hex digits: the end of every cached library  # the library first: no .so is left without sidecars
+_DELETE_ORDER = {"so": 0, "cmd": 1, "c": 2}  # the library first: no .so is left without sidecars
 
 stats = {"compiles": 0, "disk_hits": 0, "memory_hits": 0}  # counters, for tests and benchmarks
 _LOCK = threading.Lock()
@@ -265,14 +265,29 @@ def private_dir(directory: Optional[Path] = None) -> Path:
     return directory
 
 
+def _unwritable(directory: Path, e: OSError) -> NativeBuildError:
+    return NativeBuildError(f"cannot write into the native kernel cache directory {directory}: "
+                            f"{e.strerror or e}; make it writable or set OPGRAPH_CACHE_DIR to "
+                            "another directory")
+
+
 def _temp(lib: Path, ext: str) -> tuple[int, str]:
-    return tempfile.mkstemp(prefix=f"{lib.stem}.", suffix=f".tmp.{ext}", dir=lib.parent)
+    """A new temporary beside ``lib``; NativeBuildError naming the directory when it cannot be
+    made (a read-only cache: mkstemp's own error named only the temporary)."""
+    try:
+        return tempfile.mkstemp(prefix=f"{lib.stem}.", suffix=f".tmp.{ext}", dir=lib.parent)
+    except OSError as e:
+        raise _unwritable(lib.parent, e) from None
 
 
 def _write_temp(lib: Path, ext: str, text: str) -> str:
     fd, path = _temp(lib, ext)
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(text)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+    except OSError as e:  # a full disk, say
+        _unlink(path)
+        raise _unwritable(lib.parent, e) from None
     return path
 
 
@@ -325,33 +340,6 @@ def compile_source(source: str, lib: Path, cc: str, extra: Sequence[str] = ()) -
             _unlink(leftover)
     stats["compiles"] += 1
     return handle
-
-
-def _digest(key: str, body: bytes) -> bytes:
-    return SEAL + hashlib.sha256(key.encode() + b"\0" + body).hexdigest().encode()
-
-
-def seal(lib: Path, key: str) -> None:
-    """Append the seal of cache key ``key`` to the library ``lib`` (ELF ignores trailing bytes).
-
-        >>> import tempfile; p = Path(tempfile.mkdtemp()) / "x.so"; _ = p.write_bytes(b"ELF")
-        >>> seal(p, "k1"); sealed(p, "k1"), sealed(p, "k2")
-        (True, False)
-    """
-    body = lib.read_bytes()
-    with open(lib, "ab") as f:
-        f.write(_digest(key, body))
-
-
-def sealed(lib: Path, key: str) -> bool:
-    """Whether ``lib`` ends with the seal of ``key`` over the bytes before it (see :func:`seal`);
-    False for a file that cannot be read."""
-    try:
-        data = lib.read_bytes()
-    except OSError:
-        return False
-    n = len(SEAL) + 64
-    return len(data) > n and data[-n:] == _digest(key, data[:-n])
 
 
 def precompiled(base: Sequence[str], directory: Path) -> list[str]:
