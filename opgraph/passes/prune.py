@@ -133,8 +133,8 @@ def _redirect_ok(n: Node, taken: set[str]) -> bool:
     src, dst = n.inputs
     root = buffer_root_value(src)
     p = root.producer
-    return (not n.attrs.redirect and dst.type.is_contiguous and p is not None
-            and not p.opdef.is_free(p) and not p.opdef.written(p) and root.name not in taken)
+    return (dst.type.is_contiguous and p is not None and not p.opdef.is_free(p)
+            and not p.opdef.written(p) and root.name not in taken)
 
 
 def _order_safe(g: Graph, copy_at: int, src_root: Value, resident: set[int]) -> bool:
@@ -161,28 +161,31 @@ def _redirect(g: Graph) -> dict[str, int]:
     """ViewCopy into a contiguous user tensor from a kernel's fresh output (or a free view of
     it) becomes a redirect: no copy kernel; the memory planner places the kernel's output in the
     user tensor, where its other readers find it too. One redirect per kernel output, and only
-    where no node reads or writes the tensor in between (:func:`_order_safe`)."""
-    count = 0
+    where no node reads or writes the tensor in between (:func:`_order_safe`). A redirect an
+    earlier run made is checked again in its turn, and becomes a copy again if what the passes
+    since made of the graph breaks it (CSE merged its source with another redirect's, a cast
+    round trip dropped its kernel, a read of the tensor now sits in between): idempotent."""
+    count = undone = 0
     taken: set[str] = set()
     into: dict[int, set[int]] = {}  # destination memory -> roots of the values redirected there
-    for n in g.nodes:  # (an earlier run of the pass)
-        if n.op == "ViewCopy" and n.attrs.redirect:
-            into.setdefault(id(memory_of(n.inputs[1])), set()).add(id(buffer_root_value(n.inputs[0])))
     for i, n in enumerate(g.nodes):
-        if n.op != "ViewCopy" or not _redirect_ok(n, taken):
+        if n.op != "ViewCopy":
             continue
         root, dst = buffer_root_value(n.inputs[0]), id(memory_of(n.inputs[1]))
-        if _order_safe(g, i, root, into.setdefault(dst, set())):
+        ok = _redirect_ok(n, taken) and _order_safe(g, i, root, into.setdefault(dst, set()))
+        if ok:
             into[dst].add(id(root))
             taken.add(root.name)
-            g.nodes[i] = Node(n.op, n.inputs, n.attrs.model_copy(update={"redirect": True}), n.source)
-            g.nodes[i].outputs = n.outputs
-            for v in n.outputs:
-                v.producer = g.nodes[i]
-            for v in n.inputs:
-                v.users = [g.nodes[i] if u is n else u for u in v.users]
-            count += 1
-    return {"redirected": count}
+        if ok == n.attrs.redirect:
+            continue
+        g.nodes[i] = Node(n.op, n.inputs, n.attrs.model_copy(update={"redirect": ok}), n.source)
+        g.nodes[i].outputs = n.outputs
+        for v in n.outputs:
+            v.producer = g.nodes[i]
+        for v in n.inputs:
+            v.users = [g.nodes[i] if u is n else u for u in v.users]
+        count, undone = (count + 1, undone) if ok else (count, undone + 1)
+    return {"redirected": count, "undone": undone} if undone else {"redirected": count}
 
 
 cse = FunctionPass("cse", _cse)
