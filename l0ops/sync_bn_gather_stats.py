@@ -239,6 +239,7 @@ def _compute(xs, a: GatherStatsAttrs) -> list[np.ndarray]:
 def _infer(ts, a: GatherStatsAttrs):
     s, q, count, rm, rv = ts
     require(a.arch in KERNEL_DTYPES, OP, f"no kernel for DAV_{a.arch} (modelled: 3510, 2201)")
+    require(a.cores >= 1, OP, f"cores must be at least 1, got {a.cores}")
     require(s.rank == 2 and q.shape == s.shape, OP, f"totalSum and totalSquareSum must be one [N,C], "
             f"got {s} and {q}")
     n, c = s.shape

@@ -111,7 +111,7 @@ def sum_rows(t: np.ndarray, cores: int) -> np.ndarray:
     more than 255 ranks and more ranks than channels, per block of ceil(W/cores) rows, then
     the block sums in order."""
     W, C = t.shape
-    if W > 255 and W > C:
+    if W > 255 and W > C and cores > 1:  # (one core: one block, the sequential sum)
         step = math.ceil(W / cores)
         return sum_rows(np.stack([sum_rows(t[b:b + step], cores) for b in range(0, W, step)]), cores)
     acc = np.zeros(C, np.float32)
@@ -147,6 +147,7 @@ def _gather_fused_infer(ts, a):
     require(mean.rank == 2 and invstd.shape == mean.shape, "SyncBatchNormGatherStatsFused",
             "mean and invstd must be [W,C]")
     W, C = mean.shape
+    require(a.cores >= 1, "SyncBatchNormGatherStatsFused", f"cores must be at least 1, got {a.cores}")
     require(counts.shape == (W,) and counts.dtype == F32, "SyncBatchNormGatherStatsFused",
             "counts must be float32 [W]")
     require(rm.shape == (1, C) and rv.shape == (1, C), "SyncBatchNormGatherStatsFused",

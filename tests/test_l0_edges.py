@@ -149,3 +149,41 @@ def test_a_sum_to_shape_empty_keeps_the_rank_of_what_it_sums(op):
     for backend in BACKENDS:
         got = run(g, 0, backend, {"x": np.float32([1, 2, 4])})[0]
         assert got.reshape(-1).tolist() == [7.0]
+
+
+def _gather_fused_graph(W: int, C: int, cores: int) -> Graph:
+    g = Graph("gather_fused")
+    shapes = [(W, C), (W, C), (W,), (1, C), (1, C)]
+    ins = [g.add_input(f"x{k}", TensorType(s, F)) for k, s in enumerate(shapes)]
+    g.outputs = list(g.add_node("SyncBatchNormGatherStatsFused", ins, momentum=0.1, eps=1e-5,
+                                cores=cores).outputs)
+    return g
+
+
+def test_gather_stats_fused_on_one_core_sums_in_order():
+    """With cores=1 and more than 255 ranks the numpy kernel recursed for ever (one block of all
+    W rows, split again: RecursionError); one core's block is the sequential sum. (The native
+    kernel's twin of sum_rows overflows its stack the same way: reported, not run here.)"""
+    W, C = 300, 3
+    rng = np.random.default_rng(0)
+    mean = rng.standard_normal((W, C)).astype(np.float32)
+    arrays = {"x0": mean, "x1": np.ones((W, C), np.float32), "x2": np.full(W, 4, np.float32),
+              "x3": np.zeros((1, C), np.float32), "x4": np.ones((1, C), np.float32)}
+    want = np.zeros(C, np.float32)
+    for n in range(W):  # Σ f32(f32(mean·count) / Σcount), row by row from 0
+        want = want + (mean[n] * np.float32(4)) / np.float32(4 * W)
+    got = run(_gather_fused_graph(W, C, 1), 0, "numpy", arrays)[0]
+    assert raw(got) == raw(want.reshape(1, C))
+
+
+@pytest.mark.parametrize("cores", [0, -1])
+def test_gather_stats_kernels_refuse_no_cores(cores):
+    """cores=0 raised ZeroDivisionError when the graph ran (SyncBatchNormGatherStatsFused) or
+    was built (SyncBatchNormGatherStats' 950 tiling); a negative count was recorded."""
+    with pytest.raises(L0Error, match=f"SyncBatchNormGatherStatsFused: cores must be at least 1, got {cores}"):
+        _gather_fused_graph(2, 3, cores)
+    g = Graph("gather")
+    shapes = [((2, 3), F), ((2, 3), F), ((2,), DataType.INT32), ((3,), F), ((3,), F)]
+    ins = [g.add_input(f"x{k}", TensorType(s, d)) for k, (s, d) in enumerate(shapes)]
+    with pytest.raises(L0Error, match=f"SyncBatchNormGatherStats: cores must be at least 1, got {cores}"):
+        g.add_node("SyncBatchNormGatherStats", ins, momentum=0.1, eps=1e-5, arch=3510, cores=cores)
