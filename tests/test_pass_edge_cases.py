@@ -249,3 +249,17 @@ def test_constant_folding_keeps_values_a_fill_cannot_hold(backend):
             r = np.asarray(got[v.name])
             assert r.dtype == w.dtype and r.shape == () and r == w, (level, v.name, r, w)
     assert [n.op for n in passes.optimize(g, 2).nodes].count("Fill") == 3  # Add(a, a) folded
+
+
+def test_constant_folding_keeps_a_format_tag():
+    """A ReFormat of a Fill folded to a Fill: the graph output f32[2,3,2,2]@NCHW came out of
+    level 2 as f32[2,3,2,2] (ND), the tag the other passes keep (a Fill has none)."""
+    g = Graph("fold_format")
+    tagged = node(g, "ReFormat", node(g, "Fill", shape=(2, 3, 2, 2), value=1.5, dtype=F),
+                  format=Format.NCHW)
+    g.outputs = [tagged, node(g, "Cast", tagged, to=DataType.FLOAT16)]
+    opt = passes.optimize(g, 2)
+    assert [str(v.type) for v in opt.outputs] == ["f32[2,3,2,2]@NCHW", "f16[2,3,2,2]@NCHW"]
+    for backend in BACKENDS:
+        got = get_backend(backend).run(opt, {})
+        assert np.array_equal(np.asarray(got[opt.outputs[0].name]), np.full((2, 3, 2, 2), 1.5, np.float32))

@@ -20,6 +20,7 @@ from opgraph.core.ir import Graph, Node, Value
 from opgraph.core.memory import buffer_root_value, memory_of, writes_any, written_memory
 from opgraph.core.passmanager import FunctionPass, RewritePass, sweep_dead
 from opgraph.core.rules import Rule
+from opgraph.core.types import TensorType
 
 
 MOVES = ("copy", "view", "movement")  # op kinds that move values without arithmetic
@@ -59,10 +60,12 @@ def _is_fill(v) -> bool:
 def _fold_constant(g: Graph, n: Node) -> bool:
     """Evaluate a node whose operands are all Fills on one element each; the result is a Fill.
     Same op, same operand values: the folded value has the result's exact bits — unless a
-    Fill's (float) value cannot hold them (an int64 beyond 2**53, a complex): then nothing is
-    folded."""
-    args = [np.full((), v.producer.attrs.value, dtype=v.dtype.np) for v in n.inputs]
+    Fill (ND, its value a float) cannot hold them (a format tag, an int64 beyond 2**53, a
+    complex): then nothing is folded."""
     out = n.outputs[0].type
+    if TensorType(out.shape, out.dtype) != out:  # a format tag a Fill would drop
+        return False
+    args = [np.full((), v.producer.attrs.value, dtype=v.dtype.np) for v in n.inputs]
     with np.errstate(all="ignore"):  # (IEEE results, as the node computes them)
         if n.opdef.kind in MOVES:  # a view, copy or broadcast of a constant: the same value
             value = args[0]
