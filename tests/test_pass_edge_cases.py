@@ -263,3 +263,24 @@ def test_constant_folding_keeps_a_format_tag():
     for backend in BACKENDS:
         got = get_backend(backend).run(opt, {})
         assert np.array_equal(np.asarray(got[opt.outputs[0].name]), np.full((2, 3, 2, 2), 1.5, np.float32))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("identity", ["Cast", "ReduceSum"])
+def test_identity_of_a_strided_input_is_not_forwarded_to_views(identity, backend):
+    """An identity Cast (or ReduceSum over no axes) of a strided input, read by UnsqueezeNd and
+    Reshape: level-1 pruning forwarded the strided input to the views, which refuse it (a
+    PassError at levels 1 and 2). Only contiguous operands are forwarded."""
+    g = Graph("strided_identity")
+    x = g.add_input("x", TensorType((2, 3), F, strides=(1, 2)))
+    attrs = {"to": F} if identity == "Cast" else {"axes": ()}
+    same = node(g, identity, x, **attrs)
+    up = node(g, "UnsqueezeNd", same, dims=(0,))
+    g.outputs = [node(g, "Mul", up, up), node(g, "Reshape", same, shape=(6,))]
+    logical = np.float32([[0, 2, 4], [1, 3, 5]])  # storage 0..5 read with strides (1, 2)
+    for level in (0, 1, 2):
+        opt = passes.optimize(g, level)
+        t = opgraph.Tensor(np.arange(6, dtype=np.float32), (2, 3), (1, 2))
+        got = get_backend(backend).run(opt, {"x": t})
+        assert np.array_equal(np.asarray(got[opt.outputs[0].name]), (logical * logical)[None])
+        assert np.array_equal(np.asarray(got[opt.outputs[1].name]), logical.reshape(6))

@@ -89,10 +89,14 @@ def _foldable(n: Node) -> bool:
                                     or (n.opdef.kind in MOVES and len(n.inputs) == 1))
 
 
+# (an identity's output is typed contiguous: forwarding a strided operand in its place would
+# hand its readers another layout — views refuse it — so only contiguous operands are forwarded)
 IDENTITY_RULES = [
     Rule("identity-contiguous", "Contiguous", lambda n: n.inputs[0].type.is_contiguous, _forward),
-    Rule("identity-cast", "Cast", lambda n: n.inputs[0].dtype == n.attrs.to, _forward),
-    Rule("identity-reducesum", "ReduceSum", lambda n: not n.attrs.axes, _forward),
+    Rule("identity-cast", "Cast",
+         lambda n: n.inputs[0].dtype == n.attrs.to and n.inputs[0].type.is_contiguous, _forward),
+    Rule("identity-reducesum", "ReduceSum",
+         lambda n: not n.attrs.axes and n.inputs[0].type.is_contiguous, _forward),
     Rule("unsqueeze-view-merge", "UnsqueezeNd",
          lambda n: n.inputs[0].producer is not None and n.inputs[0].producer.op == "UnsqueezeNd"
          and len(n.inputs[0].users) == 1, _merge_unsqueeze),
