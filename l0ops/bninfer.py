@@ -22,7 +22,7 @@ from opgraph.core.dtypes import DataType
 from opgraph.core.opdef import DType, Fidelity, OpAttrs, require
 from opgraph.core.types import TensorType
 from .define import define_op
-from .primitives import fill_value_ok
+from .primitives import as_f32, fill_value_ok
 
 F32, F16, BF16 = DataType.FLOAT, DataType.FLOAT16, DataType.BF16
 FLOATS = (F32, F16, BF16)
@@ -53,7 +53,7 @@ def _upcast(emit, args, ts) -> list[str]:
 def _bninfer(emit, args, a: EpsAttrs, ts) -> str:
     """rstd = 1/sqrt(var + eps); y = ((x − mean)·rstd)·w + b, every step rounded to float32."""
     x, w, b, mean, var = _upcast(emit, args, ts)
-    v = emit("add", [var, emit("fill", [], F32, value=float(np.float32(a.eps)))], F32)
+    v = emit("add", [var, emit("fill", [], F32, value=as_f32(a.eps))], F32)
     rstd = emit("div", [emit("fill", [], F32, value=1.0), emit("sqrt", [v], F32)], F32)
     y = emit("add", [emit("mul", [emit("mul", [emit("sub", [x, mean], F32), rstd], F32), w], F32), b], F32)
     return y if ts[0].dtype == F32 else emit("cast", [y], ts[0].dtype)
@@ -82,7 +82,7 @@ def rstd_newton_raphson(emit, var: str, eps: float) -> str:
     (each Mula ``a·b + c`` modelled as a fused multiply-add); then v == +inf → 0 and
     v == 0 → +inf."""
     c = lambda value: emit("fill", [], F32, value=value)  # noqa: E731
-    v = emit("max", [emit("add", [var, c(float(np.float32(eps)))], F32), c(float(np.float32(-99.99)))], F32)
+    v = emit("max", [emit("add", [var, c(as_f32(eps))], F32), c(float(np.float32(-99.99)))], F32)
     r = emit("div", [c(1.0), v], F32)
     y = emit("sqrt", [r], F32)
     t = emit("mul", [emit("mul", [v, c(-0.5)], F32), y], F32)
@@ -148,19 +148,13 @@ class ConstAttrs(OpAttrs):
     dtype: DType
 
 
-def _as_f32(value: float) -> float:
-    """``value`` rounded to float32 (RNE; beyond its range: ±inf, without a warning)."""
-    with np.errstate(over="ignore"):
-        return float(np.float32(value))
-
-
 def _const(xs, a: ConstAttrs) -> list:
     with np.errstate(over="ignore"):
         return [np.asarray(np.float32(a.value)).astype(a.dtype.np)]
 
 
 def _const_infer(ts, a: ConstAttrs) -> list:
-    require(fill_value_ok(_as_f32(a.value), a.dtype), "ConvertToTensor",
+    require(fill_value_ok(as_f32(a.value), a.dtype), "ConvertToTensor",
             f"value {a.value!r} does not convert to {a.dtype.short}")
     return [TensorType((), a.dtype)]
 
@@ -168,7 +162,7 @@ def _const_infer(ts, a: ConstAttrs) -> list:
 ConvertToTensor = define_op(
     "ConvertToTensor", attrs=ConstAttrs, num_inputs=0, kind="source",
     infer=_const_infer, compute=_const,  # fused: the float32 scalar, rounded once to dtype
-    expand=lambda emit, args, a, ts: emit("fill", [], a.dtype, value=_as_f32(a.value)),
+    expand=lambda emit, args, a, ts: emit("fill", [], a.dtype, value=as_f32(a.value)),
     free=lambda node: True,
     fidelity=(Fidelity("no arithmetic", "a float32 scalar rounded (RNE) to dtype on the host"),),
     doc="A 0-d host tensor holding a scalar in ``dtype`` (aclOpExecutor::ConvertToTensor); it "

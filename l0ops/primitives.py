@@ -84,6 +84,17 @@ def cast_array(x: np.ndarray, to: DataType) -> np.ndarray:
     return x.astype(dst)
 
 
+def as_f32(value: float) -> float:
+    """``value`` rounded to float32 (RNE), as a Python float: beyond float32's range ±inf,
+    without numpy's overflow warning (an expansion turns attributes into constants in phase 1).
+
+    >>> as_f32(0.1), as_f32(1e39), as_f32(-1e39)
+    (0.10000000149011612, inf, -inf)
+    """
+    with np.errstate(over="ignore"):
+        return float(np.float32(value))
+
+
 def fill_value_ok(value: float, dtype: DataType) -> bool:
     """Whether ``value`` converts to ``dtype`` (aclnnInplaceFillScalar: "value must be
     convertible to selfRef's dtype"): any value into floats and BOOL; into an integer dtype a

@@ -23,6 +23,7 @@ from opgraph.core.opdef import Fidelity, OpAttrs, require
 from .basic import _norm_axes
 from .define import define_op
 from .expansion import expansion_compute
+from .primitives import as_f32
 
 F32 = DataType.FLOAT
 ORDER = "float32 sums in opgraph's fixed order (l0ops.ordered): the vendor's order is not public"
@@ -56,7 +57,7 @@ def _finish(emit, r: str, out) -> str:
 
 
 def _fill(emit, value: float) -> str:
-    return emit("fill", [], F32, value=float(np.float32(value)))
+    return emit("fill", [], F32, value=as_f32(value))
 
 
 def _sum_infer(ts, a):

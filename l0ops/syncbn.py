@@ -20,6 +20,7 @@ import numpy as np
 from opgraph.core.dtypes import DataType
 from opgraph.core.opdef import Fidelity, OpAttrs, require
 from .define import define_op
+from .primitives import as_f32
 
 F32 = DataType.FLOAT
 f32 = np.float32
@@ -41,16 +42,16 @@ def _gather_with_counts(emit, args, a: MomentumEpsAttrs, ts):
     definition serves numpy, fusion and the native kernels."""
     mean, invstd, count, mean_all, count_sum, rv = args
     W, C = ts[0].shape
-    fill = lambda v: emit("fill", [], F32, value=float(f32(v)))
+    fill = lambda v: emit("fill", [], F32, value=as_f32(v))
     r = emit("div", [fill(1.0), invstd], F32)
-    v = emit("add", [emit("mul", [r, r], F32), fill(-f32(a.epsilon))], F32)
+    v = emit("add", [emit("mul", [r, r], F32), fill(-as_f32(a.epsilon))], F32)
     d = emit("sub", [mean, mean_all], F32)
     t = emit("mul", [emit("add", [v, emit("mul", [d, d], F32)], F32), count], F32)
     vs = emit("sum", [t], F32, shape=(1, C), over=(W, C))
     std = emit("sqrt", [emit("add", [emit("div", [vs, count_sum], F32), fill(a.epsilon)], F32)], F32)
     inv = emit("div", [fill(1.0), std], F32)
     unbiased = emit("div", [vs, emit("add", [count_sum, fill(-1.0)], F32)], F32)
-    m = f32(a.momentum)
+    m = f32(as_f32(a.momentum))
     rv_new = emit("add", [emit("mul", [rv, fill(f32(1) - m)], F32), emit("mul", [unbiased, fill(m)], F32)], F32)
     return emit("view", [inv], F32, shape=(C,)), rv_new
 
@@ -82,7 +83,7 @@ class MomentumAttrs(OpAttrs):
 def _update(emit, args, a: MomentumAttrs, ts) -> str:
     """mean·m + (rm − rm·m), each step in float32."""
     mean, rm = args
-    m = emit("fill", [], F32, value=float(f32(a.momentum)))
+    m = emit("fill", [], F32, value=as_f32(a.momentum))
     return emit("add", [emit("mul", [mean, m], F32), emit("sub", [rm, emit("mul", [rm, m], F32)], F32)], F32)
 
 

@@ -4,6 +4,8 @@ backend), and results that must keep level 0's bits at every level on numpy and 
 (expected values from float64 / numpy formulas written here)."""
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 
@@ -187,3 +189,21 @@ def test_gather_stats_kernels_refuse_no_cores(cores):
     ins = [g.add_input(f"x{k}", TensorType(s, d)) for k, (s, d) in enumerate(shapes)]
     with pytest.raises(L0Error, match=f"SyncBatchNormGatherStats: cores must be at least 1, got {cores}"):
         g.add_node("SyncBatchNormGatherStats", ins, momentum=0.1, eps=1e-5, arch=3510, cores=cores)
+
+
+@pytest.mark.parametrize("op, shapes, attrs", [
+    ("ReduceStdWithMean", [(2, 3), (2, 3)], {"axes": (0,), "eps": 1e39}),
+    ("BNInfer", [(1, 2, 1, 1)] * 5, {"eps": -1e39}),
+    ("BatchNormV3", [(1, 2, 1, 1)] + [(2,)] * 4, {"eps": 1e39}),
+    ("SyncBNTrainingUpdate", [(3,), (3,)], {"momentum": 1e39})])
+def test_expanding_an_attribute_beyond_float32_warns_nothing(op, shapes, attrs):
+    """An eps or momentum beyond float32's range (inf in float32, as the kernels take it):
+    level-2 fusion expanded it with numpy's 'overflow encountered in cast' RuntimeWarning in
+    phase 1, outside any errstate (an error under -W error)."""
+    g = Graph("attr")
+    ins = [g.add_input(f"x{k}", TensorType(s, F)) for k, s in enumerate(shapes)]
+    g.outputs = [node(g, "Cast", g.add_node(op, ins, **attrs).outputs[0], to=F16)]  # (a group)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        opt = passes.optimize(g, 2)
+    assert any(n.op in ("FusedElementwise", "FusedReduce") for n in opt.nodes)
