@@ -330,6 +330,21 @@ def test_an_unwritable_cache_directory_is_one_clear_error(cache, monkeypatch):
     assert "x.tmp" not in str(e.value)
 
 
+@pytest.mark.parametrize("script", ["\x7fELF not a program", "#!/bin/sh\nexec sleep 30\n"])
+def test_a_cc_that_cannot_run_or_hangs_is_one_clear_error(cache, tmp_path, monkeypatch, script):
+    """$CC naming a file that is no program (it was the OSError 'Exec format error'), or a
+    compiler that hangs (TimeoutExpired, after two minutes per command), is a NativeBuildError."""
+    cc = tmp_path / "cc"
+    cc.write_text(script)
+    cc.chmod(0o755)
+    monkeypatch.setenv("CC", str(cc))
+    monkeypatch.setattr(build, "COMPILE_TIMEOUT", 1)
+    build.forget()
+    with refused(f"cannot run the C compiler {cc}: Exec format error|the C compiler {cc} did not "
+                 "finish in 1 s"):
+        build.load(source(505))
+
+
 # --- damaged entries -------------------------------------------------------------------------------
 def test_another_kernels_library_under_this_name_is_compiled_again(cache):
     a, b = build.load(source(501)), build.load(source(502))

@@ -70,6 +70,7 @@ SYMBOL = "opg_kernel"
 MAX_CACHE_BYTES = 256 << 20  # the disk cache bound unless $OPGRAPH_CACHE_MAX_MB is set
 TEMP_MAX_AGE = 3600.0        # seconds after which a leftover temporary is deleted
 PCH_MAX_AGE = 30 * 86400.0   # seconds after which an unused precompiled header is deleted
+COMPILE_TIMEOUT = 120        # seconds a compiler command may take
 _ENTRY = re.compile(r"k_([0-9a-f]{64})\.(so|c|cmd)")
 _TEMP = re.compile(r"[kp]_[0-9a-f]{64}\.[^.]+\.tmp\.(so|c|cmd|h|gch)")
 _PCH = re.compile(r"p_[0-9a-f]{64}\.h\.gch")
@@ -191,7 +192,14 @@ def _cpu_tag() -> str:
 
 
 def _run(cmd: Sequence[str]) -> subprocess.CompletedProcess:
-    return subprocess.run(list(cmd), capture_output=True, text=True, timeout=120)
+    """A compiler command's result; NativeBuildError if it cannot start or times out."""
+    try:
+        return subprocess.run(list(cmd), capture_output=True, text=True, timeout=COMPILE_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        raise NativeBuildError(f"the C compiler {cmd[0]} did not finish in {COMPILE_TIMEOUT} s "
+                               f"(command: {' '.join(cmd)})") from None
+    except OSError as e:
+        raise NativeBuildError(f"cannot run the C compiler {cmd[0]}: {e.strerror or e}") from None
 
 
 def flags(cc: str) -> tuple[str, ...]:
@@ -267,13 +275,11 @@ def private_dir(directory: Optional[Path] = None) -> Path:
 
 def _unwritable(directory: Path, e: OSError) -> NativeBuildError:
     return NativeBuildError(f"cannot write into the native kernel cache directory {directory}: "
-                            f"{e.strerror or e}; make it writable or set OPGRAPH_CACHE_DIR to "
-                            "another directory")
+                            f"{e.strerror or e}; make it writable or set OPGRAPH_CACHE_DIR to another directory")
 
 
 def _temp(lib: Path, ext: str) -> tuple[int, str]:
-    """A new temporary beside ``lib``; NativeBuildError naming the directory when it cannot be
-    made (a read-only cache: mkstemp's own error named only the temporary)."""
+    """A new temporary beside ``lib``; NativeBuildError naming the directory if it fails."""
     try:
         return tempfile.mkstemp(prefix=f"{lib.stem}.", suffix=f".tmp.{ext}", dir=lib.parent)
     except OSError as e:
