@@ -12,7 +12,8 @@ import opgraph
 from backends import get as get_backend, native
 from opgraph import passes
 from opgraph.core.dtypes import DataType
-from opgraph.core.ir import Graph, TensorType
+from opgraph.core.ir import Graph, GraphError, TensorType
+from opgraph.core.memory import plan_memory
 from opgraph.passes.program import optimize_program
 
 F4 = TensorType((4,), DataType.FLOAT)
@@ -247,3 +248,19 @@ def test_optimising_a_redirected_graph_again_keeps_every_write(build, first, the
     get_backend(backend).run(again, {k: opgraph.tensor(a) for k, a in fresh.items()})
     for name in arrays:
         assert np.array_equal(fresh[name], x if name == "x" else want), (name, fresh[name])
+
+
+def test_memory_plan_refuses_a_redirect_no_kernel_makes():
+    """A graph (hand-built or loaded) whose copies are marked redirected where no kernel can
+    write the destination — one value redirected into two tensors, a graph input redirected —
+    was planned with the copy silently dropped: the tensor was never written."""
+    g, (x, w, v) = graph("x", "w", "v")
+    y = op(g, "Mul", x, x)
+    g.add_node("ViewCopy", [y, w], redirect=True)
+    g.add_node("ViewCopy", [y, v], redirect=True)
+    with pytest.raises(GraphError, match="no kernel would write %v"):
+        plan_memory(g)
+    g, (x, w) = graph("x", "w")
+    g.add_node("ViewCopy", [x, w], redirect=True)
+    with pytest.raises(GraphError, match="no kernel would write %w"):
+        get_backend("numpy").run(g, {"x": opgraph.tensor(X.copy()), "w": opgraph.tensor(OUT.copy())})

@@ -16,6 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Container, Iterable
 
+from .types import GraphError
+
 ALIGN = 512
 
 
@@ -97,8 +99,16 @@ def plan_memory(graph: Any) -> MemoryPlan:
     sizes: dict[str, int] = {}
     # a redirecting copy (opdef.redirects): the copied value lives in the destination user
     # tensor from the start, so its producer writes there
-    redirected = {buffer_root_value(n.inputs[0]).name: n.inputs[n.opdef.written(n)[0]].name
-                  for n in graph.nodes if n.opdef.redirects(n)}
+    redirected = {}
+    for n in graph.nodes:
+        if n.opdef.redirects(n):
+            src, dst = buffer_root_value(n.inputs[0]), n.inputs[n.opdef.written(n)[0]]
+            p = src.producer
+            if (p is None or p.opdef.is_free(p) or p.opdef.written(p) or src.name in redirected
+                    or not dst.type.is_contiguous):
+                raise GraphError(f"a redirected copy needs a kernel's own output, redirected once, "
+                                 f"into a contiguous tensor (no kernel would write %{dst.name}): {n}")
+            redirected[src.name] = dst.name
     plan.placed_in = dict(redirected)
     for i, node in enumerate(graph.nodes):
         for v in node.inputs:
