@@ -79,7 +79,9 @@ def rstd_newton_raphson(emit, var: str, eps: float) -> str:
     """ComputeRstdNewtonRaphsonReg (ops-nn norm_common reduce_common_regbase.h), in float32:
     v = max(var + eps, −99.99); r = 1/v; y = sqrt(r); t = (v·−0.5)·y; rstd = y·(t·y + 1.5);
     s = (v·−1)·r + 1; r = (rstd·−1)·rstd + r; s = (v·r + s)·rstd; rstd = s·0.5 + rstd
-    (each Mula ``a·b + c`` modelled as a fused multiply-add); then v == +inf → 0 and
+    (each Mula ``a·b + c`` modelled as the ``fma`` primitive: a multiply-add in float64 rounded
+    to float32, which a single-rounding fused multiply-add differs from by one ulp on rare
+    inputs; no public source says how the 950 rounds a Mula); then v == +inf → 0 and
     v == 0 → +inf."""
     c = lambda value: emit("fill", [], F32, value=value)  # noqa: E731
     v = emit("max", [emit("add", [var, c(as_f32(eps))], F32), c(float(np.float32(-99.99)))], F32)

@@ -2,13 +2,15 @@
 and the numpy semantics of each instruction (:mod:`l0ops.interpreter` runs a whole body over an
 iteration space).
 
-Instructions have exact IEEE semantics in their dtype: ``add``, ``sub``, ``mul``, ``div``,
-``max``, ``sqrt`` (one rounding to the instruction's dtype), ``fma(a, b, c) = a·b + c`` (one
-rounding: evaluated in float64, then rounded), ``cast`` (RNE into floats; float → int
+Instructions have exact IEEE semantics in their dtype: ``add``, ``sub``, ``mul``, ``div``, ``max``,
+``sqrt`` (one rounding to the instruction's dtype), ``fma(a, b, c) = a·b + c`` (evaluated in
+float64, then rounded to the dtype: a·b is exact there, but the sum rounds twice, so on rare inputs
+it is one ulp off a single-rounding fused multiply-add), ``cast`` (RNE into floats; float → int
 truncates, NaN → 0), ``eq`` (a bool register), ``where(cond, a, b)`` and ``pow(x, e)`` (Pow's
-special-cased exponents, :func:`pow_array`); ``view`` reshapes a hoisted register, ``sum``
-reduces a register to a scalar, or to ``shape`` (keepdims; reduced dims 1), in the order of
-:mod:`l0ops.ordered`, ``fill`` is a constant. Registers ``in0``…``inK`` are the inputs; ``t0``… temporaries.
+special-cased exponents, :func:`pow_array`); ``view`` reshapes a hoisted register, ``sum`` reduces
+a register to a scalar, or to ``shape`` (keepdims; reduced dims 1), in the order of
+:mod:`l0ops.ordered`, ``fill`` is a constant. Registers ``in0``…``inK`` are the inputs; ``t0``…
+temporaries.
 FusedElementwise (``l0ops.fused``) runs a body as one kernel; ops defined by an expansion get
 their numpy semantics from the same primitives (:mod:`l0ops.expansion`).
 
