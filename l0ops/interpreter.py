@@ -134,7 +134,11 @@ class Program:
             self.types = {r: (d, tuple([rename.get(n, n) for n in shape]))
                           for r, (d, shape) in types.items()}
             return self.types
-        if name.startswith("__") or self.__dict__.get("_pending") is None:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        if self.__dict__.get("_pending") is None:  # no plan to build: built, maybe just now
+            if name in self.__dict__:  # (another thread published it after this lookup missed)
+                return self.__dict__[name]
             raise AttributeError(name)
         with _PLAN_LOCK:
             pending = self.__dict__.get("_pending")
