@@ -39,7 +39,7 @@ SUM_ROWS = r"""
    rows, then the block sums the same way. 1 when out of memory. */
 static int opg_sum_rows(const float *t, int64_t W, int64_t C, int64_t cores, float *out)
 {
-    if (W > 255 && W > C) {
+    if (W > 255 && W > C && cores > 1) {  /* one core: one block, the sequential sum */
         const int64_t step = (W + cores - 1) / cores, nb = (W + step - 1) / step;
         float *const blocks = (float *)malloc(sizeof(float) * nb * C);
         if (blocks == 0) return 1;
