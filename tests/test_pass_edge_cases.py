@@ -120,6 +120,17 @@ def view_inside_a_fused_member_of_a_reduction():
         [np.full(8, 3.5, np.float16), np.full((2, 4), 3.5, np.float32)]
 
 
+def integer_mean_over_no_axes():
+    """A fused reduction whose result is its integer input (a mean over no axes): the native
+    backend's prologue looked the result up among its float registers (KeyError 'in0'); it runs
+    such a body on numpy."""
+    g = Graph("int_mean_no_axes")
+    x = g.add_input("x", TensorType((2, 3), DataType.INT32))
+    g.outputs = [node(g, "ReduceMean", x, axes=(), keepdims=True)]
+    return g, {"x": np.arange(6, dtype=np.int32).reshape(2, 3)}, \
+        [np.arange(6, dtype=np.int32).reshape(2, 3)]
+
+
 def store_between_one_element_shapes():
     g = Graph("one_element_store")
     x, out = g.add_input("x", TensorType((1, 1, 1), F)), g.add_input("out", TensorType((1, 1), F))
@@ -146,7 +157,7 @@ def contiguous_0d():
 CASES = [folded_0d_fills, zero_d_results, contiguous_0d, mean_of_nothing, view_of_a_broadcast,
          sum_of_a_view_of_a_broadcast, view_of_arithmetic_on_a_broadcast_sum,
          view_of_arithmetic_on_a_broadcast, sum_of_a_view_of_arithmetic_on_a_broadcast,
-         view_inside_a_fused_member_of_a_reduction, store_between_one_element_shapes, reduction_of_constants]
+         view_inside_a_fused_member_of_a_reduction, integer_mean_over_no_axes, store_between_one_element_shapes, reduction_of_constants]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -183,6 +183,8 @@ class Prologue:
         for k, ins in enumerate(body):
             if f"t{k}" in want:
                 lines += self._instr(f"t{k}", ins, types)
+        if any(r not in self.regs for r in needed):  # (an integer input as a result, say)
+            raise Unsupported("a result is not a float register")
         self.hoisted_at = tuple(self._put([self.regs[r][0]]) for r in needed)
         self.table[0] = max(self._scratch, 1)
         self.scratch = self.table[0]

@@ -36,7 +36,7 @@ from . import build
 from .build import PointerArray, address, int64_array
 from .prologue import HELPERS as SUM_HELPERS, Prologue
 from .c_text import F32, HELPERS, V_HELPERS
-from .unsupported import Unsupported, planned
+from .unsupported import planned
 
 _ARGTYPES = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
 
@@ -70,9 +70,7 @@ def compile_body(body: Sequence[Instr], types: dict, inputs: Sequence[np.ndarray
     :class:`Unsupported` when the prologue renderer does not cover an instruction or a result
     is not a float register. The reductions' epilogue uses it too (:mod:`.reduce`)."""
     needed = tuple(dict.fromkeys(results))
-    pro = Prologue(body, types, inputs, needed)
-    if any(r not in pro.regs for r in needed):
-        raise Unsupported("a result is not a float register")
+    pro = Prologue(body, types, inputs, needed)  # (Unsupported: a result not a float register)
     source = "\n".join([HELPERS, V_HELPERS, SUM_HELPERS, pro.source,
                         "int opg_small(const int64_t *tab, void *const *small, float *scr)",
                         "{", "    opg_prologue(tab, small, scr);", "    return 0;", "}", ""])
