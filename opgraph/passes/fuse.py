@@ -147,7 +147,9 @@ def narrow_viewed(order: list[Node], externals: Sequence[Value], body: Sequence[
             values.setdefault(regs[v.name], []).append(v)
     for ins in body:
         if ins.op == "view" and math.prod(shapes[ins.args[0]]) != math.prod(ins.shape or ()):
-            return _narrow_member(ins.args[0], body, shapes, values)
+            found = _narrow_member(ins.args[0], body, shapes, values)
+            if found is not None:  # (else a later view may still name one)
+                return found
     return None
 
 
