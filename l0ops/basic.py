@@ -12,13 +12,11 @@ launch nothing for it (the ``free`` predicates say when; level-1 pruning removes
 """
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from opgraph.core.dtypes import DataType
 from opgraph.core.opdef import DType, Fidelity, L0Error, OpAttrs, require
-from opgraph.core.tensor import MAX_RANK
+from opgraph.core.tensor import shape_error
 from opgraph.core.types import TensorType
 from .define import define_op
 from .primitives import cast_array, fill_value_ok
@@ -139,9 +137,8 @@ class FillAttrs(OpAttrs):
 def _fill_infer(ts, a):
     """A shape a tensor can have (as ``opgraph.Tensor`` checks it) and a value the dtype holds."""
     shape = a.shape
-    require(len(shape) <= MAX_RANK and all(n >= 0 for n in shape) and math.prod(shape) < 2 ** 63,
-            "Fill", f"shape {list(shape)}: at most {MAX_RANK} dims, none negative, and an element "
-            "count an int64_t holds")
+    problem = shape_error(shape)
+    require(problem is None, "Fill", problem or "")
     require(fill_value_ok(a.value, a.dtype), "Fill",
             f"value {a.value!r} does not convert to {a.dtype.short} (its integer part must fit)")
     return [TensorType(shape, a.dtype)]

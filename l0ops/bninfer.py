@@ -84,7 +84,7 @@ def rstd_newton_raphson(emit, var: str, eps: float) -> str:
     inputs; no public source says how the 950 rounds a Mula); then v == +inf → 0 and
     v == 0 → +inf."""
     c = lambda value: emit("fill", [], F32, value=value)  # noqa: E731
-    v = emit("max", [emit("add", [var, c(as_f32(eps))], F32), c(float(np.float32(-99.99)))], F32)
+    v = emit("max", [emit("add", [var, c(as_f32(eps))], F32), c(as_f32(-99.99))], F32)
     r = emit("div", [c(1.0), v], F32)
     y = emit("sqrt", [r], F32)
     t = emit("mul", [emit("mul", [v, c(-0.5)], F32), y], F32)

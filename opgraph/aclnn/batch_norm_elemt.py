@@ -41,6 +41,7 @@ import numpy as np
 from l0ops.arith import Div, Mul, OnesLike, Sub
 from l0ops.basic import Cast, Contiguous, Fill, UnsqueezeNd, ViewCopy
 from l0ops.bninfer import BatchNormV3, BNInfer, ConvertToTensor
+from l0ops.primitives import as_f32
 from l0ops.views import ReFormat, Reshape
 from opgraph.core.dtypes import Format, promote_types
 from opgraph.core.executor import Executor
@@ -95,7 +96,7 @@ def rebuild_variance(ex: Executor, invstd: Value, eps: float) -> Value:
     eps tensor made from (float)eps in that dtype."""
     sq = Mul(ex, invstd, invstd)
     var = Div(ex, OnesLike(ex, sq), sq)
-    return Sub(ex, var, ConvertToTensor(ex, value=float(np.float32(eps)), dtype=var.dtype))
+    return Sub(ex, var, ConvertToTensor(ex, value=as_f32(eps), dtype=var.dtype))
 
 
 def resize_from_1d(ex: Executor, t: Value, rank: int) -> Value:
@@ -138,7 +139,7 @@ def batch_norm_infer(ex: Executor, x: Value, w: Value, b: Value, mean: Value, va
     if rank < 4:
         x4 = ReFormat(ex, Reshape(ex, x, shape=x.shape + (1,) * (4 - rank)), format=Format.NCHW)
     proc = batch_norm_proc_regbase if ex.platform.is_regbase else batch_norm_proc
-    y = proc(ex, x4, w, b, mean, var, float(np.float32(eps)))
+    y = proc(ex, x4, w, b, mean, var, as_f32(eps))
     if rank < 4:
         y = ReFormat(ex, Reshape(ex, y, shape=x.shape), format=x.type.format)
     return y

@@ -46,6 +46,7 @@ from typing import Any, Optional
 import numpy as np
 
 from l0ops.basic import BroadcastTo, Cast, Contiguous, Fill, UnsqueezeNd, ViewCopy
+from l0ops.primitives import as_f32
 from l0ops.reduce import ReduceMeanWithCount, ReduceSum
 from l0ops.syncbn import (SyncBatchNormGatherStatsFused, SyncBatchNormGatherStatsWithCounts,
                           SyncBNTrainingUpdate)
@@ -303,7 +304,7 @@ def aclnnBatchNormGatherStatsWithCountsGetWorkspaceSize(
         ex.output(fill_with(ex, v["meanAll"], 0.0), fill_with(ex, v["invstdAll"], math.nan))
         return
     require_kernel(PLATFORMS, p, "SyncBatchNormGatherStatsWithCounts")
-    m32, e32 = float(np.float32(momentum)), float(np.float32(eps))  # the kernels' float attrs
+    m32, e32 = as_f32(momentum), as_f32(eps)  # the kernels' float attrs
     if p.soc == FUSED_SOC:
         gather_fused(ex, v, input.shape[1], input.dtype, m32, e32)
     else:

@@ -33,6 +33,7 @@ import numpy as np
 from l0ops.arith import Add, Pow
 from l0ops.basic import BroadcastTo, Cast, Contiguous, Fill, UnsqueezeNd, ViewCopy
 from l0ops.bninfer import ConvertToTensor
+from l0ops.primitives import as_f32
 from l0ops.reduce import ReduceMean, ReduceStdWithMean, ReduceVar
 from l0ops.views import ReFormat
 from opgraph.core.dtypes import DataType, Format
@@ -89,7 +90,7 @@ def stats_regbase(ex: Executor, x: Value, axes: tuple[int, ...], eps: float, mea
                   invstd: Value) -> tuple[Value, Value]:
     """aclnnBatchNormStatsImplUnify (950): ReduceVar → Add(eps) → Pow(−0.5); invstd copied first."""
     var, mean_x = ReduceVar(ex, x, axes=axes, correction=0, keepdims=False)
-    eps_t = ConvertToTensor(ex, value=float(np.float32(eps)), dtype=F32)  # (float)eps, host data
+    eps_t = ConvertToTensor(ex, value=as_f32(eps), dtype=F32)  # (float)eps, host data
     y = Pow(ex, Add(ex, var, eps_t), ConvertToTensor(ex, value=POW_EXPONENT, dtype=F32))
     return ViewCopy(ex, y, invstd), ViewCopy(ex, mean_x, mean)
 
@@ -102,7 +103,7 @@ def stats_membase(ex: Executor, x: Value, axes: tuple[int, ...], eps: float, mea
     mean_done = ViewCopy(ex, mean_x, mean)
     mean_b = BroadcastTo(ex, UnsqueezeNd(ex, mean_x, dims=axes), shape=x.shape)
     y = ReduceStdWithMean(ex, x, mean_b, axes=axes, correction=0, keepdims=False, invert=True,
-                          eps=float(np.float32(eps)))
+                          eps=as_f32(eps))
     return mean_done, ViewCopy(ex, y, invstd)
 
 

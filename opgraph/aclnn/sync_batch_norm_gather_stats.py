@@ -30,6 +30,7 @@ from typing import Any, Optional
 import numpy as np
 
 from l0ops.basic import Cast, Contiguous, ViewCopy
+from l0ops.primitives import as_f32
 from l0ops.sync_bn_gather_stats import SyncBatchNormGatherStats
 from opgraph.core.dtypes import DataType
 from opgraph.core.executor import Executor
@@ -132,7 +133,7 @@ def reference(a: Arrays) -> dict[str, np.ndarray]:
     s, q, cnt, rm, rv = (np.asarray(a[k]).astype(np.float64)
                          for k in ("totalSum", "totalSquareSum", "sampleCount", "mean", "variance"))
     with np.errstate(all="ignore"):  # a double past float32's range is inf, as the C cast
-        m, eps = float(np.float32(a["momentum"])), float(np.float32(a["eps"]))
+        m, eps = as_f32(a["momentum"]), as_f32(a["eps"])
         n = np.trunc(cnt).sum()
         bm = s.sum(0) / n
         var = q.sum(0) / n - bm * bm
@@ -175,7 +176,7 @@ def aclnnSyncBatchNormGatherStatsGetWorkspaceSize(
     tiling = dict(cores=p.vector_cores, ub_size=p.ub_size) if p.is_regbase else {}
     outs = SyncBatchNormGatherStats(
         ex, total_sum, total_square_sum, count, running_mean, running_var,
-        momentum=float(np.float32(momentum)), eps=float(np.float32(eps)), arch=p.npu_arch, **tiling)
+        momentum=as_f32(momentum), eps=as_f32(eps), arch=p.npu_arch, **tiling)
     ex.output(*(ViewCopy(ex, Cast(ex, out, to=t[name].dtype), v[name])
                 for out, name in zip(outs, ("batchMean", "batchInvstd", "mean", "variance"))))
 

@@ -61,6 +61,16 @@ def buffer_root_value(v: Any) -> Any:
     return v
 
 
+def redirectable(root: Any, dst: Any, taken: Container[str]) -> bool:
+    """Whether a copy of ``root`` (a :func:`buffer_root_value`) into the tensor ``dst`` can be a
+    redirect, the kernel making ``root`` writing into ``dst``: ``root`` is a kernel's own
+    output (not a free view, not an in-place write), not redirected already (its name not in
+    ``taken``), and ``dst`` is contiguous. The redirect pass and the memory plan keep this rule."""
+    p = root.producer
+    return (dst.type.is_contiguous and p is not None and not p.opdef.is_free(p)
+            and not p.opdef.written(p) and root.name not in taken)
+
+
 def memory_of(v: Any) -> Any:
     """The value whose memory ``v`` is: through free views, and through in-place writes to the
     tensor they wrote (a ViewCopy's result is its destination).
@@ -103,9 +113,7 @@ def plan_memory(graph: Any) -> MemoryPlan:
     for n in graph.nodes:
         if n.opdef.redirects(n):
             src, dst = buffer_root_value(n.inputs[0]), n.inputs[n.opdef.written(n)[0]]
-            p = src.producer
-            if (p is None or p.opdef.is_free(p) or p.opdef.written(p) or src.name in redirected
-                    or not dst.type.is_contiguous):
+            if not redirectable(src, dst, redirected):
                 raise GraphError(f"a redirected copy needs a kernel's own output, redirected once, "
                                  f"into a contiguous tensor (no kernel would write %{dst.name}): {n}")
             redirected[src.name] = dst.name

@@ -209,7 +209,7 @@ class GraphModel(_Strict):
     nodes: list[NodeModel]
     outputs: list[str]
 
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, strict=True)
+    model_config = ConfigDict(populate_by_name=True)  # (and _Strict's settings: pydantic merges them)
 
     @field_validator("name")
     @classmethod

@@ -129,18 +129,16 @@ class Tensor(_Slots):
         offset = _int("offset", offset)
         if len(shape) != len(strides):
             raise ValueError(f"shape {shape} and strides {strides} have different ranks")
-        if len(shape) > MAX_RANK:
-            raise ValueError(f"shape {shape} has rank {len(shape)} > {MAX_RANK}")
-        if any(n < 0 for n in shape):
-            raise ValueError(f"shape {shape} has a negative dim")
+        problem = shape_error(shape)
+        if problem is not None:
+            raise ValueError(problem)
         if any(s < 0 for s in strides):
             raise ValueError(f"strides {strides} must be >= 0")
         if offset < 0:
             raise ValueError(f"offset {offset} must be >= 0")
-        if max((*shape, *strides, offset, math.prod(shape))) > _INT64_MAX:
-            raise ValueError(f"shape {shape}, strides {strides}, offset {offset}: the dims, strides, "
-                             "offset and element count must fit in an int64_t, as aclCreateTensor "
-                             "takes them")
+        if max((*strides, offset)) > _INT64_MAX:
+            raise ValueError(f"strides {strides}, offset {offset}: they must fit in an int64_t, as "
+                             "aclCreateTensor takes them")
         if math.prod(shape) > 0:
             last = offset + sum((n - 1) * s for n, s in zip(shape, strides))
             if last >= storage.size:
@@ -295,6 +293,22 @@ def _intern_signature(sig: tuple) -> int:
 
 
 _SPANS = BoundedMemo(MAX_SIGNATURE_IDS)  # signature id -> bytes from the first element to past the last
+
+
+def shape_error(shape: tuple[int, ...]) -> "str | None":
+    """Why no tensor has ``shape`` — more than :data:`MAX_RANK` dims, a negative dim, an element
+    count no int64_t holds (aclCreateTensor's type) — or None when one can.
+
+    >>> shape_error((2, 3)), shape_error((2, -1))
+    (None, 'shape (2, -1) has a negative dim')
+    """
+    if len(shape) > MAX_RANK:
+        return f"shape {shape} has rank {len(shape)} > {MAX_RANK}"
+    if any(n < 0 for n in shape):
+        return f"shape {shape} has a negative dim"
+    if math.prod(shape) > _INT64_MAX:
+        return f"shape {shape}: its element count does not fit in an int64_t (aclCreateTensor's)"
+    return None
 
 
 def extent(t: Tensor) -> tuple[int, int]:

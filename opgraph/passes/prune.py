@@ -17,7 +17,8 @@ import numpy as np
 
 from l0ops.primitives import cast_array
 from opgraph.core.ir import Graph, Node, Value
-from opgraph.core.memory import buffer_root_value, memory_of, writes_any, written_memory
+from opgraph.core.memory import (buffer_root_value, memory_of, redirectable, writes_any,
+                                 written_memory)
 from opgraph.core.passmanager import FunctionPass, RewritePass, sweep_dead
 from opgraph.core.rules import Rule
 from opgraph.core.types import TensorType
@@ -134,16 +135,6 @@ def _dce(g: Graph) -> dict[str, int]:
     return {"removed": sweep_dead(g)}
 
 
-def _redirect_ok(n: Node, taken: set[str]) -> bool:
-    """A contiguous destination, and a source that is a kernel's fresh output (possibly seen
-    through free views) no other copy was redirected from."""
-    src, dst = n.inputs
-    root = buffer_root_value(src)
-    p = root.producer
-    return (dst.type.is_contiguous and p is not None and not p.opdef.is_free(p)
-            and not p.opdef.written(p) and root.name not in taken)
-
-
 def _order_safe(g: Graph, copy_at: int, src_root: Value, resident: set[int]) -> bool:
     """Whether redirecting the ViewCopy at ``copy_at`` keeps what every node reads: the source's
     kernel would write the destination when it runs, so no node between them may touch the
@@ -179,7 +170,8 @@ def _redirect(g: Graph) -> dict[str, int]:
         if n.op != "ViewCopy":
             continue
         root, dst = buffer_root_value(n.inputs[0]), id(memory_of(n.inputs[1]))
-        ok = _redirect_ok(n, taken) and _order_safe(g, i, root, into.setdefault(dst, set()))
+        ok = (redirectable(root, n.inputs[1], taken)
+              and _order_safe(g, i, root, into.setdefault(dst, set())))
         if ok:
             into[dst].add(id(root))
             taken.add(root.name)
@@ -191,7 +183,10 @@ def _redirect(g: Graph) -> dict[str, int]:
             v.producer = g.nodes[i]
         for v in n.inputs:
             v.users = [g.nodes[i] if u is n else u for u in v.users]
-        count, undone = (count + 1, undone) if ok else (count, undone + 1)
+        if ok:
+            count += 1
+        else:
+            undone += 1
     return {"redirected": count, "undone": undone} if undone else {"redirected": count}
 
 
