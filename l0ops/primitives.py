@@ -72,17 +72,26 @@ def pow_array(base: np.ndarray, exp: np.ndarray, one_element: "bool | None" = No
 
 
 def cast_array(x: np.ndarray, to: DataType) -> np.ndarray:
-    """numpy semantics of a cast: round-to-nearest-even into floats; float→int truncates, NaN→0.
+    """A Cast: round-to-nearest-even into floats; float→int truncates (ops-math Cast's
+    CAST_ROUND_MODE_TRUNC, math/cast/op_kernel/arch35/cast_struct.h), saturates out of range and
+    at ±inf (AscendC Cast: integer overflow saturates by default) and maps NaN to 0 (aclnnCast
+    doc, 约束说明).
 
-    >>> cast_array(np.float32([1.5, -2.7, np.nan]), DataType.INT32).tolist()
-    [1, -2, 0]
+    >>> cast_array(np.float32([1.5, -2.7, np.nan, 3e9, -np.inf]), DataType.INT32).tolist()
+    [1, -2, 0, 2147483647, -2147483648]
     """
     dst = to.np
     if x.dtype == dst:
         return x
     src_is_float = x.dtype.kind == "f" or x.dtype == DataType.BF16.np
     if src_is_float and dst.kind in "iu":
-        return np.trunc(np.nan_to_num(x.astype(np.float64), nan=0.0)).astype(dst)
+        info = np.iinfo(dst)
+        whole = np.trunc(np.nan_to_num(x.astype(np.float64), nan=0.0))
+        with np.errstate(invalid="ignore"):  # out-of-range lanes are replaced below
+            fits = whole.astype(dst)
+        # compare in float64: float(info.max) may round up (int64: 2**63), so ">=" saturates
+        return np.where(whole >= float(info.max), info.max,
+                        np.where(whole <= float(info.min), info.min, fits)).astype(dst)
     return x.astype(dst)
 
 

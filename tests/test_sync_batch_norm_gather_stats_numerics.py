@@ -184,6 +184,20 @@ def test_float_counts_are_truncated_to_int32():
                                                                run(fresh(b), soc).values()))
 
 
+def test_float_counts_beyond_int32_saturate():
+    """Cast(float → INT32) saturates (AscendC Cast: integer overflow saturates by default;
+    ops-math Cast float→int32 is CAST_ROUND_MODE_TRUNC, math/cast/op_kernel/arch35/cast_struct.h)
+    and maps NaN to 0 (aclnnCast doc): 3e9 and +inf count as 2**31 − 1, −inf as −2**31; they
+    used to wrap to −2**31."""
+    for big, whole in ((3e9, 2**31 - 1), (np.inf, 2**31 - 1), (-np.inf, -2**31), (np.nan, 0)):
+        a, b = valid(n=2, c=3), valid(n=2, c=3)
+        a["sampleCount"] = np.float32([big, 5.0])
+        b["sampleCount"] = np.int32([whole, 5])
+        for soc in ("Ascend910B", "Ascend950"):
+            got, want = run(fresh(a), soc), run(fresh(b), soc)
+            assert all((bits(got[k]) == bits(want[k])).all() for k in WRITTEN)
+
+
 @pytest.mark.parametrize("dtype", [F32, F16])
 def test_close_to_the_float64_formula(dtype):
     a = valid(n=16, c=32, dtype=dtype, seed=9)
