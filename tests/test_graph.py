@@ -442,3 +442,27 @@ def test_add_node_refuses_what_is_not_the_ops_naming_it():
     with pytest.raises(GraphError, match="unknown l0 op 'NoSuchOp'"):
         g.add_node("NoSuchOp", [x])
     assert g.nodes == []
+
+
+@pytest.mark.parametrize("op,field,bad,want", [
+    ("ReduceSum", "keepdims", "false", "valid boolean"),     # lax pydantic read it as False
+    ("ReduceSum", "keepdims", 0, "valid boolean"),
+    ("ReduceSum", "axes", ["1"], "axes.0: Input should be a valid integer"),
+    ("Fill", "value", "1e3", "valid number"),                # only inf, -inf and nan are strings
+    ("Fill", "shape", [2.0], "valid integer"),
+])
+def test_json_attributes_are_read_strictly(op, field, bad, want):
+    """A graph file's attributes must have their fields' types: lax validation read the string
+    "false" as False and ["1"] as axes (1,), so a hand-edited file meant something else than
+    it said. The error names the node, the field and what it got; the written file loads."""
+    g = Graph("strict")
+    x = g.add_input("x", TensorType((2, 3), FLOAT))
+    if op == "ReduceSum":
+        g.outputs = [g.add_node("ReduceSum", [x], axes=(1,), keepdims=True).outputs[0]]
+    else:
+        g.outputs = [g.add_node("Fill", [], shape=(2,), value=float("-inf"), dtype=FLOAT).outputs[0]]
+    raw = json.loads(g.to_json())
+    assert Graph.from_json(json.dumps(raw)) == g
+    raw["nodes"][0]["attrs"][field] = bad
+    with pytest.raises(GraphError, match=f"node 0: {op}: invalid attributes: .*{want}.*got"):
+        Graph.from_json(json.dumps(raw))

@@ -146,14 +146,32 @@ class OpDef:
         try:
             attrs = self.attrs(**kwargs)
         except ValidationError as e:
-            msgs = "; ".join(f"{'.'.join(map(str, err['loc'])) or 'attrs'}: {err['msg']}"
-                             for err in e.errors())
-            raise L0Error(f"{self.name}: invalid attributes: {msgs}") from None
+            raise self._invalid(e) from None
         if key is not None:
             if len(_ATTRS_CACHE) > 8192:
                 _ATTRS_CACHE.clear()
             _ATTRS_CACHE[key] = attrs
         return attrs
+
+    def attrs_from_json(self, text: "str | bytes") -> OpAttrs:
+        """Attrs from a JSON object, strictly: each value must already have its field's type
+        (an int passes for a float), so ``"false"`` is no bool and ``["0"]`` no axes.
+
+        >>> class FactorAttrs(OpAttrs):
+        ...     factor: float
+        >>> OpDef("DocFactor", FactorAttrs, None, None).attrs_from_json('{"factor": 2}').factor
+        2.0
+        """
+        try:
+            return self.attrs.model_validate_json(text, strict=True)
+        except ValidationError as e:
+            raise self._invalid(e) from None
+
+    def _invalid(self, e: ValidationError) -> L0Error:
+        msgs = "; ".join(f"{'.'.join(map(str, err['loc'])) or 'attrs'}: {err['msg']}"
+                         + (f" (got {err['input']!r:.60})" if err["type"].endswith("_type") else "")
+                         for err in e.errors())
+        return L0Error(f"{self.name}: invalid attributes: {msgs}")
 
     def infer_types(self, types: Sequence[TensorType], attrs: OpAttrs) -> list[TensorType]:
         if self.num_inputs is not None and len(types) != self.num_inputs:

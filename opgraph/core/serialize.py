@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 import math
+import types
+import typing
 from typing import TYPE_CHECKING, Any, Optional
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
@@ -262,6 +264,37 @@ def _finite(value: Any) -> Any:
     return value
 
 
+def _takes_float(annotation: Any) -> bool:
+    if annotation is float:
+        return True
+    return (typing.get_origin(annotation) in (typing.Union, types.UnionType)
+            and any(_takes_float(a) for a in typing.get_args(annotation)))
+
+
+def _item_model(annotation: Any) -> "type[BaseModel] | None":
+    """The model class a field holds, alone or as the items of a tuple/list (a fused body)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    return next(filter(None, map(_item_model, typing.get_args(annotation))), None)
+
+
+def _revived(model: "type[BaseModel]", attrs: Any) -> Any:
+    """``attrs`` with :data:`NON_FINITE` strings back as floats where ``model``'s field takes a
+    float, in nested models too — the one string a strictly validated number may be."""
+    if not isinstance(attrs, dict):
+        return attrs
+    out = dict(attrs)
+    for k, v in attrs.items():
+        field = model.model_fields.get(k)
+        if field is None:
+            continue
+        if isinstance(v, str) and v in NON_FINITE and _takes_float(field.annotation):
+            out[k] = float(v)
+        elif isinstance(v, list) and (item := _item_model(field.annotation)) is not None:
+            out[k] = [_revived(item, x) for x in v]
+    return out
+
+
 def from_json(text: "str | bytes", graph_cls: type) -> Graph:
     """Rebuild a ``graph_cls`` from :func:`to_json` output. Only data is read: op names must be
     registered l0 ops, attrs are validated by the op's model, and the result is verified."""
@@ -327,7 +360,7 @@ def _graph_from_raw(raw: Any, graph_cls: type) -> Graph:
         except KeyError as e:
             raise GraphError(f"graph JSON node {i} ({nm.op}) uses undefined value %{e.args[0]}") from None
         try:
-            attrs = opdef.make_attrs(**nm.attrs)
+            attrs = opdef.attrs_from_json(json.dumps(_revived(opdef.attrs, nm.attrs)))
         except ValueError as e:
             raise GraphError(f"graph JSON node {i}: {e}") from None
         try:
