@@ -170,6 +170,24 @@ def test_variance_is_rebuilt_in_invstd_dtype_with_eps_rounded_to_it():
 
 
 @pytest.mark.parametrize("soc", [B910[0], A950])
+def test_f16_invstd_of_256_or_more_overflows_the_variance_rebuild(soc):
+    """The vendor's behaviour, not a bug here: ELT:174-187 squares invstd in its own dtype, so an
+    f16 invstd ≥ 256 (a variance below ~1.5e-5, e.g. batch_norm_stats of a near-constant channel)
+    gives invstd² = inf, var = 1/inf − f16(eps) = −1.0014e-5, and var + f32(eps) < 0: rsqrt is
+    NaN and so is every output of the channel. The same invstd as float32 gives the formula's value."""
+    a = {"input": np.float16([[1.0, 1.0], [3.0, 3.0]]), "weight": None, "bias": None,
+         "mean": np.float16([2.0, 2.0]), "invstd": np.float16([300.0, 200.0]),
+         "output": np.zeros((2, 2), F16)}
+    assert F16(300).astype(np.float64) ** 2 > np.finfo(F16).max > F16(200).astype(np.float64) ** 2
+    run(a, eps=1e-5, soc=soc)
+    assert np.isnan(a["output"][:, 0]).all()
+    assert np.allclose(a["output"][:, 1].astype(np.float64), [-200.0, 200.0], rtol=2e-3)
+    b = dict(a, invstd=np.float32([300.0, 200.0]), output=np.zeros((2, 2), F16))
+    run(b, eps=1e-5, soc=soc)
+    assert np.allclose(b["output"].astype(np.float64), [[-300, -200], [300, 200]], rtol=2e-3)
+
+
+@pytest.mark.parametrize("soc", [B910[0], A950])
 def test_nan_and_inf(soc):
     a = make((2, 3, 2, 2))
     a["input"][0, 0, 0, 0], a["input"][1, 2, 1, 1] = np.nan, np.inf
