@@ -16,6 +16,7 @@ import copy
 import difflib
 import json
 import os
+import re
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -26,7 +27,8 @@ from opgraph.passes import (DumpInstrument, Instrument, Pass, PassManager, PassS
                             Rule, graph_stats, optimize, pipeline)
 from opgraph.passes.stats import node_traffic
 from .cases import add_op_subparsers, build_case, recorded_executor
-from .common import CliError, add_fast_math_option, check_output, conflict, write_output
+from .common import (CliError, add_fast_math_option, check_output, conflict, same_path,
+                     write_output)
 
 FORMATS = ("text", "json", "dot", "table", "onnx")
 
@@ -219,12 +221,63 @@ def passes_doc(steps: list[PassStep]) -> list[dict]:
     return docs
 
 
-def check_dump_dir(path: str) -> None:
-    """CliError naming --dump-dir unless ``path`` is a directory or could become one."""
+DUMP_FILE = re.compile(r"\d\d-([a-z0-9-]+)\.(?:txt|json|dot)")  # NN-<pass>.txt/.json/.dot
+
+
+def dump_stems() -> frozenset[str]:
+    """What follows ``NN-`` in the names of --dump-dir's files: ``input`` and every pass of
+    every pipeline.
+
+    >>> sorted(dump_stems())[:3]
+    ['constant-fold', 'cse', 'dce']
+    """
+    return frozenset(["input"] + [p.name for level in (1, 2) for fast in (False, True)
+                                  for p in pipeline(level, fast)])
+
+
+def earlier_dumps(path: str, output: "str | None" = None) -> list[str]:
+    """The files of an earlier run in --dump-dir ``path``, which this run replaces or removes
+    (none when ``path`` does not exist yet). CliError naming --dump-dir unless ``path`` is a
+    directory, or could become one, that holds nothing but such dumps (and -o's ``output``):
+    another file there would be read as one of this run's dumps, or lost among them.
+
+    >>> earlier_dumps("/nonexistent/dumps")
+    []
+    """
     if not path:
         raise CliError("--dump-dir: empty path", code=2)
-    if os.path.exists(path) and not os.path.isdir(path):
+    if not os.path.exists(path):
+        return []
+    if not os.path.isdir(path):
         raise CliError(f"--dump-dir {path!r}: exists and is not a directory", code=2)
+    try:
+        names = sorted(os.listdir(path))
+    except OSError as e:
+        raise CliError(f"--dump-dir {path!r}: cannot list it: {e.strerror or e}") from None
+    stems, dumps = dump_stems(), []
+    for name in names:
+        full = os.path.join(path, name)
+        if output not in (None, "-") and same_path(full, output):
+            continue  # (-o's file: -o overwrites it)
+        m = DUMP_FILE.fullmatch(name)
+        if m is None or m.group(1) not in stems or os.path.isdir(full):
+            raise CliError(f"--dump-dir {path!r}: holds {name!r}, which is no dump of opgraph's; "
+                           "give a new or empty directory, or one holding only an earlier "
+                           "run's dumps (they are replaced)", code=2)
+        dumps.append(full)
+    return dumps
+
+
+def remove_files(paths: Sequence[str]) -> None:
+    """Delete ``paths`` (one already gone is fine); CliError naming --dump-dir on a failure."""
+    for path in paths:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            raise CliError(f"--dump-dir: cannot remove {path!r}, an earlier run's dump that this "
+                           f"run does not replace: {e.strerror or e}") from None
 
 
 def run_passes(graph: Graph, args: argparse.Namespace, level: int
@@ -239,9 +292,11 @@ def run_passes(graph: Graph, args: argparse.Namespace, level: int
     return steps, files
 
 
-def _report(graph: Graph, args: argparse.Namespace, level: int) -> tuple[str, list[tuple[str, str, str]]]:
-    """What --stats, --passes and --dump-dir print (one JSON document with --format json), and
-    --dump-dir's files (see :func:`run_passes`)."""
+def _report(graph: Graph, args: argparse.Namespace, level: int, earlier: Sequence[str] = ()
+            ) -> tuple[str, list[tuple[str, str, str]], list[str]]:
+    """What --stats, --passes and --dump-dir print (one JSON document with --format json),
+    --dump-dir's files (see :func:`run_passes`) and the ``earlier`` dumps they do not replace
+    (to remove once they are written)."""
     if args.format not in ("text", "json"):
         what = "--stats" if args.stats else "--passes" if args.passes else "--dump-dir"
         raise CliError(f"--format {args.format}: {what} prints text or json", code=2)
@@ -250,19 +305,22 @@ def _report(graph: Graph, args: argparse.Namespace, level: int) -> tuple[str, li
     if args.stats:
         rows = stats_rows(graph, args.fast_math)
         if as_json:
-            return json.dumps({"levels": rows, "note": note}, indent=1) + "\n", []
-        return stats_text(rows) + (note + "\n" if note else ""), []
+            return json.dumps({"levels": rows, "note": note}, indent=1) + "\n", [], []
+        return stats_text(rows) + (note + "\n" if note else ""), [], []
     steps, files = run_passes(graph, args, level)
+    written = {path for path, _, _ in files}
+    stale = [path for path in earlier if path not in written]
     if as_json:
         doc: dict[str, Any] = {"level": level, "passes": passes_doc(steps) if args.passes else None,
                                "note": note}
         if args.dump_dir is not None:
-            doc["dump_dir"] = {"path": args.dump_dir, "files": len(files)}
-        return json.dumps(doc, indent=1) + "\n", files
+            doc["dump_dir"] = {"path": args.dump_dir, "files": len(files), "removed": len(stale)}
+        return json.dumps(doc, indent=1) + "\n", files, stale
     text = passes_text(steps) if args.passes else ""
     if args.dump_dir is not None:
-        text += f"wrote {len(files)} files to {args.dump_dir} (NN-<pass>.txt/.json/.dot)\n"
-    return text + (note + "\n" if note else ""), files
+        removed = f"; removed {len(stale)} an earlier run wrote" if stale else ""
+        text += f"wrote {len(files)} files to {args.dump_dir} (NN-<pass>.txt/.json/.dot{removed})\n"
+    return text + (note + "\n" if note else ""), files, stale
 
 
 def run(args: argparse.Namespace) -> int:
@@ -271,8 +329,7 @@ def run(args: argparse.Namespace) -> int:
             raise conflict("--stats", other, "--stats compares levels 0-2, "
                            f"{other} follows --level's pipeline")
     check_output(args.output)
-    if args.dump_dir is not None:
-        check_dump_dir(args.dump_dir)
+    earlier = [] if args.dump_dir is None else earlier_dumps(args.dump_dir, args.output)
     if args.format == "onnx" and args.output in (None, "-") and not (args.stats or args.passes):
         raise CliError("--format onnx writes a binary file: give -o FILE.onnx", code=2)
     if args.level is None:  # as recorded, unless the fast-math rewrites (level 2) are asked for
@@ -280,8 +337,10 @@ def run(args: argparse.Namespace) -> int:
     case = build_case(args)
     graph = recorded_executor(case).graph
     if args.stats or args.passes or args.dump_dir is not None:
-        text, files = _report(graph, args, case.level)
-        return write_output(text, args.output, "report", also=files)  # all or none
+        text, files, stale = _report(graph, args, case.level, earlier)
+        write_output(text, args.output, "report", also=files)  # all or none
+        remove_files(stale)  # (only once this run's dumps are all in place)
+        return 0
     if case.level > 0 or args.fast_math:
         graph = optimize(graph, case.level, fast_math=args.fast_math)
     text = render(graph, args.format)
@@ -297,7 +356,9 @@ def _options(p: argparse.ArgumentParser) -> None:
                    help="for each pass of --level's pipeline that changed something: the rules "
                         "that fired, the nodes they hit and a diff of the text dump")
     p.add_argument("--dump-dir", metavar="DIR",
-                   help="write the graph before and after each pass as numbered text/JSON/DOT files")
+                   help="write the graph before and after each pass as numbered text/JSON/DOT "
+                        "files; DIR must be new, empty or hold only an earlier run's dumps, "
+                        "which are replaced (those this run does not write are removed)")
     p.add_argument("--stats", action="store_true",
                    help="print nodes, kernel launches, bytes moved and workspace for levels 0, 1, 2")
     add_fast_math_option(p)
