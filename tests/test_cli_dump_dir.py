@@ -74,3 +74,13 @@ def test_a_refused_run_removes_nothing(capsys, tmp_path):
     code, _, err = dump(capsys, tmp_path, 1, "-o", str(tmp_path / "missing" / "report.txt"))
     assert code != 0 and "-o/--output" in err
     assert sorted(os.listdir(tmp_path)) == dump_names(2)
+
+
+def test_level_0_dumps_the_graph_as_recorded(capsys, tmp_path):
+    """Level 0 (dump's default) runs no pass: its dump is 00-input, what ``opgraph dump OP``
+    prints (it wrote no file, yet said so, and would have left an earlier run's dumps)."""
+    assert dump(capsys, tmp_path, 2)[0] == 0
+    code, out, _ = dump(capsys, tmp_path, 0)
+    assert code == 0 and sorted(os.listdir(tmp_path)) == dump_names(0)
+    assert main(["dump", OP]) == 0
+    assert (tmp_path / "00-input.txt").read_text() == capsys.readouterr().out.rstrip("\n")

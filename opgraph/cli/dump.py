@@ -289,6 +289,8 @@ def run_passes(graph: Graph, args: argparse.Namespace, level: int
         instruments.append(DumpInstrument(args.dump_dir, write=lambda path, text: files.append(
             (path, text, "--dump-dir"))))
     _, steps = trace_passes(graph, level, args.fast_math, instruments)
+    if instruments and not steps:  # level 0 runs no pass: its dump is the graph as recorded
+        instruments[0].before(0, None, graph)
     return steps, files
 
 
