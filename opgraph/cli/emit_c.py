@@ -47,7 +47,8 @@ def run(args: argparse.Namespace) -> int:
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
-        "emit-c", help="print the C kernels the native backend compiles for an op_api",
+        "emit-c", help="print the C of the FusedElementwise kernels the native backend "
+                  "compiles for an op_api",
         description="Record OP on random tensors of --shape/--dtype (phase 1 only), optimise at "
                     "--level (default 2) and print the C source of every FusedElementwise kernel.",
         epilog="example: opgraph emit-c aclnnBatchNormElemtBackward --shape 32,64,56,56 "

@@ -1,0 +1,85 @@
+"""The README's "Command line" table against the parser: every option a command takes is in its
+row, and every option a row names exists (the rows had lost syncbn's --seed and --timeout,
+capture's --shape, --dtype and -o, emit-cpp's --embed-limit)."""
+from __future__ import annotations
+
+import argparse
+import re
+from pathlib import Path
+
+import pytest
+
+from opgraph.cli import COMMANDS, build_parser
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+OP = "aclnnBatchNormElemtBackward"
+OPTION = re.compile(r"(?<![\w-])(--?[a-z][a-z0-9-]*)")
+
+
+def section(title: str) -> str:
+    """The README's text under ``## title``, up to the next ``## ``."""
+    text = README.read_text()
+    start = text.index(f"\n## {title}\n")
+    return text[start:text.index("\n## ", start + 1)]
+
+
+def command_cells() -> list[str]:
+    """The first cell of each row of the Command line table."""
+    rows = [line for line in section("Command line").splitlines() if line.startswith("| `opgraph")]
+    return [re.split(r"(?<!\\)\|", row)[1] for row in rows]
+
+
+def subparsers(parser: argparse.ArgumentParser) -> "dict[str, argparse.ArgumentParser]":
+    return next((a.choices for a in parser._actions if isinstance(a, argparse._SubParsersAction)), {})
+
+
+def spellings(name: str) -> list[set[str]]:
+    """The options ``opgraph NAME`` takes, each as its spellings (``{"-o", "--output"}``); for
+    an OP command, with OP."""
+    parser = subparsers(build_parser())[name]
+    ops = subparsers(parser)
+    if ops:  # the op's own options: "opgraph COMMAND OP --help lists its own options (for ...)"
+        parser = ops[OP]
+    return [set(a.option_strings) - {"-h", "--help"} for a in parser._actions if a.option_strings]
+
+
+def options(name: str) -> set[str]:
+    """Every spelling of every option ``opgraph NAME`` takes."""
+    return set().union(*spellings(name))
+
+
+def op_options() -> set[str]:
+    """The options the README lists as aclnnBatchNormElemtBackward's own."""
+    found = re.search(r"\(for\s+aclnnBatchNormElemtBackward:\s+`([^`]*)`", section("Command line"))
+    assert found, "the sentence naming the op's own options is gone"
+    return set(found.group(1).split())
+
+
+def names() -> list[str]:
+    return [m.__name__.rsplit(".", 1)[-1].replace("_", "-") for m in COMMANDS]
+
+
+@pytest.mark.parametrize("name", names())
+def test_every_option_of_a_command_is_in_its_row(name):
+    cells = [c for c in command_cells() if re.search(rf"`opgraph {re.escape(name)}[ `]", c)]
+    assert cells, f"no row for opgraph {name}"
+    shown = {o for c in cells for o in OPTION.findall(c)}
+    if subparsers(subparsers(build_parser())[name]):  # an OP command: "[op options]", "..."
+        shown |= op_options()
+    missing = [sorted(o) for o in spellings(name) if o and not o & shown]
+    assert not missing, f"opgraph {name}: {missing} not in its README row"
+
+
+def test_every_option_a_row_names_exists():
+    every = {"--load", "--traceback", "--version"}
+    for cell in command_cells():
+        commands = re.findall(r"`opgraph ([a-z-]+)", cell)
+        known = every.union(*(options(c) for c in commands))
+        if any(subparsers(subparsers(build_parser())[c]) for c in commands):
+            known |= op_options()
+        assert set(OPTION.findall(cell)) <= known, (cell, set(OPTION.findall(cell)) - known)
+
+
+def test_the_op_options_the_readme_lists_are_the_ops():
+    assert op_options() <= {o for a in subparsers(subparsers(build_parser())["dump"])[OP]._actions
+                            for o in a.option_strings}
