@@ -1,14 +1,20 @@
-"""The README's "Command line" table against the parser: every option a command takes is in its
+"""The README's tables against the code. "Command line": every option a command takes is in its
 row, and every option a row names exists (the rows had lost syncbn's --seed and --timeout,
-capture's --shape, --dtype and -o, emit-cpp's --embed-limit)."""
+capture's --shape, --dtype and -o, emit-cpp's --embed-limit). "Public API": every name it gives
+exists, and it gives every public name of the opgraph facade (it lacked get_opt_level,
+get_backend_name, the dtypes, the IR classes and the errors)."""
 from __future__ import annotations
 
 import argparse
+import importlib
+import importlib.util
+import inspect
 import re
 from pathlib import Path
 
 import pytest
 
+import opgraph
 from opgraph.cli import COMMANDS, build_parser
 
 README = Path(__file__).resolve().parent.parent / "README.md"
@@ -83,3 +89,64 @@ def test_every_option_a_row_names_exists():
 def test_the_op_options_the_readme_lists_are_the_ops():
     assert op_options() <= {o for a in subparsers(subparsers(build_parser())["dump"])[OP]._actions
                             for o in a.option_strings}
+
+
+# --- the Public API table ------------------------------------------------------------------------
+ROOTS = ("opgraph", "backends", "l0ops")
+
+
+def api_names() -> list[str]:
+    """The dotted names the first column of the Public API table gives, made whole: a bare name
+    belongs where the name before it in its cell does (`opgraph.ops.batch_norm_stats`,
+    `batch_norm_elemt` ...); `a.get/register` is two names; `aclnnXxx` and `executor.` are
+    placeholders."""
+    found = []
+    for row in section("Public API").splitlines():
+        if not row.startswith("| `"):
+            continue
+        where = ""
+        for span in re.findall(r"`([^`]+)`", re.split(r"(?<!\\)\|", row)[1]):
+            name = span.split("(")[0].strip()
+            if not re.fullmatch(r"[A-Za-z_][\w.]*(/\w+)*", name) or name.startswith("executor."):
+                continue
+            if name.split(".")[0] not in ROOTS:
+                name = f"{where}.{name}"
+            where = name.rsplit(".", 1)[0]
+            head, _, tail = name.rpartition(".")
+            found += [f"{head}.{t}" for t in tail.split("/") if "Xxx" not in t]
+    return found
+
+
+def resolve(name: str) -> object:
+    """The object a dotted name names (its longest importable module, then attributes)."""
+    parts = name.split(".")
+    for k in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:k]))
+        except ModuleNotFoundError:
+            continue
+        for attr in parts[k:]:
+            obj = getattr(obj, attr)
+        return obj
+    raise ModuleNotFoundError(name)
+
+
+def test_every_name_of_the_public_api_table_exists():
+    names = api_names()
+    assert "opgraph.ops.batch_norm_elemt" in names and "backends.available" in names
+    if importlib.util.find_spec("torch") is None:  # opgraph.torch needs torch
+        names = [n for n in names if not n.startswith("opgraph.torch.")]
+    missing = []
+    for name in names:
+        try:
+            resolve(name)
+        except (ImportError, AttributeError):
+            missing.append(name)
+    assert not missing, missing
+
+
+def test_the_public_api_table_names_every_public_name_of_opgraph():
+    """Every name ``from opgraph import *`` gives, but the subpackages, is in the table."""
+    subpackages = {n for n in opgraph.__all__ if inspect.ismodule(getattr(opgraph, n))}
+    want = {f"opgraph.{n}" for n in opgraph.__all__} - {f"opgraph.{n}" for n in subpackages}
+    assert not want - set(api_names()) - {"opgraph.__version__"}, sorted(want - set(api_names()))
