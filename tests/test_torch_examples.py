@@ -56,7 +56,8 @@ def test_cli_bf16_on_a_soc_that_refuses_it_says_so_in_one_line(capsys):
     assert main(["syncbn", "--ranks", "2", "--shape", "4,3,2,2", "--dtype", "bfloat16",
                  "--platform", "Ascend910B"]) == 1
     err = capsys.readouterr().err.strip()
-    assert "\n" not in err and "input: dtype BF16 is not supported on Ascend910B" in err, err
+    assert "\n" not in err and "input dtype torch.bfloat16 is not supported on Ascend910B" in err
+    assert "exist only on Ascend950" in err, err
 
 
 def run(cmd, env=None):

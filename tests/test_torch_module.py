@@ -183,6 +183,24 @@ def test_a_second_backward_through_the_function_is_refused():
         g.sum().backward()
 
 
+@pytest.mark.parametrize("dtype, hint", [
+    (torch.float64, r"takes float32, float16; use float32 \(model.float\(\)"),
+    (torch.bfloat16, r"takes float32, float16; bfloat16 statistics exist only on Ascend950: "
+                     r"SyncBatchNorm\(\.\.\., platform='Ascend950'\)")])
+def test_an_input_dtype_the_op_apis_refuse_says_what_to_use(dtype, hint):
+    """float64 (a gradcheck) and bfloat16 off the 950 (CPU autocast's default): the op_api's
+    161002 named neither the layer nor the platform that takes bfloat16."""
+    x = batch(0).to(dtype).requires_grad_()
+    with pytest.raises(TypeError, match=f"SyncBatchNorm: input dtype {dtype} is not supported on "
+                                        f"Ascend910B, whose BatchNormStats {hint}"):
+        ot.SyncBatchNormFunction.apply(x, None, None, None, None, 1e-5, 0.1, None, 1, {})
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # on the 950 it runs
+        h = torch.nn.functional.conv2d(batch(0), torch.eye(C).view(C, C, 1, 1))
+        y = ot.SyncBatchNormFunction.apply(h, None, None, None, None, 1e-5, 0.1, None, 1,
+                                           {"platform": "Ascend950"})
+    assert h.dtype == y.dtype == torch.bfloat16
+
+
 def test_importing_and_running_the_layer_leaves_dynamo_unimported():
     """torch.compiler.disable is applied only under torch.compile (importing dynamo costs
     ~1.5 s and changes how DDP holds its model)."""

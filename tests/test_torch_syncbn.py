@@ -119,6 +119,10 @@ def run_scenarios(rank: int, world: int) -> dict:
         ot.SyncBatchNorm(C)(torch.empty(2, C, 3, device="meta"))
     except ValueError as e:
         out["meta_error"] = str(e)
+    try:  # float64 on rank 0 only: the others, empty, compute no statistics
+        ot.SyncBatchNorm(C).double()(torch.ones(3 if rank == 0 else 0, C, 2, dtype=torch.float64))
+    except TypeError as e:
+        out["dtype_error"] = str(e)
     return out
 
 
@@ -366,6 +370,14 @@ def test_ranks_agree_on_running_stats_and_batches_tracked(session):
             assert r[name]["tracked"] == first["tracked"] == (STEPS if tracked else None)
             for a, b in zip(r[name]["running"], first["running"]):
                 assert (a is None and b is None) or np.array_equal(bits(a), bits(b))
+
+
+def test_an_unsupported_dtype_is_refused_alike_on_every_rank_an_empty_one_too(session):
+    """Before any exchange: the empty ranks, which compute no statistics, waited in the gather
+    for a rank that had failed in BatchNormStats (then gloo's 'Connection closed by peer')."""
+    _, results = session
+    assert all("input dtype torch.float64 is not supported on Ascend910B" in r["dtype_error"]
+               and "use float32" in r["dtype_error"] for r in results)
 
 
 def test_a_non_cpu_input_is_a_clear_error(session):

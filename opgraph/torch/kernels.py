@@ -23,16 +23,17 @@ import numpy as np
 import torch
 
 from opgraph.core.config import BackendRef, current_backend_ref, use_backend
-from opgraph.core.platform import Platform, get_platform, platform as use_platform
+from opgraph.core.platform import Platform, get_platform, lookup, platform as use_platform
 from opgraph.core.tensor import tensor as op_tensor
 from opgraph.aclnn import (batch_norm_elemt as _elemt, batch_norm_elemt_backward as _elemt_bwd,
                            batch_norm_gather_stats_with_counts as _gather,
                            batch_norm_reduce_backward as _reduce_bwd, batch_norm_stats as _stats)
-from .arrays import as_numpy, to_torch
+from .arrays import DTYPES, as_numpy, to_torch
 from .direct import DIRECT_CALLS
 
 Tensor = torch.Tensor
 PlatformRef = Union[str, Platform, None]
+BF16_PLATFORM = "Ascend950"  # the SoC whose BatchNormStats takes bfloat16
 PRIMITIVES = ("batch_norm_stats", "batch_norm_gather_stats_with_counts", "batch_norm_elemt",
               "batch_norm_elemt.out", "batch_norm_backward_reduce", "batch_norm_backward_elemt")
 
@@ -145,6 +146,30 @@ def running_stats_refused(running_mean: Optional[Tensor], mean_dtype: torch.dtyp
     """
     dtype = input_dtype if running_mean is None else running_mean.dtype
     return dtype is not None and dtype != mean_dtype and get_platform().soc == _gather.FUSED_SOC
+
+
+def check_input_dtype(dtype: torch.dtype, platform: PlatformRef = None) -> None:
+    """TypeError, saying what to use, unless batch_norm_stats on ``platform`` (None: the current
+    one) takes ``dtype``. A SyncBatchNorm step checks it before any exchange, so that every rank
+    refuses alike (an empty rank, which computes no statistics, would wait in the gather).
+
+    >>> check_input_dtype(torch.float16)
+    >>> check_input_dtype(torch.bfloat16)
+    Traceback (most recent call last):
+    TypeError: SyncBatchNorm: input dtype torch.bfloat16 is not supported on Ascend910B, whose \
+BatchNormStats takes float32, float16; bfloat16 statistics exist only on Ascend950: ...
+    """
+    p = get_platform() if platform is None else lookup(platform)
+    allowed = [DTYPES[d.np.name] for d in _stats.input_dtypes(p)]
+    if dtype in allowed:
+        return
+    hint = (f"bfloat16 statistics exist only on {BF16_PLATFORM}: SyncBatchNorm(..., platform="
+            f"{BF16_PLATFORM!r}) or convert_sync_batchnorm(model, platform={BF16_PLATFORM!r})"
+            if dtype == torch.bfloat16 else
+            "use float32 (model.float() and float32 inputs)")
+    names = ", ".join(str(d).removeprefix("torch.") for d in allowed)
+    raise TypeError(f"SyncBatchNorm: input dtype {dtype} is not supported on {p.soc}, whose "
+                    f"BatchNormStats takes {names}; {hint}")
 
 
 def scratch_running_stats(C: int) -> tuple[Tensor, Tensor]:
@@ -316,7 +341,7 @@ def register_cpu_kernels(backend: Optional[BackendRef] = None,
         _registered["library"] = lib
 
 
-__all__ = ["PRIMITIVES", "batch_norm_backward_elemt", "batch_norm_backward_reduce",
+__all__ = ["BF16_PLATFORM", "PRIMITIVES", "batch_norm_backward_elemt", "batch_norm_backward_reduce",
            "batch_norm_elemt", "batch_norm_gather_stats_with_counts", "batch_norm_stats",
-           "as_numpy", "on", "pinned", "register_cpu_kernels", "running_stats_refused",
+           "as_numpy", "check_input_dtype", "on", "pinned", "register_cpu_kernels", "running_stats_refused",
            "scratch_running_stats", "to_torch", "TorchViews"]

@@ -105,6 +105,7 @@ class SyncBatchNormFunction(torch.autograd.Function):
             raise ValueError("Expected more than 1 value per channel when training, got input "
                              f"size {per_channel}")
         step = K.pinned(**where)  # the backward's op_apis run where the forward's ran
+        K.check_input_dtype(input.dtype, step["platform"])  # on every rank, before any exchange
         ctx.capture = current_capture()  # the backward must run in the same one (or none)
         if ctx.capture is not None:  # opgraph.capture(): collectives become nodes of the program
             # the caller's tensors as they are (the op_apis' Contiguous is in the program): a
