@@ -1,7 +1,13 @@
-"""Every script in examples/ runs with the current interpreter and prints the right values."""
+"""Every script in examples/ runs with the current interpreter and prints the right values (the
+torch ones: tests/test_torch_examples.py; syncbn_step_one_process.py: tests/test_syncbn_chain.py),
+and so does every Python block of the README."""
 from __future__ import annotations
 
+import doctest
+import importlib.util
+import os
 import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -50,3 +56,47 @@ def test_compose_your_own_op_twice_in_one_process():
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        timeout=300, cwd=EXAMPLES.parent)
     assert p.returncode == 0, p.stderr
+
+
+def test_capture_syncbn_as_a_script_and_its_docstring():
+    out = subprocess.run([sys.executable, str(EXAMPLES / "capture_syncbn.py"), "--shape", "2,3,4,4"],
+                         capture_output=True, text=True, timeout=300, cwd=EXAMPLES.parent)
+    assert out.returncode == 0, out.stderr
+    levels = re.findall(r"^level (\d): one by one \d+ launches \+ 2 collectives", out.stdout, re.M)
+    assert levels == ["0", "1", "2"] and "graph capture(" in out.stdout
+    spec = importlib.util.spec_from_file_location("capture_syncbn_doc", EXAMPLES / "capture_syncbn.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert doctest.testmod(module, optionflags=doctest.ELLIPSIS).failed == 0
+
+
+README = EXAMPLES.parent / "README.md"
+SNIPPETS = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
+
+
+@pytest.mark.parametrize("k", range(len(SNIPPETS)))
+def test_readme_python_snippets_run(k, tmp_path):
+    """Every Python block of the README runs as shown (but "Add an op_api"'s, a sketch whose
+    spec fields are ``...``), in a directory of its own with the examples beside it."""
+    code = SNIPPETS[k]
+    if "make_inputs=..." in code:
+        pytest.skip("a sketch: examples/compose_your_own_op.py is the complete op_api")
+    env = dict(os.environ, PYTHONPATH=str(EXAMPLES.parent))
+    if "dist.init_process_group" in code:  # one rank, as torchrun would start it
+        pytest.importorskip("torch", reason="torch is not installed (pip install 'opgraph[torch]')")
+        env.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+        code += "\nopgraph.torch.leave_group()\n"
+    (tmp_path / "examples").symlink_to(EXAMPLES)
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                       cwd=tmp_path, env=env)
+    assert p.returncode == 0, p.stderr
+    for line in code.splitlines():  # "print(...)   # float16 [0.  0.9 1.8]": what it prints
+        shown = re.fullmatch(r"print\(.*\)\s+# ([\w.]* ?\[[-\w. ]*\])", line.strip())
+        if shown:
+            assert shown.group(1) in p.stdout, (line, p.stdout[:2000])
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
