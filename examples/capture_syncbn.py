@@ -68,11 +68,20 @@ def step(shape: Sequence[int] = (8, 16, 14, 14), dtype: Any = np.float32, seed: 
     return step_on(**make_inputs(shape, dtype, seed), group=group, world=world)
 
 
+def shape_arg(text: str) -> tuple[int, ...]:
+    """"8,16,14,14" -> (8, 16, 14, 14): N,C[,...], every dim at least 1 (argparse turns the
+    ValueError into a usage error)."""
+    shape = tuple(int(v) for v in text.split(","))
+    if len(shape) < 2 or min(shape) < 1:
+        raise ValueError(text)
+    return shape
+
+
 def main(argv: "Sequence[str] | None" = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--shape", default="8,16,14,14")
-    args = ap.parse_args(argv)
-    shape = tuple(int(s) for s in args.shape.split(","))
+    ap.add_argument("--shape", type=shape_arg, default=(8, 16, 14, 14),
+                    help="N,C[,...] of the batch (default: 8,16,14,14)")
+    shape = ap.parse_args(argv).shape
     for level in (0, 1, 2):
         with opgraph.capture(level) as prog:
             step(shape)

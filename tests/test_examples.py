@@ -100,3 +100,12 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("shape", ["x", "2", "0,3", "2,,3"])
+def test_capture_syncbn_refuses_a_bad_shape_in_one_line(shape):
+    p = subprocess.run([sys.executable, str(EXAMPLES / "capture_syncbn.py"), "--shape", shape],
+                       capture_output=True, text=True, timeout=300, cwd=EXAMPLES.parent)
+    assert p.returncode == 2 and p.stdout == "", p.stderr  # (was a ValueError traceback)
+    assert p.stderr.splitlines()[-1].startswith("capture_syncbn.py: error: argument --shape")
+    assert "Traceback" not in p.stderr
