@@ -163,10 +163,15 @@ def test_bad_arguments(capsys, argv):
     assert "Traceback" not in err
 
 
-def test_help_everywhere(capsys):
-    for argv in (["--help"], ["demo", "--help"], ["dump", "--help"], ["run", "--help"]):
-        code, out, _ = run_cli(capsys, *argv)
-        assert code == 0 and out.startswith("usage: opgraph")
+@pytest.mark.parametrize("argv", [[]] + [[m.__name__.rsplit(".", 1)[-1].replace("_", "-")]
+                                         for m in COMMANDS])
+def test_help_everywhere(capsys, argv):
+    """Every command's --help, and for the commands that take an OP, OP's own."""
+    code, out, err = run_cli(capsys, *argv, "--help")
+    assert code == 0 and out.startswith("usage: opgraph") and err == "", err
+    if "OP ..." in out:
+        code, out, err = run_cli(capsys, *argv, OP, "--help")
+        assert code == 0 and out.startswith(f"usage: opgraph {argv[0]} {OP}") and "--shape" in out
 
 
 def test_commands_are_modules_with_add_parser():

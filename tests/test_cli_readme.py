@@ -2,7 +2,8 @@
 row, and every option a row names exists (the rows had lost syncbn's --seed and --timeout,
 capture's --shape, --dtype and -o, emit-cpp's --embed-limit). "Public API": every name it gives
 exists, and it gives every public name of the opgraph facade (it lacked get_opt_level,
-get_backend_name, the dtypes, the IR classes and the errors)."""
+get_backend_name, the dtypes, the IR classes and the errors). And every ``$ opgraph ...``
+sample prints what the README shows."""
 from __future__ import annotations
 
 import argparse
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import opgraph
-from opgraph.cli import COMMANDS, build_parser
+from opgraph.cli import COMMANDS, build_parser, main
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 OP = "aclnnBatchNormElemtBackward"
@@ -150,3 +151,47 @@ def test_the_public_api_table_names_every_public_name_of_opgraph():
     subpackages = {n for n in opgraph.__all__ if inspect.ismodule(getattr(opgraph, n))}
     want = {f"opgraph.{n}" for n in opgraph.__all__} - {f"opgraph.{n}" for n in subpackages}
     assert not want - set(api_names()) - {"opgraph.__version__"}, sorted(want - set(api_names()))
+
+
+# --- the README's sample outputs -----------------------------------------------------------------
+def samples() -> list[tuple[str, list[str]]]:
+    """``(command, the lines the README shows it printing)`` for every ``$ opgraph ...`` of its
+    code blocks but syncbn's (processes, and its times vary), and the dump of "What the op_api
+    records"."""
+    found = []
+    for block in fenced_blocks(README.read_text(), ""):
+        for cmd, out in re.findall(r"^\$ (opgraph .*)\n((?:(?!\$ ).*\n)*)", block, re.M):
+            if not cmd.startswith("opgraph syncbn"):
+                found.append((cmd, out.splitlines()))
+    records = section("What the op_api records")
+    cmd = re.search(r"^`(opgraph dump [^`]*)`", records, re.M).group(1)
+    found.append((cmd, fenced_blocks(records, "")[0].splitlines()))
+    return found
+
+
+def fenced_blocks(text: str, lang: str) -> list[str]:
+    """The contents of the ```LANG fenced blocks of ``text``."""
+    blocks, inside, lines = [], None, []
+    for line in text.splitlines():
+        if line.startswith("```"):
+            if inside is None:
+                inside, lines = line[3:].strip(), []
+            else:
+                if inside == lang:
+                    blocks.append("\n".join(lines) + "\n")
+                inside = None
+        elif inside is not None:
+            lines.append(line)
+    return blocks
+
+
+@pytest.mark.parametrize("cmd,shown", samples(), ids=lambda v: v if isinstance(v, str) else "")
+def test_the_readme_shows_what_the_command_prints(cmd, shown, capsys, monkeypatch):
+    monkeypatch.chdir(README.parent)  # (examples/capture_syncbn.py)
+    cmd, _, grep = cmd.partition(" | grep -v ")
+    assert main(cmd.split()[1:]) == 0
+    out = capsys.readouterr().out.splitlines()
+    if grep:  # `| grep -v free`; the README's comments after '#' are "added here, not printed"
+        out = [line for line in out if grep not in line]
+        shown = [re.sub(r"\s+#.*$", "", line) for line in shown]
+    assert [line.rstrip() for line in out] == [line.rstrip() for line in shown]
