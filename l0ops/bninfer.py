@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from opgraph.core.dtypes import DataType
+from opgraph.core.dtypes import DataType, Format
 from opgraph.core.opdef import DType, Fidelity, OpAttrs, require
 from opgraph.core.types import TensorType
 from .define import define_op
@@ -73,6 +73,7 @@ class V3Attrs(OpAttrs):
     eps: float
     momentum: float = 0.0
     training: bool = False
+    channel_axis: int = 1  # v3_channel_axis(x): the numpy semantics see arrays, not formats
 
 
 def rstd_newton_raphson(emit, var: str, eps: float) -> str:
@@ -98,12 +99,24 @@ def rstd_newton_raphson(emit, var: str, eps: float) -> str:
     return emit("where", [emit("eq", [v, c(0.0)], DataType.BOOL), c(POS_INF), rstd], F32)
 
 
-def _check_v3(ts) -> None:
-    """x 4-D or 5-D; weight, bias, running mean and var 1-D [C] (no ResizeFrom1D on 950),
-    weight/bias of one dtype (x's or float32), mean/var likewise (the op_api's casts)."""
+def v3_channel_axis(x) -> int:
+    """The dim BatchNormV3's inference tilings take as the channel: the last for a 4-D NHWC or
+    5-D NDHWC storage format (the infer template takes only ND, NCHW and NCDHW; the
+    last-channel one reads C from dim 3 / dim 4: batch_norm_v3_tiling_infer_arch35.cpp:185-227,
+    batch_norm_v3_tiling_infer_last_channel_arch35.cpp:199-211), else dim 1."""
+    last = (x.rank == 4 and x.format == Format.NHWC) or (x.rank == 5 and x.format == Format.NDHWC)
+    return x.rank - 1 if last else 1
+
+
+def _check_v3(ts, a: V3Attrs) -> None:
+    """x 4-D or 5-D; ``channel_axis`` is :func:`v3_channel_axis` of x; weight, bias, running
+    mean and var 1-D [C] (no ResizeFrom1D on 950), weight/bias of one dtype (x's or float32),
+    mean/var likewise (the op_api's casts)."""
     x = ts[0]
     require(x.rank in (4, 5), "BatchNormV3", f"x must be 4-D or 5-D, got rank {x.rank}")
-    C = x.shape[1]
+    require(a.channel_axis == v3_channel_axis(x), "BatchNormV3",
+            f"channel_axis {a.channel_axis} must be {v3_channel_axis(x)} for x {x}")
+    C = x.shape[a.channel_axis]
     for name, t in zip(("weight", "bias", "mean", "var"), ts[1:5]):
         require(t.shape == (C,) and t.dtype in FLOATS, "BatchNormV3",
                 f"{name} must be a float [{C}] tensor, got {t}")
@@ -115,7 +128,7 @@ def _check_v3(ts) -> None:
 def _v3_y(emit, args, a: V3Attrs, ts) -> str:
     """y = ((x − mean)·gamma)·rstd + beta in float32 (batch_norm_v3_infer.h), then RINT to x's dtype."""
     x, w, b, mean, var = _upcast(emit, args, ts)
-    bshape = (1, ts[0].shape[1]) + (1,) * (ts[0].rank - 2)
+    bshape = tuple(n if d == a.channel_axis else 1 for d, n in enumerate(ts[0].shape))
     w, b, mean, var = (emit("view", [r], F32, shape=bshape) for r in (w, b, mean, var))
     rstd = rstd_newton_raphson(emit, var, a.eps)
     y = emit("add", [emit("mul", [emit("mul", [emit("sub", [x, mean], F32), w], F32), rstd], F32), b], F32)
@@ -123,7 +136,7 @@ def _v3_y(emit, args, a: V3Attrs, ts) -> str:
 
 
 def _v3_infer(ts, a: V3Attrs):
-    _check_v3(ts)
+    _check_v3(ts, a)
     require(not a.training, "BatchNormV3", "only inference (training = false) is modelled")
     return [ts[0].with_(), ts[3].with_(dtype=F32), ts[4].with_(dtype=F32)]
 
@@ -141,8 +154,8 @@ BatchNormV3 = define_op(
     fidelity=(Fidelity("bit-faithful", "950 kernel source (ops-nn batch_norm_v3 arch35 "
                        "batch_norm_v3_infer.h; the Newton-Raphson rstd of reduce_common_regbase.h, "
                        "Mula modelled as a fused multiply-add)", (3510,)),),
-    doc="BatchNormV3 with training = false, [C] parameters: (y, batchMean, batchVar); "
-        "y = ((x − mean)·w)·rstd + b.")
+    doc="BatchNormV3 with training = false, [C] parameters (C: dim 1, the last dim for NHWC / "
+        "NDHWC): (y, batchMean, batchVar); y = ((x − mean)·w)·rstd + b.")
 
 
 class ConstAttrs(OpAttrs):

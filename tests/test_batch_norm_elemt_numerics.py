@@ -17,7 +17,7 @@ from opgraph.aclnn.batch_norm_elemt import (aclnnBatchNormElemt, aclnnBatchNormE
                                             batch_norm_elemt)
 from opgraph.cli import main as cli_main
 from opgraph.testing import check_backend
-from test_batch_norm_elemt import A950, B910, BF16, F16, F32, INVALID, NAMES, SOCS, make, run, same_bits, u
+from test_batch_norm_elemt import A950, B910, BF16, F16, F32, INVALID, NAMES, SOCS, make, phase1, run, same_bits, u
 
 
 # numerics: independent float32 models written here
@@ -185,6 +185,39 @@ def test_f16_invstd_of_256_or_more_overflows_the_variance_rebuild(soc):
     b = dict(a, invstd=np.float32([300.0, 200.0]), output=np.zeros((2, 2), F16))
     run(b, eps=1e-5, soc=soc)
     assert np.allclose(b["output"].astype(np.float64), [[-300, -200], [300, 200]], rtol=2e-3)
+
+
+@pytest.mark.parametrize("shape,fmt", [((2, 3, 4, 3), "NHWC"), ((2, 3, 2, 2, 3), "NDHWC")])
+def test_950_takes_the_last_dim_of_an_nhwc_input_as_the_channel(shape, fmt, level):
+    """Ascend950's BatchNormV3 inference tilings read C from the last dim of NHWC / NDHWC
+    (batch_norm_v3_tiling_infer_last_channel_arch35.cpp:199-211; the infer template refuses
+    those formats, batch_norm_v3_tiling_infer_arch35.cpp:198-227), while aclnnBatchNormElemt
+    checks the [C] parameters against dim 1 (ELT:85-114): with the two dims equal, parameter c
+    applies to x[..., c]. 910B keeps dim 1 (BNInfer, prebuilt: nothing says otherwise)."""
+    a = make(shape, seed=4)
+    want = {}
+    for axis, soc in ((len(shape) - 1, A950), (1, B910[0])):
+        bs = tuple(n if d == axis else 1 for d, n in enumerate(shape))
+        ch = {k: a[k].astype(np.float64).reshape(bs) for k in ("weight", "bias", "mean", "invstd")}
+        want[soc] = (a["input"] - ch["mean"]) * ch["invstd"] * ch["weight"] + ch["bias"]
+    assert np.abs(want[A950] - want[B910[0]]).max() > 0.1
+    for soc in (A950, B910[0]):
+        b = make(shape, seed=4)
+        run(b, soc=soc, fmt=fmt)
+        np.testing.assert_allclose(b["output"], want[soc], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("shape,fmt", [((2, 3, 4, 5), "NHWC"), ((2, 3, 2, 2, 4), "NDHWC")])
+def test_950_nhwc_input_whose_last_dim_is_not_c_is_refused(shape, fmt):
+    """The last-channel kernel would read [last-dim] parameters from [C] buffers: no vendor check
+    stops it (BatchNormV3's infershape copies shapes, its tiling checks only ranks), so what runs
+    is undetermined → 561002 naming input, the output untouched."""
+    a = make(shape)
+    before = a["output"].tobytes()
+    st, _, _, msg = phase1(a, soc=A950, fmt=fmt)
+    assert st == 561002 and msg.split("): ")[1].startswith("input:") and "out of bounds" in msg
+    assert a["output"].tobytes() == before
+    run(make(shape), soc=B910[0], fmt=fmt)  # 910B: channel = dim 1, runs
 
 
 @pytest.mark.parametrize("soc", [B910[0], A950])

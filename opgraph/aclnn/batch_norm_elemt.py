@@ -17,7 +17,10 @@ The vendor's quirks, kept:
 
 910B/910_93 (and Ascend910 up to rank 4) end in BNInfer with [1,C,1,1] float32 parameters;
 Ascend950 (regbase) ends in BatchNormV3 (training = false) with [C] parameters cast to the
-promoted types. Ascend910 with rank ≥ 5 takes a Transpose-based path (ResizeFrom5D) opgraph does
+promoted types; its inference tilings take the channel from the last dim of a 4-D NHWC- or
+5-D NDHWC-tagged input (the check and the parameters still use dim 1): there the channel is the
+last dim, and a last dim other than dim 1 would read the [C] parameters out of bounds (no
+vendor check stops it) → 561002 naming input. Ascend910 with rank ≥ 5 takes a Transpose-based path (ResizeFrom5D) opgraph does
 not model: 561003, saying so. Ascend310P/310B have no kernel for the op: 561003.
 
     >>> import numpy as np, opgraph
@@ -40,7 +43,7 @@ import numpy as np
 
 from l0ops.arith import Div, Mul, OnesLike, Sub
 from l0ops.basic import Cast, Contiguous, Fill, UnsqueezeNd, ViewCopy
-from l0ops.bninfer import BatchNormV3, BNInfer, ConvertToTensor
+from l0ops.bninfer import BatchNormV3, BNInfer, ConvertToTensor, v3_channel_axis
 from l0ops.primitives import as_f32
 from l0ops.views import ReFormat, Reshape
 from opgraph.core.dtypes import Format, promote_types
@@ -117,6 +120,13 @@ def batch_norm_proc_regbase(ex: Executor, x: Value, w: Value, b: Value, mean: Va
     """950 BatchNormProcRegbase, training = false: weight/bias cast to PromoteType(w, b), FLOAT
     unless that is x's dtype; mean/var to PromoteType(mean, var), FLOAT unless that equals both
     the weight type and x's dtype; BatchNormV3; Cast(y → x's dtype)."""
+    axis = v3_channel_axis(x.type)
+    if x.shape[axis] != w.shape[0]:
+        raise AclnnError(Status.ACLNN_ERR_INNER_TILING_ERROR, (
+            f"input: {x.type.format.name}-tagged shape {list(x.shape)} on {ex.platform.soc}: "
+            f"BatchNormV3's last-channel tiling takes C = {x.shape[axis]} (dim {axis}), but the "
+            f"parameters have C = {w.shape[0]} (dim 1); the kernel would read them out of bounds "
+            "(undetermined; tag the input ND or NCHW/NCDHW, or make the two dims equal)"))
     wb_type = promote_types(w.dtype, b.dtype)
     wb_type = wb_type if wb_type == x.dtype else F32
     w = Cast(ex, Contiguous(ex, w), to=wb_type)
@@ -126,7 +136,8 @@ def batch_norm_proc_regbase(ex: Executor, x: Value, w: Value, b: Value, mean: Va
     run_type = run_type if run_type == wb_type and run_type == x.dtype else F32
     mean = Cast(ex, Contiguous(ex, mean), to=run_type)
     var = Cast(ex, Contiguous(ex, var), to=run_type)
-    y, _, _ = BatchNormV3(ex, xc, w, b, mean, var, eps=eps, momentum=0.0, training=False)
+    y, _, _ = BatchNormV3(ex, xc, w, b, mean, var, eps=eps, momentum=0.0, training=False,
+                          channel_axis=axis)
     return Cast(ex, y, to=x.dtype)
 
 
