@@ -17,6 +17,7 @@ ones; bfloat16 statistics need ``platform="Ascend950"``).
 from __future__ import annotations
 
 import contextlib
+import warnings
 from typing import Any, Callable, Optional, Union
 
 import numpy as np
@@ -255,6 +256,35 @@ def batch_norm_backward_elemt(
                                                                       out=into))
 
 
+def memory_format(t: Tensor) -> torch.memory_format:
+    """``t``'s layout as a memory format: channels_last(_3d) when it is contiguous so (PTF:39-45),
+    else contiguous.
+
+    >>> memory_format(torch.ones(2, 3, 4, 5).contiguous(memory_format=torch.channels_last))
+    torch.channels_last
+    """
+    for fmt in (torch.channels_last, torch.channels_last_3d):
+        if t.is_contiguous(memory_format=fmt):
+            return fmt
+    return torch.contiguous_format
+
+
+def resize_out(out: Tensor, like: Tensor) -> None:
+    """torch's rule for an ``out=`` tensor (``at::native::resize_output``, which CUDA's
+    batch_norm_elemt.out applies): one of another shape is resized to ``like``'s, in its layout,
+    with torch's warning when it had elements."""
+    if out.shape == like.shape:
+        return
+    if out.numel():
+        warnings.warn(f"An output with one or more elements was resized since it had shape "
+                      f"{list(out.shape)}, which does not match the required output shape "
+                      f"{list(like.shape)}. This behavior is deprecated, and in a future PyTorch "
+                      "release outputs will not be resized unless they have zero elements. You "
+                      "can explicitly reuse an out tensor t by resizing it, inplace, to zero "
+                      "elements with t.resize_(0).", UserWarning, stacklevel=3)
+    out.resize_(like.shape, memory_format=memory_format(like))
+
+
 def _into(out: Optional[Tensor], like: Tensor, name: str, args: tuple,
           write: Callable[[np.ndarray], Any]) -> Tensor:
     """An element-wise op_api's output: ``write(array)`` into ``out`` (a caller's: the op_api
@@ -297,6 +327,7 @@ def _aten_elemt(input: Tensor, weight: Optional[Tensor], bias: Optional[Tensor],
 
 def _aten_elemt_out(input: Tensor, weight: Optional[Tensor], bias: Optional[Tensor],
                     mean: Tensor, invstd: Tensor, eps: float, *, out: Tensor) -> Tensor:
+    resize_out(out, input)  # (the op_api itself takes an out of the input's shape only)
     return batch_norm_elemt(input, weight, bias, mean, invstd, eps, out=out, **_where())
 
 
@@ -343,5 +374,6 @@ def register_cpu_kernels(backend: Optional[BackendRef] = None,
 
 __all__ = ["BF16_PLATFORM", "PRIMITIVES", "batch_norm_backward_elemt", "batch_norm_backward_reduce",
            "batch_norm_elemt", "batch_norm_gather_stats_with_counts", "batch_norm_stats",
-           "as_numpy", "check_input_dtype", "on", "pinned", "register_cpu_kernels", "running_stats_refused",
-           "scratch_running_stats", "to_torch", "TorchViews"]
+           "as_numpy", "check_input_dtype", "memory_format", "on", "pinned",
+           "register_cpu_kernels", "resize_out", "running_stats_refused", "scratch_running_stats",
+           "to_torch", "TorchViews"]

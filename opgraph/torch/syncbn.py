@@ -76,11 +76,8 @@ def eager_under_compile(fn: Callable) -> Callable:
 
 
 def _keep_layout(t: Tensor) -> Tensor:
-    """``t`` if it is channels_last(-3d) contiguous, else ``t.contiguous()`` (PTF:39-45)."""
-    if t.is_contiguous(memory_format=torch.channels_last) or \
-            t.is_contiguous(memory_format=torch.channels_last_3d):
-        return t
-    return t.contiguous()
+    """``t`` contiguous in its layout (channels_last(-3d) kept, PTF:39-45)."""
+    return t.contiguous(memory_format=K.memory_format(t))
 
 
 class SyncBatchNormFunction(torch.autograd.Function):
