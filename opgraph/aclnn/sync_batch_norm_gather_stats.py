@@ -19,7 +19,7 @@ Graph (the same on 910B and 950): Contiguous(totalSum), Contiguous(totalSquareSu
 Contiguous(sampleCount) + Cast(→ int32), Contiguous(mean), Contiguous(variance), the
 SyncBatchNormGatherStats kernel (4 outputs), then Cast + ViewCopy into batchMean, batchInvstd,
 mean, variance. Quirks kept: BF16 only on the regbase 950 (not on 910B, unlike most of the
-family); a float sampleCount is truncated to int32; N = 0 is an error (161002) while C = 0 is a
+family); a float sampleCount is truncated to int32 (saturating; NaN → 0); N = 0 is an error (161002) while C = 0 is a
 success that launches nothing. A SoC without the kernel (Ascend910, 310P, 310B) gets 561003
 after the checks (the vendor's kernel lookup would surface as 561103 from the l0 wrapper).
 """
