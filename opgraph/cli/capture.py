@@ -15,6 +15,7 @@ import importlib.machinery
 import importlib.util
 import math
 import os
+import sys
 import time
 from typing import Any, Callable, Sequence
 
@@ -24,9 +25,13 @@ from opgraph.core.backend import BackendUnavailable
 from opgraph.core.dtypes import DataType
 from .common import (READ_FILES, CliError, add_fast_math_option, called_exit,
                      check_fast_math_level, check_memory, check_output, conflict, fmt_bytes,
-                     integer_option, parse_backend, parse_dtype, parse_shape, write_output)
+                     integer_option, names_stdout, parse_backend, parse_dtype, parse_shape,
+                     write_output)
+from .dump import render
 
 FORMATS = ("text", "json", "dot", "table", "html", "stats")
+COMMENTED = ("text", "table")  # the formats --run's "// replayed ..." line joins (JSON, DOT
+# and HTML are read by programs: it would break JSON and show as text after an HTML page)
 
 
 def load_step(path: str) -> Callable[..., Any]:
@@ -110,10 +115,8 @@ def run(args: argparse.Namespace) -> int:
     level = 2 if args.level is None else args.level
     prog = _capture(step, shape, args.dtype, level, args.file, args.fast_math)
     g = prog.graph if level == 0 else prog.compiled
-    if args.format == "json":
-        text = g.to_json()
-    elif args.format == "dot":
-        text = g.to_dot()
+    if args.format in ("json", "dot"):
+        text = render(g, args.format)
     elif args.format == "html":
         text = g.to_html()
     elif args.format == "table":
@@ -126,12 +129,19 @@ def run(args: argparse.Namespace) -> int:
                 f"collectives, {fmt_bytes(s.bytes_moved)} moved (one by one: {o.launches} + "
                 f"{o.collectives}, {fmt_bytes(o.bytes_moved)})\n")
         text = head + str(g) + "\n"
+    summary = f"{len(g.nodes)} nodes"
     if args.run:
         _replay(prog, args.run)  # the first run compiles for the backend
         start = time.perf_counter()
         _replay(prog, args.run)
-        text += f"// replayed on {args.run}: {(time.perf_counter() - start) * 1e3:.2f} ms\n"
-    return write_output(text, args.output, f"{len(g.nodes)} nodes")
+        note = f"replayed on {args.run}: {(time.perf_counter() - start) * 1e3:.2f} ms"
+        if args.format in COMMENTED:
+            text += f"// {note}\n"
+        elif names_stdout(args.output):  # JSON, DOT or HTML on stdout: the note beside them
+            print(f"opgraph: {note}", file=sys.stderr)
+        else:
+            summary += f"; {note}"
+    return write_output(text, args.output, summary)
 
 
 def _replay(prog: Program, backend: str) -> None:
