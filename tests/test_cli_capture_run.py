@@ -5,7 +5,10 @@ summary of -o, or to stderr beside stdout."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -39,3 +42,14 @@ def test_text_and_table_end_with_the_replay_line(capsys, fmt):
     assert main([*ARGS, "--format", fmt]) == 0
     out, err = capsys.readouterr()
     assert REPLAYED.fullmatch(out.splitlines()[-1].removeprefix("// ")) and err == ""
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_a_stdout_that_cannot_take_the_json_gets_no_replay_note():
+    """The note beside JSON on stdout comes once the JSON is written: on a full disk, only the
+    error line."""
+    with open("/dev/full", "w") as full:
+        p = subprocess.run([sys.executable, "-m", "opgraph", *ARGS, "--format", "json"],
+                           stdout=full, stderr=subprocess.PIPE, text=True, timeout=300)
+    assert p.returncode == 1 and p.stderr.count("\n") == 1, p.stderr
+    assert p.stderr.startswith("opgraph: error: ") and "replayed" not in p.stderr

@@ -129,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
                 f"collectives, {fmt_bytes(s.bytes_moved)} moved (one by one: {o.launches} + "
                 f"{o.collectives}, {fmt_bytes(o.bytes_moved)})\n")
         text = head + str(g) + "\n"
-    summary = f"{len(g.nodes)} nodes"
+    summary, aside = f"{len(g.nodes)} nodes", None
     if args.run:
         _replay(prog, args.run)  # the first run compiles for the backend
         start = time.perf_counter()
@@ -138,10 +138,14 @@ def run(args: argparse.Namespace) -> int:
         if args.format in COMMENTED:
             text += f"// {note}\n"
         elif names_stdout(args.output):  # JSON, DOT or HTML on stdout: the note beside them
-            print(f"opgraph: {note}", file=sys.stderr)
+            aside = f"opgraph: {note}"
         else:
             summary += f"; {note}"
-    return write_output(text, args.output, summary)
+    write_output(text, args.output, summary)
+    if aside:
+        sys.stdout.flush()  # (a stdout that cannot take the output fails first)
+        print(aside, file=sys.stderr)
+    return 0
 
 
 def _replay(prog: Program, backend: str) -> None:
