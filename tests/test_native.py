@@ -315,7 +315,7 @@ def test_vector_isa_names_what_the_compiler_targets():
     """The kernels' own preamble reports its lanes; the compiler's predefined macros (asked
     separately, with the kernels' flags) say which branch of it must have been taken."""
     cc = build.find_compiler()[0]
-    macros = subprocess.run([cc, *build.flags(cc), "-dM", "-E", "-x", "c", os.devnull],
+    macros = subprocess.run([*cc, *build.flags(cc), "-dM", "-E", "-x", "c", os.devnull],
                             capture_output=True, text=True, check=True).stdout.split()
     if "__AVX512F__" in macros:
         expected = "AVX-512, 16 float lanes"

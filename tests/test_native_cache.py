@@ -8,6 +8,7 @@ import io
 import multiprocessing
 import os
 import platform
+import shlex
 import stat
 import subprocess
 import sys
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from backends.native import build
+from backends.native import build, compiler
 
 pytestmark = pytest.mark.skipif(
     not build.availability()[0],
@@ -170,7 +171,7 @@ def test_directory_owned_by_another_user_is_refused(cache, monkeypatch, how):
 LINES = 3000  # long enough that half a source file does not compile
 CC_WRAPPER = """#!/bin/sh
 case "$*" in */k_*) sleep "${OPG_TEST_CC_DELAY:-0}";; esac
-exec "%s" "$@"
+exec %s "$@"
 """
 
 
@@ -241,7 +242,7 @@ def _compile_worker(role, cache_dir, cc, barrier, results):
 def test_two_processes_compiling_one_kernel_both_succeed(cache, tmp_path, monkeypatch):
     real_cc = build.find_compiler()[0]
     cc = tmp_path / "slowcc"
-    cc.write_text(CC_WRAPPER % real_cc)
+    cc.write_text(CC_WRAPPER % shlex.join(real_cc))
     cc.chmod(0o755)
     got = dict((r, (v, err)) for r, v, err in race(
         _compile_worker, [(role, str(cache), str(cc)) for role in ("compiler", "writer")]))
@@ -338,7 +339,7 @@ def test_a_cc_that_cannot_run_or_hangs_is_one_clear_error(cache, tmp_path, monke
     cc.write_text(script)
     cc.chmod(0o755)
     monkeypatch.setenv("CC", str(cc))
-    monkeypatch.setattr(build, "COMPILE_TIMEOUT", 1)
+    monkeypatch.setattr(compiler, "COMPILE_TIMEOUT", 1)
     build.forget()
     with refused(f"cannot run the C compiler {cc}: Exec format error|the C compiler {cc} did not "
                  "finish in 1 s"):
@@ -394,7 +395,7 @@ def vector_source(value: int) -> str:
 def gcc_on_x86() -> bool:
     cc = build.find_compiler()[0]
     return (platform.machine() in ("x86_64", "AMD64") and cc is not None
-            and "Free Software Foundation" in build._run([cc, "--version"]).stdout)
+            and "Free Software Foundation" in compiler.run(cc, ["--version"]).stdout)
 
 
 needs_gcc_x86 = pytest.mark.skipif(not gcc_on_x86(), reason="precompiled headers are made for "
@@ -480,7 +481,7 @@ def test_naming_the_precompiled_header_for_a_compile_marks_it_used(cache):
     os.utime(gch, (old, old))
     cc = build.find_compiler()[0]
     # what compile_source asks before a compile (which may not read the file on a noatime mount)
-    assert build.precompiled([cc, *build.flags(cc)], cache) == ["-include", str(gch.with_suffix(""))]
+    assert build.precompiled(cc, build.flags(cc), cache) == ["-include", str(gch.with_suffix(""))]
     build.evict()
     assert gch.exists() and gch.stat().st_atime > old + build.PCH_MAX_AGE
     assert call(build.load(vector_source(13))) == 13

@@ -1,11 +1,11 @@
 """Compile rendered C kernels with the system compiler, cache them on disk and in process, and
 load them with ctypes.
 
-The compiler is the first of ``$CC``, ``cc``, ``gcc``, ``clang`` found on PATH (``shutil.which``).
-Flags are :data:`BASE_FLAGS` (exact IEEE float: no FMA contraction, no fast-math) plus
-:data:`OPTIONAL_FLAGS` that the compiler accepts (``-march=native``, ``-fopenmp``; probed once, on
-the first cache miss). ``-O2``, not ``-O3``: the kernels' hot loops are written with vector
-intrinsics, so what ``-O3`` adds (auto-vectorising, unrolling, versioning the other loops)
+The compiler is ``$CC`` (a command: ``CC="ccache gcc"`` works, as with make), else the first of
+``cc``, ``gcc``, ``clang`` found on PATH (:mod:`.compiler`). Flags are :data:`BASE_FLAGS` (exact
+IEEE float: no FMA contraction, no fast-math) plus :data:`OPTIONAL_FLAGS` that the compiler
+accepts (``-march=native``, ``-fopenmp``; probed once, on the first cache miss). ``-O2``, not
+``-O3``: the kernels' hot loops are written with vector intrinsics, so what ``-O3`` adds (auto-vectorising, unrolling, versioning the other loops)
 measured within noise on the family's op_apis, while it doubled the compile time (GCC 12: the
 eleven kernels of a float32 SyncBatchNorm step 9.2 → 4.7 s; benchmarks/HISTORY.md). With GCC,
 kernels that include ``<immintrin.h>`` take it precompiled (:func:`precompiled`). A shared object is cached under :func:`cache_dir` as
@@ -48,10 +48,9 @@ import hashlib
 import os
 import platform
 import re
-import shutil
+import shlex
 import stat
 import struct
-import subprocess
 import tempfile
 import threading
 import time
@@ -61,16 +60,15 @@ from typing import Any, Optional, Sequence
 
 from opgraph.core.config import env_number
 from opgraph.core.tensor import array_address
+from . import compiler
+from .compiler import (BASE_FLAGS, OPTIONAL_FLAGS, Command, NativeBuildError, availability, describe,
+                       find_compiler, flags)
 from .seal import seal, sealed
 
-COMPILERS = ("cc", "gcc", "clang")
-BASE_FLAGS = ("-O2", "-ffp-contract=off", "-fno-fast-math", "-fPIC", "-shared", "-std=c11")
-OPTIONAL_FLAGS = ("-march=native", "-fopenmp")
 SYMBOL = "opg_kernel"
 MAX_CACHE_BYTES = 256 << 20  # the disk cache bound unless $OPGRAPH_CACHE_MAX_MB is set
 TEMP_MAX_AGE = 3600.0        # seconds after which a leftover temporary is deleted
 PCH_MAX_AGE = 30 * 86400.0   # seconds after which an unused precompiled header is deleted
-COMPILE_TIMEOUT = 120        # seconds a compiler command may take
 _ENTRY = re.compile(r"k_([0-9a-f]{64})\.(so|c|cmd)")
 _TEMP = re.compile(r"[kp]_[0-9a-f]{64}\.[^.]+\.tmp\.(so|c|cmd|h|gch)")
 _PCH = re.compile(r"p_[0-9a-f]{64}\.h\.gch")
@@ -82,12 +80,6 @@ _DELETE_ORDER = {"so": 0, "cmd": 1, "c": 2}  # the library first: no .so is left
 stats = {"compiles": 0, "disk_hits": 0, "memory_hits": 0}  # counters, for tests and benchmarks
 _LOCK = threading.Lock()
 _LOADED: dict[str, tuple[ctypes.CDLL, Path]] = {}  # cache key -> (library, its path)
-_PROBED: dict[str, tuple[str, ...]] = {}
-
-
-class NativeBuildError(RuntimeError):
-    """The C compiler rejected a generated kernel (the message names the source file), or the
-    disk cache is not private or not configured right (the message names the path or setting)."""
 
 
 @dataclass(frozen=True)
@@ -131,44 +123,8 @@ def int64_array(values: Sequence[int]) -> Any:
     return (ctypes.c_int64 * n).from_buffer_copy(struct.pack(f"{n}q", *values))
 
 
-_FOUND: dict[tuple, tuple[Optional[str], list[str]]] = {}
 _PCH_NAMES: dict[tuple, Optional[str]] = {}  # compile command -> its header's stem (None: no PCH)
 _BY_SOURCE: dict[tuple, "Kernel"] = {}
-
-
-def find_compiler() -> tuple[Optional[str], list[str]]:
-    """``(absolute path or None, names tried)``: ``$CC`` when set (and nothing else: a
-    compiler the user named is not swapped for another), else :data:`COMPILERS`. Memoised per
-    ``(PATH, CC)``."""
-    key = (os.environ.get("PATH", ""), os.environ.get("CC", ""))
-    hit = _FOUND.get(key)
-    if hit is None:
-        hit = _FOUND[key] = _search_compiler()
-    return hit[0], list(hit[1])
-
-
-def _search_compiler() -> tuple[Optional[str], list[str]]:
-    tried = []
-    env = os.environ.get("CC", "").strip()
-    for name in [env] if env else list(COMPILERS):
-        if name in tried:
-            continue
-        tried.append(name)
-        path = shutil.which(name)
-        if path:
-            return path, tried
-    return None, tried
-
-
-def availability() -> tuple[bool, str]:
-    """``(True, "")`` when a C compiler is on PATH, else ``(False, one line saying so)``."""
-    cc, tried = find_compiler()
-    if cc is None and os.environ.get("CC", "").strip():
-        return False, (f"$CC is {tried[0]!r}, which is not found on PATH (unset CC to use one of "
-                       f"{', '.join(COMPILERS)})")
-    if cc is None:
-        return False, f"no C compiler found (tried {', '.join(tried)})"
-    return True, ""
 
 
 def cache_dir() -> Path:
@@ -191,44 +147,9 @@ def _cpu_tag() -> str:
     return f"{platform.machine()}|{platform.system()}|{hashlib.sha256(flags.encode()).hexdigest()[:16]}"
 
 
-def _run(cmd: Sequence[str]) -> subprocess.CompletedProcess:
-    """A compiler command's result; NativeBuildError if it cannot start or times out."""
-    try:
-        return subprocess.run(list(cmd), capture_output=True, text=True, timeout=COMPILE_TIMEOUT)
-    except subprocess.TimeoutExpired:
-        raise NativeBuildError(f"the C compiler {cmd[0]} did not finish in {COMPILE_TIMEOUT} s "
-                               f"(command: {' '.join(cmd)})") from None
-    except OSError as e:
-        raise NativeBuildError(f"cannot run the C compiler {cmd[0]}: {e.strerror or e}") from None
-
-
-def flags(cc: str) -> tuple[str, ...]:
-    """The flags used with ``cc``: :data:`BASE_FLAGS` + every accepted :data:`OPTIONAL_FLAGS`."""
-    if cc in _PROBED:
-        return _PROBED[cc]
-    chosen = list(BASE_FLAGS)
-    with tempfile.TemporaryDirectory(prefix="opgraph-probe-") as tmp:
-        src = Path(tmp) / "probe.c"
-        src.write_text("int opg_probe(int x) { return x + 1; }\n")
-        for flag in OPTIONAL_FLAGS:
-            if _run([cc, *chosen, flag, str(src), "-o", str(Path(tmp) / "probe.so")]).returncode == 0:
-                chosen.append(flag)
-    _PROBED[cc] = tuple(chosen)
-    return _PROBED[cc]
-
-
-def describe() -> str:
-    """One line naming the compiler and the flags kernels are built with (for benchmark logs),
-    e.g. ``'/usr/bin/cc -O2 -ffp-contract=off ... -march=native -fopenmp'``."""
-    cc, tried = find_compiler()
-    if cc is None:
-        return f"no C compiler found (tried {', '.join(tried)})"
-    return " ".join([cc, *flags(cc)])
-
-
-def cache_key(source: str, cc: str, extra: Sequence[str] = ()) -> str:
+def cache_key(source: str, cc: Command, extra: Sequence[str] = ()) -> str:
     """sha256 of source + compiler + requested flags + CPU (probe results follow from these)."""
-    parts = [source, os.path.realpath(cc), " ".join(BASE_FLAGS + OPTIONAL_FLAGS), " ".join(extra),
+    parts = [source, compiler.identity(cc), " ".join(BASE_FLAGS + OPTIONAL_FLAGS), " ".join(extra),
              _cpu_tag()]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()
 
@@ -308,24 +229,24 @@ def _unlink(path: str) -> bool:
     return True
 
 
-def compile_source(source: str, lib: Path, cc: str, extra: Sequence[str] = ()) -> ctypes.CDLL:
+def compile_source(source: str, lib: Path, cc: Command, extra: Sequence[str] = ()) -> ctypes.CDLL:
     """Compile ``source`` to the shared object ``lib`` in a private directory; returns it loaded.
     Everything is written to unique temporaries and renamed into place, the library last (after
     it is loaded). Raises :class:`NativeBuildError` quoting the source and the compiler's message
     (the source is kept at ``lib.with_suffix(".c")``)."""
     private_dir(lib.parent)
     src = lib.with_suffix(".c")
-    base = [cc, *flags(cc), *extra]
+    options = [*flags(cc), *extra]
     if PCH_HEADER.strip() in source:
-        base += precompiled(base, lib.parent)
-    shown = " ".join(base + [str(src), "-o", str(lib)])  # the command as if run on final names
+        options += precompiled(cc, options, lib.parent)
+    shown = shlex.join([*cc, *options, str(src), "-o", str(lib)])  # as if run on final names
     temps: list[str] = []
     try:
         temps.append(_write_temp(lib, "c", source))
         fd, tmp_lib = _temp(lib, "so")
         os.close(fd)
         temps.append(tmp_lib)
-        proc = _run(base + [temps[0], "-o", tmp_lib])
+        proc = compiler.run(cc, [*options, temps[0], "-o", tmp_lib])
         if proc.returncode != 0:
             os.replace(temps[0], src)
             msg = (proc.stderr or proc.stdout).strip().replace(temps[0], str(src))
@@ -348,8 +269,8 @@ def compile_source(source: str, lib: Path, cc: str, extra: Sequence[str] = ()) -
     return handle
 
 
-def precompiled(base: Sequence[str], directory: Path) -> list[str]:
-    """``["-include", header]`` for the compile command ``base`` (compiler and flags): the
+def precompiled(cc: Command, options: Sequence[str], directory: Path) -> list[str]:
+    """``["-include", header]`` for compiles by ``cc`` with ``options`` (the flags): the
     header is :data:`PCH_HEADER` and ``header.gch`` its precompiled form in ``directory``, made
     on first use (atomically, as kernels are) and refused like a library when not private. []
     when the compiler is not GCC or cannot make it: each kernel then parses the header itself.
@@ -358,13 +279,13 @@ def precompiled(base: Sequence[str], directory: Path) -> list[str]:
     bound (one per compiler, flags and CPU, ~25 MB); :func:`evict` deletes one unused for
     :data:`PCH_MAX_AGE` (after a GCC upgrade, say) but keeps its 23-byte header, so that a
     compile that named it just then parses the header instead of failing."""
-    key = tuple(base)
+    key = (*cc, *options)
     if key not in _PCH_NAMES:
-        version = _run([base[0], "--version"]).stdout
+        version = compiler.run(cc, ["--version"]).stdout
         if "Free Software Foundation" not in version:  # GCC's banner; clang names .pch otherwise
             _PCH_NAMES[key] = None
         else:
-            parts = [PCH_HEADER, version, " ".join(base), _cpu_tag()]
+            parts = [PCH_HEADER, version, " ".join(key), _cpu_tag()]
             _PCH_NAMES[key] = "p_" + hashlib.sha256("\0".join(parts).encode()).hexdigest()
     stem = _PCH_NAMES[key]
     if stem is None:
@@ -383,7 +304,7 @@ def precompiled(base: Sequence[str], directory: Path) -> list[str]:
         fd, tmp_gch = _temp(header, "gch")
         os.close(fd)
         temps.append(tmp_gch)
-        made = _run([*base, "-x", "c-header", temps[0], "-o", tmp_gch])
+        made = compiler.run(cc, [*options, "-x", "c-header", temps[0], "-o", tmp_gch])
         if made.returncode != 0:
             _PCH_NAMES[key] = None
             return []
@@ -476,9 +397,7 @@ def load(source: str, extra: Sequence[str] = (), symbol: str = SYMBOL) -> Kernel
 
 
 def _load(source: str, extra: Sequence[str], symbol: str) -> Kernel:
-    cc, tried = find_compiler()
-    if cc is None:
-        raise NativeBuildError(f"no C compiler found (tried {', '.join(tried)})")
+    cc = compiler.require_compiler()
     key = cache_key(source, cc, extra)
     with _LOCK:
         hit = _LOADED.get(key)
@@ -502,5 +421,11 @@ def forget() -> None:
     with _LOCK:
         _LOADED.clear()
         _BY_SOURCE.clear()
-        _FOUND.clear()
         _PCH_NAMES.clear()
+        compiler.forget()
+
+
+# the compiler's names (.compiler) stay importable from here, where callers and tests look
+__all__ = ["BASE_FLAGS", "OPTIONAL_FLAGS", "Kernel", "NativeBuildError", "PointerArray", "availability",
+           "cache_dir", "cache_key", "cache_limit", "compile_source", "describe", "evict",
+           "find_compiler", "flags", "forget", "int64_array", "load", "precompiled", "private_dir"]

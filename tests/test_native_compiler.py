@@ -1,0 +1,101 @@
+"""The native backend's compiler command: ``$CC`` is split into words as a shell (and make) would,
+so a launcher in front of the compiler works (``CC="ccache gcc"``); a $CC that cannot be split,
+whose program is missing, cannot run or hangs is one clear error."""
+from __future__ import annotations
+
+import ctypes
+import shlex
+
+import pytest
+
+from backends.native import build, compiler
+
+pytestmark = pytest.mark.skipif(not build.availability()[0], reason=build.availability()[1])
+
+# a launcher as ccache is one: logs its arguments, then runs them
+LAUNCHER = """#!/bin/sh
+echo "$@" >> "%s"
+exec "$@"
+"""
+
+
+def kernel_source(value: int) -> str:
+    return f"#include <stdint.h>\nint64_t opg_kernel(void) {{ return {value}; }}\n"
+
+
+def call(kernel: build.Kernel) -> int:
+    kernel.fn.restype = ctypes.c_int64
+    return kernel.fn()
+
+
+@pytest.fixture
+def real_cc():
+    """The compiler found without a launcher (before the test sets $CC)."""
+    build.forget()
+    cc = build.find_compiler()[0]
+    yield cc
+    build.forget()
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    d = tmp_path / "cache"
+    monkeypatch.setenv("OPGRAPH_CACHE_DIR", str(d))
+    build.forget()
+    yield d
+    build.forget()
+
+
+def script(path, text: str):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    path.chmod(0o755)
+    return path
+
+
+def test_a_launcher_in_cc_runs_the_compiler(real_cc, cache, tmp_path, monkeypatch):
+    """CC="launcher gcc" (its path with a space, quoted as in a shell) compiles every kernel
+    through the launcher, as make would: it was refused as a compiler not found on PATH."""
+    log = tmp_path / "launches.txt"
+    launcher = script(tmp_path / "my tools" / "launch", LAUNCHER % log)
+    monkeypatch.setenv("CC", shlex.join([str(launcher), *real_cc]))
+    assert build.availability() == (True, "")
+    assert build.find_compiler()[0] == (str(launcher), *real_cc)
+    kernel = build.load(kernel_source(41))
+    assert call(kernel) == 41
+    compiles = [line for line in log.read_text().splitlines() if "-o" in line.split()]
+    assert compiles and all(line.startswith(" ".join(real_cc)) for line in compiles), compiles
+    assert any("-ffp-contract=off" in line and str(kernel.library.stem) in line for line in compiles)
+    assert shlex.split(kernel.library.with_suffix(".cmd").read_text())[:len(real_cc) + 1] == \
+        [str(launcher), *real_cc]
+    assert build.describe().startswith(shlex.join([str(launcher), *real_cc]) + " -O2")
+
+
+@pytest.mark.parametrize("cc, why", [
+    ("no-such-launcher-opgraph gcc", "$CC is 'no-such-launcher-opgraph gcc', which (its program "
+                                     "'no-such-launcher-opgraph') is not found on PATH"),
+    ("'gcc", "$CC is \"'gcc\", which cannot be split into words as a shell would: No closing quotation"),
+])
+def test_a_cc_that_names_no_program_says_so(monkeypatch, cc, why):
+    monkeypatch.setenv("CC", cc)
+    build.forget()
+    ok, message = build.availability()
+    assert not ok and message.startswith(why), message
+    with pytest.raises(build.NativeBuildError, match="^" + why.replace("(", r"\(").replace(")", r"\)")
+                       .replace("$", r"\$")):
+        build.load(kernel_source(42))
+
+
+@pytest.mark.parametrize("body, error", [("\x7fELF not a program", "cannot run the C compiler {}: Exec format error"),
+                                         ("#!/bin/sh\nexec sleep 30\n", "the C compiler {} did not finish in 1 s")])
+def test_a_launcher_that_cannot_run_or_hangs_is_one_clear_error(real_cc, cache, tmp_path, monkeypatch,
+                                                                 body, error):
+    """The clear errors of a single-word $CC hold for a launcher's command, naming all of it."""
+    launcher = script(tmp_path / "launch", body)
+    cc = [str(launcher), *real_cc]
+    monkeypatch.setenv("CC", shlex.join(cc))
+    monkeypatch.setattr(compiler, "COMPILE_TIMEOUT", 1)
+    with pytest.raises(build.NativeBuildError) as e:
+        build.load(kernel_source(43))
+    assert str(e.value).startswith(error.format(shlex.join(cc))), str(e.value)
+
