@@ -201,6 +201,29 @@ def test_no_guard_for_counts_summing_to_one_or_zero(soc):
     assert all(np.isnan(a[n]).all() for n in WRITTEN)
 
 
+@pytest.mark.parametrize("soc", [B910, B950])
+@pytest.mark.parametrize("counts", [[0.5, 1.5], [0.0, 3.0], [-1.0, 3.0], [2.75, 0.25]])
+def test_counts_are_float_weights_never_truncated(soc, counts):
+    """The vendor casts counts to float32 and weights by them as they are (GSC:245-268: Cast,
+    BroadcastTo, ReduceSum, ReduceMeanWithCount; the fused kernel multiplies by the float
+    count): a zero count drops its row, a fraction or a negative count weighs in as such.
+    torch's CUDA combination adds counts into an integer n instead, so it differs here."""
+    a = make_args(W=2, C=1)
+    a["mean"][:] = [[0.0], [2.0]]
+    a["invstd"][:] = [[1.0], [0.5]]
+    a["counts"][:] = counts
+    rm, rv, m, eps = a["runningMean"].astype(float), a["runningVar"].astype(float), a["momentum"], a["eps"]
+    run(a, soc)
+    c = np.float64(counts)
+    n, var_j = c.sum(), 1 / np.float64([1.0, 0.5]) ** 2 - eps
+    mean_all = (c * [0.0, 2.0]).sum() / n
+    vs = (c * (var_j + (np.float64([0.0, 2.0]) - mean_all) ** 2)).sum()
+    want = {"meanAll": mean_all, "invstdAll": 1 / np.sqrt(vs / n + eps),
+            "runningMean": rm * (1 - m) + mean_all * m, "runningVar": rv * (1 - m) + vs / (n - 1) * m}
+    for k, v in want.items():
+        np.testing.assert_allclose(a[k].astype(np.float64), v, rtol=1e-5, atol=1e-6, err_msg=k)
+
+
 @pytest.mark.parametrize("rank", range(2, 9))
 @pytest.mark.parametrize("soc", [B910, B950])
 def test_input_rank_2_to_8_only_gives_c(rank, soc):
