@@ -1,6 +1,7 @@
 """The native backend's compiler command: ``$CC`` is split into words as a shell (and make) would,
 so a launcher in front of the compiler works (``CC="ccache gcc"``); a $CC that cannot be split,
-whose program is missing, cannot run or hangs is one clear error."""
+whose program is missing, cannot run or hangs is one clear error; ``$OPGRAPH_CACHE_DIR`` may
+start with ``~``."""
 from __future__ import annotations
 
 import ctypes
@@ -99,3 +100,20 @@ def test_a_launcher_that_cannot_run_or_hangs_is_one_clear_error(real_cc, cache, 
         build.load(kernel_source(43))
     assert str(e.value).startswith(error.format(shlex.join(cc))), str(e.value)
 
+
+def test_the_cache_dir_may_start_with_a_tilde(tmp_path, monkeypatch):
+    """OPGRAPH_CACHE_DIR=~/x is the x in the home directory (a directory named '~' in the
+    working directory was made)."""
+    home, work = tmp_path / "home", tmp_path / "work"
+    work.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(work)
+    monkeypatch.setenv("OPGRAPH_CACHE_DIR", "~/kernels")
+    build.forget()
+    try:
+        assert build.cache_dir() == home / "kernels"
+        kernel = build.load(kernel_source(44))
+        assert call(kernel) == 44 and kernel.library.parent == home / "kernels"
+        assert not (work / "~").exists()
+    finally:
+        build.forget()

@@ -128,10 +128,11 @@ _BY_SOURCE: dict[tuple, "Kernel"] = {}
 
 
 def cache_dir() -> Path:
-    """``$OPGRAPH_CACHE_DIR`` or ``$XDG_CACHE_HOME/opgraph/native`` or ``~/.cache/opgraph/native``."""
+    """``$OPGRAPH_CACHE_DIR`` (``~`` expanded, as a shell would) or ``$XDG_CACHE_HOME/opgraph/native``
+    or ``~/.cache/opgraph/native``."""
     explicit = os.environ.get("OPGRAPH_CACHE_DIR")
     if explicit:
-        return Path(explicit)
+        return Path(explicit).expanduser()
     root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(root) / "opgraph" / "native"
 
