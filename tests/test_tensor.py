@@ -206,6 +206,13 @@ def test_dtype_numpy_mapping_and_names():
                     ("int32", DataType.INT32), ("FLOAT", DataType.FLOAT)]:
         assert opgraph.dtype_of(name) is d
     assert opgraph.dtype_of(np.dtype(ml_dtypes.bfloat16)) is DataType.BF16
+    # scalar types, as numpy takes them: np.float16's `dtype` attribute is a descriptor, which
+    # np.dtype() refused (TypeError: Cannot interpret '<attribute 'dtype' ...>')
+    for scalar_type, d in [(np.float16, DataType.FLOAT16), (np.float32, DataType.FLOAT),
+                           (ml_dtypes.bfloat16, DataType.BF16), (np.int64, DataType.INT64)]:
+        assert opgraph.dtype_of(scalar_type) is d
+    with pytest.raises(TypeError, match="3.5 is no dtype"):
+        opgraph.dtype_of(3.5)
     with pytest.raises(ValueError, match="unknown dtype"):
         opgraph.dtype_of("float17")
     with pytest.raises(TypeError):

@@ -91,11 +91,12 @@ _BY_NAME = {**{d.name.lower(): d for d in DataType}, **{v: k for k, v in _SHORT.
             "half": DataType.FLOAT16, "int32": DataType.INT32, "int64": DataType.INT64}
 
 
-def dtype_of(x: "np.dtype | np.ndarray | DataType | str") -> DataType:
-    """The DataType for a numpy dtype/array, a DataType, or a name (``"float16"``, ``"f16"``).
+def dtype_of(x: "np.dtype | type | np.ndarray | DataType | str") -> DataType:
+    """The DataType for a numpy dtype, scalar type or array, a DataType, or a name
+    (``"float16"``, ``"f16"``).
 
-    >>> dtype_of("bfloat16")
-    <DataType.BF16: 27>
+    >>> dtype_of("bfloat16"), dtype_of(np.float16)
+    (<DataType.BF16: 27>, <DataType.FLOAT16: 1>)
     """
     if isinstance(x, DataType):
         return x
@@ -104,7 +105,10 @@ def dtype_of(x: "np.dtype | np.ndarray | DataType | str") -> DataType:
             return _BY_NAME[x.lower()]
         except KeyError:
             raise ValueError(f"unknown dtype name {x!r}; use e.g. float32, float16, bfloat16, int32") from None
-    dt = np.dtype(getattr(x, "dtype", x))
+    try:  # a scalar type (np.float16, ml_dtypes.bfloat16) has a `dtype` that is no dtype
+        dt = np.dtype(x if isinstance(x, type) else getattr(x, "dtype", x))
+    except TypeError:
+        raise TypeError(f"{x!r} is no dtype, array or dtype name") from None
     try:
         return _FROM_NP[dt]
     except KeyError:
