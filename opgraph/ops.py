@@ -27,6 +27,8 @@ from opgraph.aclnn.batch_norm_reduce_backward import batch_norm_backward_reduce
 from opgraph.aclnn.batch_norm_stats import batch_norm_stats
 from opgraph.aclnn.sync_batch_norm_gather_stats import sync_batch_norm_gather_stats
 
-__all__ = ["batch_norm_backward_reduce", "batch_norm_elemt", "batch_norm_elemt_backward",
-           "batch_norm_gather_stats_with_counts", "batch_norm_reduce", "batch_norm_stats",
-           "sync_batch_norm_gather_stats"]
+batch_norm_backward_elemt = batch_norm_elemt_backward  # torch's name (round 1 named it as the op_api)
+
+__all__ = ["batch_norm_backward_elemt", "batch_norm_backward_reduce", "batch_norm_elemt",
+           "batch_norm_elemt_backward", "batch_norm_gather_stats_with_counts", "batch_norm_reduce",
+           "batch_norm_stats", "sync_batch_norm_gather_stats"]
