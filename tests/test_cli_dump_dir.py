@@ -83,4 +83,4 @@ def test_level_0_dumps_the_graph_as_recorded(capsys, tmp_path):
     code, out, _ = dump(capsys, tmp_path, 0)
     assert code == 0 and sorted(os.listdir(tmp_path)) == dump_names(0)
     assert main(["dump", OP]) == 0
-    assert (tmp_path / "00-input.txt").read_text() == capsys.readouterr().out.rstrip("\n")
+    assert (tmp_path / "00-input.txt").read_text() == capsys.readouterr().out  # newline too

@@ -159,7 +159,13 @@ class PrintInstrument(Instrument):
 
 class DumpInstrument(Instrument):
     """Write numbered dumps ``NN-<pass>.{txt,json,dot}`` into ``directory`` (made if missing),
-    or hand each ``(path, text)`` to ``write`` (the CLI writes them all or none)."""
+    each ending in a newline, or hand each ``(path, text)`` to ``write`` (the CLI writes them all
+    or none). Files already there that this run does not write stay: give a new directory per
+    run (``opgraph dump --dump-dir`` removes an earlier run's dumps itself).
+
+        >>> DumpInstrument("dumps", formats=("txt",)).formats
+        ('txt',)
+    """
 
     def __init__(self, directory: str, formats: Iterable[str] = ("txt", "json", "dot"),
                  write: Optional[Callable[[str, str], None]] = None):
@@ -171,7 +177,8 @@ class DumpInstrument(Instrument):
         render = {"txt": str, "json": Graph.to_json, "dot": Graph.to_dot}
         for ext in self.formats:
             path = os.path.join(self.directory, f"{stem}.{ext}")
-            self.write(path, render[ext](graph))
+            text = render[ext](graph)
+            self.write(path, text if text.endswith("\n") else text + "\n")
             self.files.append(path)
 
     def before(self, index, p, graph):
