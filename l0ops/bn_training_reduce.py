@@ -8,7 +8,10 @@ every dim but the channel dim. The 950 kernel pre-scales x by 2^-k for the plain
 scales the result back by 2^k; a power-of-two scaling is exact (barring subnormals and
 intermediate overflow), so it is not modelled. Its cross-core sums use atomic adds (an order
 that changes from run to run), so the sums here run in opgraph's fixed order
-(:mod:`l0ops.ordered`).
+(:mod:`l0ops.ordered`) — except where the 950 tiling picks its small-R template
+(:func:`small_r`; attribute ``sequential``): one register per channel accumulates
+``0 + x0 + x1 + …`` in order (bn_training_reduce_small_r.h:46-62), which is modelled as such
+(not fused: the fixed order is not that one).
 
     >>> import numpy as np
     >>> x = np.float32([1, 2, 3, 4]).reshape(1, 2, 2, 1)                # NCHW: C = 2
@@ -23,6 +26,7 @@ import numpy as np
 from opgraph.core.dtypes import DataType, Format
 from opgraph.core.opdef import Fidelity, OpAttrs, require
 from .define import define_op
+from .expansion import expansion_compute
 
 F32 = DataType.FLOAT
 FORMATS = (Format.NCHW, Format.NHWC)
@@ -39,8 +43,19 @@ def out_shape(shape: tuple[int, ...], fmt: Format) -> tuple[int, ...]:
     return tuple(shape[c] if d == c else 1 for d in range(4))
 
 
+SMALL_R = (1, 3, 10, 17)  # IsFirstRoundSmallR: the H·W the small-R template takes
+
+
+def small_r(t) -> bool:
+    """Whether the 950 tiling runs its small-R template on x's TensorType ``t``
+    (bn_training_reduce_tiling_arch35.cpp:49-68, tried first: TryBuildSmallRConfig): NCHW,
+    N = 1 and H·W in {1, 3, 10, 17}."""
+    return t.rank == 4 and t.format == Format.NCHW and t.shape[0] == 1 and t.shape[2] * t.shape[3] in SMALL_R
+
+
 class OutShapeAttrs(OpAttrs):
     shape: tuple[int, ...]
+    sequential: bool = False  # the 950's small-R template (set where small_r(x) on Ascend950)
 
 
 def _infer(ts, a: OutShapeAttrs):
@@ -50,6 +65,8 @@ def _infer(ts, a: OutShapeAttrs):
     want = out_shape(x.shape, x.format)
     require(tuple(a.shape) == want, "BNTrainingReduce",
             f"output shape {list(a.shape)} must be {list(want)} for x {x}")
+    require(not a.sequential or small_r(x), "BNTrainingReduce",
+            f"sequential sums are the small-R template's: NCHW, N = 1, H·W in {SMALL_R}; got {x}")
     out = x.with_(shape=want, dtype=F32)
     return [out, out]
 
@@ -63,11 +80,29 @@ def _expand(emit, args, a: OutShapeAttrs, ts) -> tuple[str, str]:
             emit("sum", [emit("mul", [x, x], F32)], F32, shape=tuple(a.shape), over=over))
 
 
+_ordered = expansion_compute(_expand)
+
+
+def _compute(xs, a: OutShapeAttrs) -> list[np.ndarray]:
+    """The small-R template: per channel, float32 registers from +0 adding x[0, c, r] and
+    f32(x·x) for r = 0, 1, … in order; else the expansion (opgraph's fixed order)."""
+    if not a.sequential:
+        return _ordered(xs, a)
+    x = np.asarray(xs[0]).astype(np.float32)
+    rows = x.reshape(x.shape[1], -1)
+    s, q = np.zeros(x.shape[1], np.float32), np.zeros(x.shape[1], np.float32)
+    for r in range(rows.shape[1]):
+        v = rows[:, r]
+        s, q = s + v, q + v * v
+    return [s.reshape(a.shape), q.reshape(a.shape)]
+
+
 BNTrainingReduce = define_op(
     "BNTrainingReduce", attrs=OutShapeAttrs, num_inputs=1, kind="reduce", infer=_infer,
-    expand=_expand,
+    compute=_compute, expand=_expand, expandable=lambda node: not node.attrs.sequential,
     fidelity=(Fidelity("bit-faithful", "950 kernel source (ops-nn bn_training_reduce arch35): cast "
                        "to float32, square in float32, sum (its 2^-k pre-scaling is exact); the "
+                       "small-R template's sums in its order (sequential from +0); elsewhere the "
                        "kernel's cross-core atomic adds have no fixed order, so the float32 sums "
                        "run in opgraph's fixed order (l0ops.ordered)", (3510,)),
               Fidelity("formula", "no public 910B source (prebuilt): Σx and Σx² of float32(x), "
@@ -76,4 +111,4 @@ BNTrainingReduce = define_op(
     doc="(sum, squareSum): float32 Σx and Σx² of a 4-D NCHW/NHWC x over every dim but the "
         "channel dim, with the 4-D ``shape`` [1,C,1,1] or [1,1,1,C] and x's format.")
 
-__all__ = ["BNTrainingReduce", "channel_dim", "out_shape"]
+__all__ = ["BNTrainingReduce", "channel_dim", "out_shape", "small_r"]

@@ -289,6 +289,33 @@ def test_bits_and_bound_over_several_blocks():
         assert (np.abs(got - exact) <= (k + 1) * EPS * mag).all()
 
 
+@pytest.mark.parametrize("hw", [(1, 3), (2, 5), (17, 1), (1, 1)])
+@pytest.mark.parametrize("dtype", [F32, F16])
+def test_950_small_r_template_sums_sequentially_from_plus_zero(hw, dtype, level):
+    """NCHW, N = 1 and H·W in {1, 3, 10, 17}: the 950 tiling's small-R template
+    (bn_training_reduce_tiling_arch35.cpp:49-68) keeps one register per channel and adds
+    x[0, c, r] (and its float32 square) for r = 0, 1, … from +0 (bn_training_reduce_small_r.h:
+    46-62) — not opgraph's lane/tree order: (1e8 + 1) + −1e8 is 0 there, 1 in the tree."""
+    x = rand_x((1, 2) + hw, dtype, seed=3)
+    if x[0, 0].size >= 3:  # channel 0: big, 1, −big, then zeros
+        x[0, 0] = 0
+        x[0, 0].flat[:3] = [1e4, 1.0, -1e4] if dtype is F16 else [1e8, 1.0, -1e8]
+    x[0, 1] = -0.0  # +0 + −0 = +0: −0s sum to +0
+    s, q = sentinel(2), sentinel(2)
+    run(x, s, q, soc="Ascend950")
+    want_s, want_q = [], []
+    for c in range(2):
+        acc, sq = F32(0.0), F32(0.0)
+        for v in x[0, c].ravel().astype(F32):
+            acc, sq = F32(acc + v), F32(sq + F32(v * v))
+        want_s.append(acc)
+        want_q.append(sq)
+    assert bits_equal(s, want_s) and bits_equal(q, want_q)
+    assert not np.signbit(s[1])
+    if x[0, 0].size >= 3 and dtype is F32:
+        assert s[0] == 0  # the tree order gives 1 here (f16 data: exact in float32 either way)
+
+
 def test_square_is_taken_in_float32_not_in_the_input_dtype():
     x = np.full((1, 1, 2, 2), 65504, F16)                   # f16 max: x² overflows f16, not f32
     s, q = sentinel(1), sentinel(1)

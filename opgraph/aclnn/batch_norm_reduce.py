@@ -34,7 +34,7 @@ from typing import Any, Optional
 import numpy as np
 
 from l0ops.basic import Contiguous, Fill, UnsqueezeNd, ViewCopy
-from l0ops.bn_training_reduce import BNTrainingReduce, channel_dim
+from l0ops.bn_training_reduce import BNTrainingReduce, channel_dim, small_r
 from l0ops.views import ReFormat, SqueezeNd
 from opgraph.core.dtypes import DataType, Format
 from opgraph.core.executor import Executor
@@ -155,7 +155,7 @@ def aclnnBatchNormReduceGetWorkspaceSize(ex: Executor, x: Optional[Tensor], sum:
     require_kernel(PLATFORMS, p, "BNTrainingReduce")
     xc = Contiguous(ex, xv)
     sum4 = resize_to_4d(ex, sv, xc.type.format)
-    s4, q4 = BNTrainingReduce(ex, xc, shape=sum4.type.shape)
+    s4, q4 = BNTrainingReduce(ex, xc, shape=sum4.type.shape, sequential=p.is_regbase and small_r(xc.type))
     s1, q1 = resize_to_1d(ex, s4), resize_to_1d(ex, q4)
     ex.output(ViewCopy(ex, s1, sv), ViewCopy(ex, q1, qv))
 
