@@ -131,6 +131,16 @@ def test_run_variants(capsys, extra):
     assert float(re.search(r"max rel error: (\S+)", out).group(1)) < 1e-2
 
 
+def test_counts_of_one_are_singular(capsys):
+    """A fused op_api is one kernel: ``run`` and the table said '1 kernel launches'."""
+    code, out, _ = run_cli(capsys, "run", "aclnnBatchNormElemt", "--level", "2")
+    assert code == 0 and re.search(r"graph: .* after level 2, 1 kernel launch$", out, re.M)
+    code, out, _ = run_cli(capsys, "dump", "aclnnBatchNormElemt", "--level", "2", "--format", "table")
+    assert code == 0 and out.splitlines()[-1].startswith("1 node, 1 kernel launch, ")
+    code, out, _ = run_cli(capsys, "dump", "aclnnBatchNormElemt", "--format", "table")
+    assert re.match(r"\d+ nodes, \d+ kernel launches, ", out.splitlines()[-1])
+
+
 def test_run_grad_input_dtype_is_honoured(capsys):
     code, out, _ = run_cli(capsys, "run", OP, "--dtype", "bf16", "--grad-input-dtype", "float32")
     assert code == 0 and "output:        gradInput f32[2,3,1,4]" in out

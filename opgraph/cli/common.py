@@ -82,6 +82,15 @@ def fmt_values(a: np.ndarray, n: int = 6) -> str:
     return f"[{head}{more}] ({flat.size} values)"
 
 
+def counted(n: int, singular: str, plural: str = "") -> str:
+    """``n`` and its noun: ``singular`` when n is 1, else ``plural`` (default: singular + "s").
+
+    >>> counted(1, "launch", "launches"), counted(3, "launch", "launches"), counted(0, "node")
+    ('1 launch', '3 launches', '0 nodes')
+    """
+    return f"{n} {singular if n == 1 else plural or singular + 's'}"
+
+
 def fmt_bytes(n: int) -> str:
     """A byte count for people: ``'512 B'``, ``'1.5 KiB'``, ``'768.0 GiB'``, ``'over 1 ZiB'``.
 

@@ -27,7 +27,7 @@ from opgraph.passes import (DumpInstrument, Instrument, Pass, PassManager, PassS
                             Rule, graph_stats, optimize, pipeline)
 from opgraph.passes.stats import node_traffic
 from .cases import add_op_subparsers, build_case, recorded_executor
-from .common import (CliError, add_fast_math_option, check_output, conflict, same_path,
+from .common import (CliError, add_fast_math_option, check_output, conflict, counted, same_path,
                      write_output)
 
 FORMATS = ("text", "json", "dot", "table", "onnx")
@@ -63,7 +63,8 @@ def render_table(graph: Graph) -> str:
                        enumerate(zip(r, widths))).rstrip() for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     st = graph_stats(graph)
-    lines.append(f"{st.nodes} nodes, {st.launches} kernel launches, {st.bytes_moved} bytes moved, "
+    launches = counted(st.launches, "kernel launch", "kernel launches")
+    lines.append(f"{counted(st.nodes, 'node')}, {launches}, {st.bytes_moved} bytes moved, "
                  f"workspace {st.workspace} B")
     return "\n".join(lines) + "\n"
 

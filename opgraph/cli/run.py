@@ -23,8 +23,8 @@ from opgraph.core.executor import Executor
 from opgraph.core.platform import lookup
 from opgraph.core.status import Status
 from .cases import Case, Recorded, add_op_subparsers, build_case, check, execute, record
-from .common import (CliError, add_fast_math_option, check_output, fmt_status, fmt_type, fmt_values,
-                     names_stdout, write_output)
+from .common import (CliError, add_fast_math_option, check_output, counted, fmt_status, fmt_type,
+                     fmt_values, names_stdout, write_output)
 from .tiling import trace_report
 
 # what `run` holds at once, in multiples of the op's inputs and outputs: the float64 draws and
@@ -158,8 +158,9 @@ def run(args: argparse.Namespace) -> int:
     check(rec.status, f"{spec.name}GetWorkspaceSize")
     ex = rec.executor
     compiled = ex.compiled or ex.graph
+    launches = counted(ex.kernel_count, "kernel launch", "kernel launches")
     print(f"graph:         {len(ex.graph.nodes)} recorded nodes, {len(compiled.nodes)} after level "
-          f"{ex.opt_level}{_fast_math_note(case, ex)}, {ex.kernel_count} kernel launches")
+          f"{ex.opt_level}{_fast_math_note(case, ex)}, {launches}")
     prof = profiled_execute(case, rec) if args.trace_json else None
     status = prof.status if prof is not None else execute(case, rec)
     print(f"phase 2:       {fmt_status(status)}")
