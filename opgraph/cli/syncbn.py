@@ -78,7 +78,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--dtype", choices=DTYPES, default="float32",
                    help="input and gradient dtype (default: float32)")
     p.add_argument("--backend", type=parse_backend, default=None, metavar="NAME",
-                   help="opgraph backend of the op_apis: numpy (default) or native")
+                   help="opgraph backend the op_apis run on: any registered one (default: numpy)")
     p.add_argument("--platform", type=parse_platform, default=None, metavar="SOC",
                    help=f"SoC preset of the op_apis: {', '.join(PRESETS)} (default: "
                         f"{BF16_PLATFORM} for bfloat16, whose statistics only it takes; else "
