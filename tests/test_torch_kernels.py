@@ -278,6 +278,21 @@ def test_an_out_of_another_shape_is_resized_as_torch_does(registered, channels_l
         assert [str(w.message).startswith(resized) for w in caught] == [True] * warned
 
 
+def stats_twice(x):
+    mean, invstd = torch.batch_norm_stats(x, EPS)
+    return mean * 2, invstd
+
+
+def test_torch_compile_with_dynamic_shapes_runs_the_registered_kernels_eagerly(registered):
+    """The kernels have no fake implementation: with dynamic shapes each is a graph break, and
+    dynamo traced into the op_apis' numpy where it ran between two graphs (TorchRuntimeError:
+    copyto on fake tensors). Same bits as the eager calls, two batch sizes."""
+    compiled = torch.compile(stats_twice, backend="eager", dynamic=True)
+    for n in (4, 6):
+        x = data(shape=(n, C, 5, 3), seed=n)
+        assert same_bits(compiled(x), stats_twice(x))
+
+
 def test_bad_input_through_torch_names_the_argument(registered):
     x = data()
     with pytest.raises(opgraph.AclnnError, match="mean"):

@@ -17,6 +17,7 @@ ones; bfloat16 statistics need ``platform="Ascend950"``).
 from __future__ import annotations
 
 import contextlib
+import functools
 import warnings
 from typing import Any, Callable, Optional, Union
 
@@ -40,6 +41,27 @@ PRIMITIVES = ("batch_norm_stats", "batch_norm_gather_stats_with_counts", "batch_
 
 
 _UNCHANGED = contextlib.nullcontext()
+# why torch.compile runs the op_apis eagerly (a graph break): they run numpy and C on the
+# tensors' memory, which dynamo cannot trace
+NOT_TRACEABLE = "opgraph's op_apis run numpy and C on the tensors' memory"
+
+
+def eager_under_compile(fn: Callable) -> Callable:
+    """``fn``, run eagerly when torch.compile traces it (``torch.compiler.disable``, applied only
+    then: importing dynamo costs ~1.5 s, and a plain call stays a plain call). SyncBatchNorm's
+    autograd function and the registered aten kernels are such: dynamo traced into the op_apis'
+    numpy where a kernel ran between two graphs (a graph break: dynamic shapes, which the
+    kernels have no fake implementation for).
+
+        >>> eager_under_compile(abs)(-2)
+        2
+    """
+    @functools.wraps(fn)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        if not torch.compiler.is_compiling():
+            return fn(*args, **kwargs)
+        return torch.compiler.disable(fn, reason=NOT_TRACEABLE)(*args, **kwargs)
+    return run
 
 
 def on(backend: Optional[BackendRef] = None,
@@ -368,12 +390,12 @@ def register_cpu_kernels(backend: Optional[BackendRef] = None,
     if _registered["library"] is None:
         lib = torch.library.Library("aten", "IMPL")
         for name, fn in _IMPLS.items():
-            lib.impl(name, fn, "CPU")
+            lib.impl(name, eager_under_compile(fn), "CPU")
         _registered["library"] = lib
 
 
-__all__ = ["BF16_PLATFORM", "PRIMITIVES", "batch_norm_backward_elemt", "batch_norm_backward_reduce",
-           "batch_norm_elemt", "batch_norm_gather_stats_with_counts", "batch_norm_stats",
-           "as_numpy", "check_input_dtype", "memory_format", "on", "pinned",
-           "register_cpu_kernels", "resize_out", "running_stats_refused", "scratch_running_stats",
-           "to_torch", "TorchViews"]
+__all__ = ["BF16_PLATFORM", "NOT_TRACEABLE", "PRIMITIVES", "batch_norm_backward_elemt",
+           "batch_norm_backward_reduce", "batch_norm_elemt", "batch_norm_gather_stats_with_counts",
+           "batch_norm_stats", "as_numpy", "check_input_dtype", "eager_under_compile",
+           "memory_format", "on", "pinned", "register_cpu_kernels", "resize_out",
+           "running_stats_refused", "scratch_running_stats", "to_torch", "TorchViews"]

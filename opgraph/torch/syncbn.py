@@ -26,7 +26,7 @@ none next to a half-precision input, 561002, it gets float32 ones whose update i
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import numpy as np
 import torch
@@ -45,9 +45,6 @@ Tensor = torch.Tensor
 # batch_norm_stats' mean/invstd are float32 for every input dtype (torch_npu allocates them so),
 # and so are the rows every rank contributes to the gather, an empty rank's included
 STATS_DTYPE = torch.float32
-# why torch.compile runs the layer eagerly (a graph break): the op_apis run numpy and C on the
-# tensors' memory, which dynamo cannot trace
-NOT_TRACEABLE = "opgraph's op_apis run numpy and C on the tensors' memory"
 
 
 # why a backward is refused where its forward did not run: [forward captured, forward eager]
@@ -58,21 +55,6 @@ _SPLIT_STEP = ("SyncBatchNorm's forward was captured in an opgraph.capture() blo
                "SyncBatchNorm's forward ran eagerly and its backward runs in an opgraph.capture() "
                "block: its exchange would run now, when capturing, not in the program; capture "
                "the forward and the backward in one block")
-
-
-def eager_under_compile(fn: Callable) -> Callable:
-    """``fn``, run eagerly when torch.compile traces it (``torch.compiler.disable``, applied only
-    then: importing dynamo costs ~1.5 s, and a plain call stays a plain call).
-
-        >>> eager_under_compile(abs)(-2)
-        2
-    """
-    @functools.wraps(fn)
-    def run(*args: Any, **kwargs: Any) -> Any:
-        if not torch.compiler.is_compiling():
-            return fn(*args, **kwargs)
-        return torch.compiler.disable(fn, reason=NOT_TRACEABLE)(*args, **kwargs)
-    return run
 
 
 def _keep_layout(t: Tensor) -> Tensor:
@@ -91,7 +73,7 @@ class SyncBatchNormFunction(torch.autograd.Function):
     """
 
     @staticmethod
-    @eager_under_compile
+    @K.eager_under_compile
     def forward(ctx: Any, input: Tensor, weight: Optional[Tensor], bias: Optional[Tensor],
                 running_mean: Optional[Tensor], running_var: Optional[Tensor], eps: float,
                 momentum: float, process_group: Any, world_size: int,
@@ -168,7 +150,7 @@ class SyncBatchNormFunction(torch.autograd.Function):
         return K.batch_norm_elemt(input, weight, bias, mean, invstd, eps, views=views)
 
     @staticmethod
-    @eager_under_compile
+    @K.eager_under_compile
     @once_differentiable  # its gradients are not differentiable: a second backward says so
     def backward(ctx: Any, grad_output: Tensor) -> tuple[Optional[Tensor], ...]:
         if current_capture() is not ctx.capture:
