@@ -65,8 +65,8 @@ def _loop(p: Plan, load: Callable[[int, str], str], pre: list[str], simd: bool,
         lines += [pad + s for s in vector]
     if vector and needs_vector(p):  # a float32 body's scalar steps cost less than the copy
         lines += [pad + s for s in ["#if defined(OPG_VEC)"] + vector_tail(p, scalar_h, "jv") + ["#endif"]]
-    if simd:
-        lines.append(pad + "#pragma omp simd")
+    if simd:  # (guarded: a compile without -fopenmp would warn of an unknown pragma)
+        lines += [pad + "#if defined(_OPENMP)", pad + "#pragma omp simd", pad + "#endif"]
     lines.append(pad + "for (int64_t j = jv; j < n; ++j) {")
     lines += [pad + "    " + s for s in scalar_body(p, load)]
     lines.append(pad + "}")
@@ -173,9 +173,10 @@ def render(p: Plan) -> str:
             f"        const int64_t {', '.join(f'f{k} = g{k} + j0 * s{k}[ndim - 1]' for k in range(nops))};"]
     out.append("        " + " ".join(decl(k, f"q{k}", f"b{k} + f{k}") for k in range(nops)))
     scalar_pre = [f"const float h{k} = q{k}[0];" for k in range(nb, nb + nh)]
-    if quiet_bf16(p):
+    if quiet_bf16(p):  # (read by the vector loops only)
         dirty = " | ".join(f"opg_low_nan(h{k})" for k in range(nb, nb + nh)) or "0"
-        scalar_pre.append(f"const int quiet_row = !({dirty});  /* see quiet_bf16 */")
+        scalar_pre += ["#if defined(OPG_VEC)", f"const int quiet_row = !({dirty});  /* see quiet_bf16 */",
+                       "#endif"]
 
     def dense_load(scalar: bool) -> Callable[[int, str], str]:
         return lambda k, r: f"h{k}" if scalar and nb <= k < nb + nh else f"q{k}[j]"
@@ -212,9 +213,8 @@ def render(p: Plan) -> str:
             "    int64_t outer = 1;",
             "    for (int64_t d = 0; d + 1 < ndim; ++d) outer *= shape[d];",
             "    const int64_t nblk = (inner + block - 1) / block, work = outer * nblk;",
-            f"    const int64_t stream = outer * inner * (int64_t)sizeof({C_TYPE[p.out_dtype]}) >= {STREAM_BYTES};",
-            "    " + " ".join(f"const int64_t *const s{k} = st + {k} * ndim;" for k in range(nops))]
-    out += ["    " + s for s in tiny_table(p, big_ops)]
+            f"    const int64_t stream = outer * inner * (int64_t)sizeof({C_TYPE[p.out_dtype]}) >= {STREAM_BYTES};"]
+    out += ["    " + s for s in tiny_table(p, big_ops, nops)]
     out += ["    const struct opg_ctx c = {ndim, nblk, block, stream, shape, st, ptrs, hx, hp};",
             f"    if (run == 0 || work < 2 || outer * inner < {PARALLEL_MIN})",
             "        opg_items((void *)&c, 0, work);",

@@ -279,7 +279,7 @@ def rows_follow(p: Plan, big_ops: list[int]) -> str:
     return "(ndim == 2 || ndim == 3) && " + " && ".join(f"({t})" for t in ok)
 
 
-def tiny_table(p: Plan, big_ops: list[int]) -> list[str]:
+def tiny_table(p: Plan, big_ops: list[int], nops: int) -> list[str]:
     """``hx`` and its period ``hp`` (for ``opg_kernel``, before its items run; NULL and 0 where
     not needed or not allocated): where rows of at most a vector follow one another, each
     per-channel operand's values along one period of the data, then its first ``OPG_W`` again,
@@ -294,14 +294,16 @@ def tiny_table(p: Plan, big_ops: list[int]) -> list[str]:
     Only where the data hold at least two tables' worth of elements: a tensor of a period or
     so (one image; [1, 2, 4]) costs less by rows than the table's malloc and filling (~0.2 µs of
     a 10 µs cached call at [1, 2, 4]; 8×64×3×3 bf16 takes 19 µs with the table, 34 by rows).
-    Free it after the items."""
+    Free it after the items. The ``nops`` operands' strides (``s<k>``) are declared here, in the
+    vector build: nothing else in ``opg_kernel`` reads them (unused variables otherwise)."""
     nb, nh = len(p.big), len(p.hoisted)
     if not nh:
         return ["float *const hx = 0;", "const int64_t hp = 0;"]
     innermost = [f"s{k}[1] == 1 && s{k}[0] == inner" for k in big_ops]
     innermost += [f"s{k}[1] == 1 && s{k}[0] == 0" for k in range(nb, nb + nh)]
-    lines = ["float *hx = 0;", "int64_t hp = 0, per = 1;  /* the period, and elements per value */",
-             "#if defined(OPG_VEC)",
+    lines = ["float *hx = 0;", "int64_t hp = 0;  /* the period */",
+             "#if defined(OPG_VEC)", "int64_t per = 1;  /* elements per value */",
+             " ".join(f"const int64_t *const s{k} = st + {k} * ndim;" for k in range(nops)),
              f"if (inner <= OPG_W && {rows_follow(p, big_ops)}) {{",
              "    hp = shape[ndim - 2] * inner;",
              "    per = inner;",
