@@ -293,6 +293,19 @@ def test_torch_compile_with_dynamic_shapes_runs_the_registered_kernels_eagerly(r
         assert same_bits(compiled(x), stats_twice(x))
 
 
+def test_torch_compile_runs_the_functions_eagerly_with_the_op_apis_bits():
+    """opgraph.torch's own functions in a compiled function: dynamo traced into the op_api's
+    numpy and failed (batch_norm_stats: TorchRuntimeError on fake tensors) or ran its own
+    rendering of it (batch_norm_elemt: not the op_api's bits)."""
+    x = data()
+    mean, invstd = ot.batch_norm_stats(x, EPS)
+
+    def step(x):
+        m, s = ot.batch_norm_stats(x, EPS)
+        return m, s, ot.batch_norm_elemt(x, ch(1, 2, 3), None, mean, invstd, EPS)
+    assert same_bits(torch.compile(step, backend="eager")(x), step(x))
+
+
 def test_bad_input_through_torch_names_the_argument(registered):
     x = data()
     with pytest.raises(opgraph.AclnnError, match="mean"):

@@ -48,10 +48,10 @@ NOT_TRACEABLE = "opgraph's op_apis run numpy and C on the tensors' memory"
 
 def eager_under_compile(fn: Callable) -> Callable:
     """``fn``, run eagerly when torch.compile traces it (``torch.compiler.disable``, applied only
-    then: importing dynamo costs ~1.5 s, and a plain call stays a plain call). SyncBatchNorm's
-    autograd function and the registered aten kernels are such: dynamo traced into the op_apis'
-    numpy where a kernel ran between two graphs (a graph break: dynamic shapes, which the
-    kernels have no fake implementation for).
+    then: importing dynamo costs ~1.5 s, and a plain call stays a plain call). The five
+    primitives (the registered aten kernels call them) and SyncBatchNorm's autograd function are
+    such: dynamo traced into the op_apis' numpy and failed (TorchRuntimeError on fake tensors)
+    or ran its own rendering of it, not the op_api's bits.
 
         >>> eager_under_compile(abs)(-2)
         2
@@ -205,6 +205,7 @@ def scratch_running_stats(C: int) -> tuple[Tensor, Tensor]:
     return torch.zeros(C, dtype=torch.float32), torch.ones(C, dtype=torch.float32)
 
 
+@eager_under_compile  # (dynamo cannot trace the op_api)
 def batch_norm_stats(input: Tensor, eps: float, *, backend: Optional[BackendRef] = None,
                      platform: PlatformRef = None,
                      views: Optional[TorchViews] = None) -> tuple[Tensor, Tensor]:
@@ -218,6 +219,7 @@ def batch_norm_stats(input: Tensor, eps: float, *, backend: Optional[BackendRef]
     return mean, invstd
 
 
+@eager_under_compile  # (dynamo cannot trace the op_api)
 def batch_norm_gather_stats_with_counts(
         input: Tensor, mean: Tensor, invstd: Tensor, running_mean: Optional[Tensor],
         running_var: Optional[Tensor], momentum: float, eps: float, counts: Tensor, *,
@@ -236,6 +238,7 @@ def batch_norm_gather_stats_with_counts(
     return m, s
 
 
+@eager_under_compile  # (dynamo cannot trace the op_api)
 def batch_norm_elemt(input: Tensor, weight: Optional[Tensor], bias: Optional[Tensor],
                      mean: Tensor, invstd: Tensor, eps: float, *, out: Optional[Tensor] = None,
                      backend: Optional[BackendRef] = None, platform: PlatformRef = None,
@@ -248,6 +251,7 @@ def batch_norm_elemt(input: Tensor, weight: Optional[Tensor], bias: Optional[Ten
             *map(_views(views), args[:5]), eps, out=into))
 
 
+@eager_under_compile  # (dynamo cannot trace the op_api)
 def batch_norm_backward_reduce(
         grad_out: Tensor, input: Tensor, mean: Tensor, invstd: Tensor, weight: Optional[Tensor],
         input_g: bool, weight_g: bool, bias_g: bool, *,
@@ -264,6 +268,7 @@ def batch_norm_backward_reduce(
         return tuple(DIRECT_CALLS.call("aclnnBatchNormReduceBackward", args, slow))
 
 
+@eager_under_compile  # (dynamo cannot trace the op_api)
 def batch_norm_backward_elemt(
         grad_out: Tensor, input: Tensor, mean: Tensor, invstd: Tensor, weight: Optional[Tensor],
         sum_dy: Tensor, sum_dy_xmu: Tensor, count: Tensor, *, out: Optional[Tensor] = None,
@@ -390,7 +395,7 @@ def register_cpu_kernels(backend: Optional[BackendRef] = None,
     if _registered["library"] is None:
         lib = torch.library.Library("aten", "IMPL")
         for name, fn in _IMPLS.items():
-            lib.impl(name, eager_under_compile(fn), "CPU")
+            lib.impl(name, fn, "CPU")
         _registered["library"] = lib
 
 
