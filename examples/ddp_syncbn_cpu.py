@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+import backends
 import opgraph.torch as ot
 
 CLASSES = 4
@@ -113,6 +114,11 @@ def parse(argv: list[str]) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.ranks < 1 or args.steps < 1 or args.batch < args.ranks:
         p.error("need --ranks >= 1, --steps >= 1 and --batch >= --ranks")
+    if args.backend is not None:
+        try:  # here, once, rather than as a traceback from every rank
+            backends.get(args.backend)
+        except backends.BackendUnavailable as e:
+            p.error(f"--backend: {e}")
     return args
 
 

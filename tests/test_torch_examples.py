@@ -110,3 +110,11 @@ def test_captured_step_example_refuses_bad_arguments_in_one_line(argv, says):
     p = subprocess.run([sys.executable, str(CAPTURE_EXAMPLE), *argv], capture_output=True,
                        text=True, timeout=60, cwd=ROOT)
     assert p.returncode == 2 and says in p.stderr and p.stdout == ""
+
+
+def test_ddp_example_refuses_an_unknown_backend_in_one_line():
+    """--backend nope was found by every rank: one traceback each, after spawning them."""
+    p = subprocess.run([sys.executable, str(EXAMPLE), "--backend", "nope"], capture_output=True,
+                       text=True, timeout=60, cwd=ROOT)
+    assert p.returncode == 2 and "--backend: unknown backend 'nope'" in p.stderr
+    assert "Traceback" not in p.stderr and p.stdout == ""
