@@ -201,6 +201,18 @@ def test_an_input_dtype_the_op_apis_refuse_says_what_to_use(dtype, hint):
     assert h.dtype == y.dtype == torch.bfloat16
 
 
+@pytest.mark.parametrize("param", ["weight", "bias", "running_mean", "running_var"])
+def test_a_float64_parameter_is_refused_before_any_exchange_naming_it(param):
+    """model.double() fed float32 inputs: the op_api's 161002 came from BatchNormElemt or the
+    gather, after the exchange and on the ranks with data only."""
+    args = {"weight": torch.ones(C), "bias": torch.zeros(C), "running_mean": torch.zeros(C),
+            "running_var": torch.ones(C)}
+    args[param] = args[param].double()
+    with pytest.raises(TypeError, match=f"SyncBatchNorm: {param} dtype torch.float64 is not "
+                                        r"supported .*; use model.float\(\)"):
+        ot.SyncBatchNormFunction.apply(batch(0), *args.values(), 1e-5, 0.1, None, 1, {})
+
+
 def test_importing_and_running_the_layer_leaves_dynamo_unimported():
     """torch.compiler.disable is applied only under torch.compile (importing dynamo costs
     ~1.5 s and changes how DDP holds its model)."""

@@ -195,6 +195,26 @@ BatchNormStats takes float32, float16; bfloat16 statistics exist only on Ascend9
                     f"BatchNormStats takes {names}; {hint}")
 
 
+PARAMETER_DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # what the op_apis' [C] tensors take
+
+
+def check_parameter_dtypes(**tensors: Optional[Tensor]) -> None:
+    """TypeError naming the first of ``tensors`` (weight, bias, running stats; None skipped)
+    whose dtype no op_api of the step takes (float64 after ``model.double()``), checked with
+    :func:`check_input_dtype` before any exchange.
+
+    >>> check_parameter_dtypes(weight=torch.ones(2), running_mean=None)
+    >>> check_parameter_dtypes(weight=torch.ones(2, dtype=torch.float64))
+    Traceback (most recent call last):
+    TypeError: SyncBatchNorm: weight dtype torch.float64 is not supported (the op_apis take \
+float32, float16, bfloat16); use model.float()
+    """
+    for name, t in tensors.items():
+        if t is not None and t.dtype not in PARAMETER_DTYPES:
+            raise TypeError(f"SyncBatchNorm: {name} dtype {t.dtype} is not supported (the op_apis "
+                            "take float32, float16, bfloat16); use model.float()")
+
+
 def scratch_running_stats(C: int) -> tuple[Tensor, Tensor]:
     """Float32 running mean and var (zeros, ones) for a gather that refuses to go without them
     (:func:`running_stats_refused` of None); what it writes into them is to be dropped.
@@ -401,6 +421,6 @@ def register_cpu_kernels(backend: Optional[BackendRef] = None,
 
 __all__ = ["BF16_PLATFORM", "NOT_TRACEABLE", "PRIMITIVES", "batch_norm_backward_elemt",
            "batch_norm_backward_reduce", "batch_norm_elemt", "batch_norm_gather_stats_with_counts",
-           "batch_norm_stats", "as_numpy", "check_input_dtype", "eager_under_compile",
-           "memory_format", "on", "pinned", "register_cpu_kernels", "resize_out",
+           "batch_norm_stats", "as_numpy", "check_input_dtype", "check_parameter_dtypes",
+           "eager_under_compile", "memory_format", "on", "pinned", "register_cpu_kernels", "resize_out",
            "running_stats_refused", "scratch_running_stats", "to_torch", "TorchViews"]

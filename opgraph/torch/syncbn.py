@@ -85,6 +85,8 @@ class SyncBatchNormFunction(torch.autograd.Function):
                              f"size {per_channel}")
         step = K.pinned(**where)  # the backward's op_apis run where the forward's ran
         K.check_input_dtype(input.dtype, step["platform"])  # on every rank, before any exchange
+        K.check_parameter_dtypes(weight=weight, bias=bias, running_mean=running_mean,
+                                 running_var=running_var)
         ctx.capture = current_capture()  # the backward must run in the same one (or none)
         if ctx.capture is not None:  # opgraph.capture(): collectives become nodes of the program
             # the caller's tensors as they are (the op_apis' Contiguous is in the program): a
