@@ -1,7 +1,7 @@
 """The native backend's compiler command: ``$CC`` is split into words as a shell (and make) would,
 so a launcher in front of the compiler works (``CC="ccache gcc"``); a $CC that cannot be split,
 whose program is missing, cannot run or hangs is one clear error; ``$OPGRAPH_CACHE_DIR`` may
-start with ``~``."""
+start with ``~``, and a relative ``$XDG_CACHE_HOME`` is ignored."""
 from __future__ import annotations
 
 import ctypes
@@ -117,3 +117,14 @@ def test_the_cache_dir_may_start_with_a_tilde(tmp_path, monkeypatch):
         assert not (work / "~").exists()
     finally:
         build.forget()
+
+
+@pytest.mark.parametrize("xdg, under", [("relative/cache", "home/.cache"), ("", "home/.cache"),
+                                        ("{tmp}/xdg", "xdg")])
+def test_a_relative_xdg_cache_home_is_ignored(tmp_path, monkeypatch, xdg, under):
+    """The XDG Base Directory spec: a relative $XDG_CACHE_HOME is invalid and ignored (it made
+    the cache a directory under whatever the working directory was)."""
+    monkeypatch.delenv("OPGRAPH_CACHE_DIR", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("XDG_CACHE_HOME", xdg.format(tmp=tmp_path))
+    assert build.cache_dir() == tmp_path / under / "opgraph" / "native"

@@ -129,11 +129,13 @@ _BY_SOURCE: dict[tuple, "Kernel"] = {}
 
 def cache_dir() -> Path:
     """``$OPGRAPH_CACHE_DIR`` (``~`` expanded, as a shell would) or ``$XDG_CACHE_HOME/opgraph/native``
-    or ``~/.cache/opgraph/native``."""
+    or ``~/.cache/opgraph/native``. A relative ``$XDG_CACHE_HOME`` is ignored, as the XDG Base
+    Directory spec says (it would put the cache wherever the process happens to run)."""
     explicit = os.environ.get("OPGRAPH_CACHE_DIR")
     if explicit:
         return Path(explicit).expanduser()
-    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    xdg = os.environ.get("XDG_CACHE_HOME", "")
+    root = xdg if os.path.isabs(xdg) else os.path.join(os.path.expanduser("~"), ".cache")
     return Path(root) / "opgraph" / "native"
 
 
