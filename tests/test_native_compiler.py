@@ -128,3 +128,15 @@ def test_a_relative_xdg_cache_home_is_ignored(tmp_path, monkeypatch, xdg, under)
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.setenv("XDG_CACHE_HOME", xdg.format(tmp=tmp_path))
     assert build.cache_dir() == tmp_path / under / "opgraph" / "native"
+
+
+def test_without_cc_the_names_tried_lead_to_the_one_found(tmp_path, monkeypatch):
+    """No $CC: cc, then gcc, then clang on PATH; the names tried end with the one found."""
+    gcc_here = script(tmp_path / "bin" / "gcc", "#!/bin/sh\nexit 0\n")
+    monkeypatch.delenv("CC", raising=False)
+    monkeypatch.setenv("PATH", str(gcc_here.parent))
+    build.forget()
+    try:
+        assert build.find_compiler() == ((str(gcc_here),), ["cc", "gcc"])
+    finally:
+        build.forget()

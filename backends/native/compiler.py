@@ -68,13 +68,13 @@ def _search_compiler(env: str) -> tuple[Optional[Command], list[str], str]:
         path = shutil.which(words[0]) if words else None
         if path:
             return (path, *words[1:]), [env], ""
-        where = "" if len(words) < 2 else f" (its program {words[0]!r})" if words else ""
+        where = f" (its program {words[0]!r})" if len(words) > 1 else ""
         return None, [env], (f"$CC is {env!r}, which{where} is not found on PATH (unset CC to use "
                              f"one of {', '.join(COMPILERS)})")
-    for name in COMPILERS:
+    for i, name in enumerate(COMPILERS):
         path = shutil.which(name)
         if path:
-            return (path,), [name], ""
+            return (path,), list(COMPILERS[:i + 1]), ""
     return None, list(COMPILERS), f"no C compiler found (tried {', '.join(COMPILERS)})"
 
 
