@@ -264,7 +264,7 @@ def test_an_unknown_backend_is_refused_and_nothing_changes(registered):
 @pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "channels_last"])
 def test_an_out_of_another_shape_is_resized_as_torch_does(registered, channels_last):
     """aten's out= rule (CUDA's batch_norm_elemt.out resizes its out): an empty out silently, a
-    wrong-shaped one with torch's warning, to the input's shape in its layout; the op_api
+    wrong-shaped one with a warning, as torch warns, to the input's shape in its layout; the op_api
     itself refused it ('output: rank 1 is less than 2')."""
     x = data(channels_last=channels_last)
     mean, invstd = ot.batch_norm_stats(x, EPS)
@@ -274,7 +274,7 @@ def test_an_out_of_another_shape_is_resized_as_torch_does(registered, channels_l
             warnings.simplefilter("always")
             got = torch.batch_norm_elemt(x, None, None, mean, invstd, EPS, out=out)
         assert got is out and out.stride() == want.stride() and same_bits([out], [want])
-        resized = "An output with one or more elements was resized since it had shape [7]"
+        resized = f"out= tensor of shape [7] resized to {list(x.shape)}: "
         assert [str(w.message).startswith(resized) for w in caught] == [True] * warned
 
 

@@ -319,16 +319,14 @@ def memory_format(t: Tensor) -> torch.memory_format:
 def resize_out(out: Tensor, like: Tensor) -> None:
     """torch's rule for an ``out=`` tensor (``at::native::resize_output``, which CUDA's
     batch_norm_elemt.out applies): one of another shape is resized to ``like``'s, in its layout,
-    with torch's warning when it had elements."""
+    with a warning (opgraph's words, as torch warns) when it had elements."""
     if out.shape == like.shape:
         return
     if out.numel():
-        warnings.warn(f"An output with one or more elements was resized since it had shape "
-                      f"{list(out.shape)}, which does not match the required output shape "
-                      f"{list(like.shape)}. This behavior is deprecated, and in a future PyTorch "
-                      "release outputs will not be resized unless they have zero elements. You "
-                      "can explicitly reuse an out tensor t by resizing it, inplace, to zero "
-                      "elements with t.resize_(0).", UserWarning, stacklevel=3)
+        warnings.warn(f"out= tensor of shape {list(out.shape)} resized to {list(like.shape)}: "
+                      "like torch, opgraph resizes an out of another shape, and warns when it "
+                      "had elements (torch deprecates that); pass an empty out or one of the "
+                      "result's shape", UserWarning, stacklevel=3)
     out.resize_(like.shape, memory_format=memory_format(like))
 
 
