@@ -86,7 +86,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--seed", type=parse_seed, default=0, metavar="N",
                    help="random seed, 0 to 2**63-1 (default: 0)")
     p.add_argument("--timeout", type=positive_int, default=120, metavar="SECONDS",
-                   help="give up (and stop every process) after this long (default: 120)")
+                   help="give up (and stop every process) when the ranks have run this long; "
+                        "starting them, a few seconds, is not counted (default: 120)")
     p.set_defaults(func=run)
     return p
 

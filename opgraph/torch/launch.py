@@ -113,7 +113,9 @@ def run_ranks(fn: RankFn, world_size: int, args: Sequence[Any] = (), *, timeout:
               pg_timeout: float = 30.0, threads: Optional[int] = None) -> list[Any]:
     """``[fn(rank, world_size, *args) for each rank]``, each rank a fresh process in
     a gloo group of ``world_size``. ``fn`` must be importable (a module-level function) and its
-    result picklable. ``timeout`` bounds the whole run, ``pg_timeout`` each collective;
+    result picklable. ``timeout`` bounds the run from the moment every rank is started (starting
+    the fork server, which imports torch once, a few seconds, is not counted), ``pg_timeout``
+    each collective;
     ``threads`` is torch's intra-op thread count per rank and, unless ``$OPGRAPH_NUM_THREADS``
     is set, opgraph's (default: the cores shared out). Each rank gets its own copy of ``args``
     (plain pickle: a tensor or model is not shared between the ranks and the caller).
