@@ -171,6 +171,13 @@ def running_stats_refused(running_mean: Optional[Tensor], mean_dtype: torch.dtyp
     return dtype is not None and dtype != mean_dtype and get_platform().soc == _gather.FUSED_SOC
 
 
+@functools.lru_cache(maxsize=64)
+def _stats_input_dtypes(p: Platform) -> tuple[torch.dtype, ...]:
+    """BatchNormStats' input dtypes on ``p`` as torch dtypes (memoised: every forward asks,
+    and ``DataType.np`` takes ~2 µs)."""
+    return tuple(DTYPES[d.np.name] for d in _stats.input_dtypes(p))
+
+
 def check_input_dtype(dtype: torch.dtype, platform: PlatformRef = None) -> None:
     """TypeError, saying what to use, unless batch_norm_stats on ``platform`` (None: the current
     one) takes ``dtype``. A SyncBatchNorm step checks it before any exchange, so that every rank
@@ -183,7 +190,7 @@ def check_input_dtype(dtype: torch.dtype, platform: PlatformRef = None) -> None:
 BatchNormStats takes float32, float16; bfloat16 statistics exist only on Ascend950: ...
     """
     p = get_platform() if platform is None else lookup(platform)
-    allowed = [DTYPES[d.np.name] for d in _stats.input_dtypes(p)]
+    allowed = _stats_input_dtypes(p)
     if dtype in allowed:
         return
     hint = (f"bfloat16 statistics exist only on {BF16_PLATFORM}: SyncBatchNorm(..., platform="
