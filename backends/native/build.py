@@ -5,8 +5,8 @@ The compiler is ``$CC`` (a command: ``CC="ccache gcc"`` works, as with make), el
 ``cc``, ``gcc``, ``clang`` found on PATH (:mod:`.compiler`). Flags are :data:`BASE_FLAGS` (exact
 IEEE float: no FMA contraction, no fast-math) plus :data:`OPTIONAL_FLAGS` that the compiler
 accepts (``-march=native``, ``-fopenmp``; probed once, on the first cache miss). ``-O2``, not
-``-O3``: the kernels' hot loops are written with vector intrinsics, so what ``-O3`` adds (auto-vectorising, unrolling, versioning the other loops)
-measured within noise on the family's op_apis, while it doubled the compile time (GCC 12: the
+``-O3``: the kernels' hot loops are written with vector intrinsics, so what ``-O3`` adds
+(auto-vectorising, unrolling, versioning the other loops) measured within noise on the family's op_apis, while it doubled the compile time (GCC 12: the
 eleven kernels of a float32 SyncBatchNorm step 9.2 → 4.7 s; benchmarks/HISTORY.md). With GCC,
 kernels that include ``<immintrin.h>`` take it precompiled (:func:`precompiled`). A shared object is cached under :func:`cache_dir` as
 ``k_<sha256>.so`` keyed by the source, the compiler, its flags and the CPU; its source is stored

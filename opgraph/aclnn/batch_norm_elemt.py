@@ -20,8 +20,8 @@ Ascend950 (regbase) ends in BatchNormV3 (training = false) with [C] parameters c
 promoted types; its inference tilings take the channel from the last dim of a 4-D NHWC- or
 5-D NDHWC-tagged input (the check and the parameters still use dim 1): there the channel is the
 last dim, and a last dim other than dim 1 would read the [C] parameters out of bounds (no
-vendor check stops it) → 561002 naming input. Ascend910 with rank ≥ 5 takes a Transpose-based path (ResizeFrom5D) opgraph does
-not model: 561003, saying so. Ascend310P/310B have no kernel for the op: 561003.
+vendor check stops it) → 561002 naming input. Ascend910 with rank ≥ 5 takes a Transpose-based
+path (ResizeFrom5D) opgraph does not model: 561003, saying so. Ascend310P/310B have no kernel for the op: 561003.
 
     >>> import numpy as np, opgraph
     >>> x = np.float32([[1, 2], [3, 4]])

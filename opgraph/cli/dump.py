@@ -285,13 +285,12 @@ def run_passes(graph: Graph, args: argparse.Namespace, level: int
                ) -> tuple[list[PassStep], list[tuple[str, str, str]]]:
     """Run --level's pipeline recording every step; returns the steps and --dump-dir's files
     as ``(path, text, option)`` for :func:`~.common.write_output` (none without --dump-dir)."""
-    instruments, files = [], []
-    if args.dump_dir is not None:
-        instruments.append(DumpInstrument(args.dump_dir, write=lambda path, text: files.append(
-            (path, text, "--dump-dir"))))
-    _, steps = trace_passes(graph, level, args.fast_math, instruments)
-    if instruments and not steps:  # level 0 runs no pass: its dump is the graph as recorded
-        instruments[0].before(0, None, graph)
+    files: list[tuple[str, str, str]] = []
+    dumps = None if args.dump_dir is None else DumpInstrument(
+        args.dump_dir, write=lambda path, text: files.append((path, text, "--dump-dir")))
+    _, steps = trace_passes(graph, level, args.fast_math, [dumps] if dumps else [])
+    if dumps and not steps:  # level 0 runs no pass: its dump is the graph as recorded
+        dumps.write_input(graph)
     return steps, files
 
 

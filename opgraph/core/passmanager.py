@@ -181,9 +181,13 @@ class DumpInstrument(Instrument):
             self.write(path, text if text.endswith("\n") else text + "\n")
             self.files.append(path)
 
+    def write_input(self, graph: Graph) -> None:
+        """``00-input``: the graph before the first pass (a pipeline with none calls no hook)."""
+        self._write("00-input", graph)
+
     def before(self, index, p, graph):
         if index == 0:
-            self._write("00-input", graph)
+            self.write_input(graph)
 
     def after(self, index, p, graph, stats):
         self._write(f"{index + 1:02d}-{p.name}", graph)
