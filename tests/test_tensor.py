@@ -17,6 +17,11 @@ from opgraph import DataType, Format, Tensor, is_contiguous, promote_types
 from opgraph.core import foreign
 from opgraph.core.tensor import array_address
 
+try:  # numpy 2
+    from numpy.lib.array_utils import byte_bounds
+except ImportError:  # numpy 1.x
+    from numpy import byte_bounds  # type: ignore[attr-defined,no-redef]
+
 
 # --------------------------------------------------------------------------------------------
 # contiguity (op::IsContiguous)
@@ -401,6 +406,25 @@ def test_array_address_is_the_first_elements_for_every_dtype_and_layout(dtype, f
     for x in (a, a[3:], a[1::2], a[::-1], ro, a[:0], grid.T, grid[1:, ::-2], a[5:6].reshape(()),
               a.view(np.uint8)[2:], a.view(_Subclass)[4:]):
         assert array_address(x) == x.__array_interface__["data"][0]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, ml_dtypes.bfloat16, np.int8])
+def test_array_span_is_numpys_byte_bounds_for_every_layout(dtype):
+    """``array_span`` (the bytes a direct call checks for overlap) is numpy's own
+    ``byte_bounds`` for every layout: contiguous, offset, strided, reversed (negative strides
+    reach below the first element), transposed, broadcast (stride 0), 0-d, a view of other
+    bytes; an empty array spans nothing, where it is."""
+    a = np.arange(48).astype(dtype)
+    grid = a.reshape(4, 12)
+    cube = a.reshape(2, 4, 6)
+    views = (a, a[3:], a[1::3], a[::-1], a[40:2:-5], grid.T, grid[1:, ::-2], grid[::-1, 3:7],
+             cube.transpose(2, 0, 1), cube[:, ::-1, 1::2], np.broadcast_to(a[:6], (5, 6)),
+             a[7:8].reshape(()), a.view(np.uint8)[3:11], grid[:, 5:6])
+    for x in views:
+        assert foreign.array_span(x) == byte_bounds(x), (x.shape, x.strides)
+    for empty in (a[:0], grid[2:2], grid[:, ::-1][:, 4:4], cube[:, :0, ::-2]):
+        lo = array_address(empty)
+        assert foreign.array_span(empty) == (lo, lo)
 
 
 @pytest.mark.skipif(platform.python_implementation() != "CPython" or hasattr(sys, "gettotalrefcount")

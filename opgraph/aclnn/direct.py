@@ -40,14 +40,9 @@ from opgraph.core.backend import Executable, made
 from opgraph.core.config import compile_setting, current_backend_ref
 from opgraph.core.dtypes import DataType
 from opgraph.core.platform import get_platform
+from opgraph.core.foreign import array_span
 from opgraph.core.tensor import Tensor as OpTensor, array_address, is_contiguous, spans_overlap
 from .cache import CachedOp, ExecutorCache, call_key as op_call_key
-
-try:  # numpy 2
-    from numpy.lib.array_utils import byte_bounds
-except ImportError:  # numpy 1.x
-    from numpy import byte_bounds  # type: ignore[attr-defined,no-redef]
-
 
 class Bound:
     """A numpy array as the executable reads a binding: the protocol
@@ -89,7 +84,7 @@ class Arrays:
 
     def span(self, a: Any) -> tuple[int, int]:
         """The bytes ``[lo, hi)`` ``a`` spans."""
-        return byte_bounds(a)
+        return array_span(a)
 
     def writable(self, a: Any) -> bool:
         return bool(a.flags.writeable)
