@@ -1,0 +1,65 @@
+"""Behaviours of the passes and of the l0 ops' numerics that a mutation audit found unpinned:
+each test fails on a small change of the code (a flipped comparison, a dropped check, a constant
+off by one) that the rest of the suite let pass. Expected values are worked out by hand, in
+float64 or by numpy's own conversions, never by the code under test."""
+from __future__ import annotations
+
+import numpy as np
+
+from backends import get as get_backend
+from l0ops.rounding import widen
+from opgraph.core.dtypes import DataType
+from opgraph.core.ir import Graph
+from opgraph.passes import constant_fold
+
+F32, F16 = DataType.FLOAT, DataType.FLOAT16
+
+
+def test_constant_fold_of_a_broadcast_fill_is_a_fill_of_the_broadcast_shape():
+    """A move (BroadcastTo) of a one-element Fill folds to the Fill's value at the new shape;
+    the value is not recomputed by the op (a broadcast array is no single value)."""
+    g = Graph()
+    f = g.add_node("Fill", [], shape=(), value=2.5, dtype=F32).outputs[0]
+    b = g.add_node("BroadcastTo", [f], shape=(2, 3)).outputs[0]
+    g.outputs = [b]
+    new, _ = constant_fold.run(g)
+    assert [n.op for n in new.nodes] == ["Fill"]
+    fill = new.nodes[0]
+    assert fill.attrs.shape == (2, 3) and fill.attrs.value == 2.5 and fill.attrs.dtype == F32
+
+
+
+def test_a_nan_constant_folds_though_its_payload_does_not_survive_a_float():
+    """Cast(Fill(f16 signalling NaN 0x7C01), FLOAT) is the float32 signalling NaN 0x7F802000
+    (numpy's half conversions keep it); as a Python float and back it comes out quiet,
+    0x7FC02000 — other bytes, but a NaN either way, so the fold still happens (which NaN comes
+    out is left open; that one does is not)."""
+    snan = np.uint16(0x7C01).view(np.float16).item()
+    widened = np.full((), snan, np.float16).astype(np.float32)
+    assert widened.view(np.uint32) == 0x7F802000  # (the premise: numpy keeps it signalling)
+    assert np.float32(float(widened)).view(np.uint32) == 0x7FC02000
+    g = Graph()
+    f = g.add_node("Fill", [], shape=(), value=snan, dtype=F16).outputs[0]
+    g.outputs = [g.add_node("Cast", [f], to=F32).outputs[0]]
+    new, _ = constant_fold.run(g)
+    assert [n.op for n in new.nodes] == ["Fill"]
+    assert new.nodes[0].attrs.dtype == F32 and np.isnan(new.nodes[0].attrs.value)
+
+
+def test_a_reduction_of_a_fill_is_not_folded_as_one_element():
+    """Folding evaluates a node on one element per Fill: right for element-wise ops and moves,
+    wrong for a reduction, whose sum of four 1.5s is 6 (not 1.5): it stays a kernel."""
+    g = Graph()
+    f = g.add_node("Fill", [], shape=(4,), value=1.5, dtype=F32).outputs[0]
+    g.outputs = [g.add_node("ReduceSum", [f], axes=(0,)).outputs[0]]
+    new, _ = constant_fold.run(g)
+    assert [n.op for n in new.nodes] == ["Fill", "ReduceSum"]
+    got = get_backend("numpy").run(new, {})
+    assert float(got[new.outputs[0].name]) == 6.0
+
+
+def test_widening_a_0d_half_gives_a_0d_array():
+    """A rank-0 float16 widens to a rank-0 float32 *array* (the table lookup would give a numpy
+    scalar, which has no buffer to compute into)."""
+    w = widen(np.asarray(np.float16(3.0)))
+    assert type(w) is np.ndarray and w.shape == () and w.dtype == np.float32 and float(w) == 3.0
