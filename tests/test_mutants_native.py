@@ -1,0 +1,197 @@
+"""Behaviours of the native backend's Python side that a mutation audit found unpinned: which
+path a call takes (thresholds, layout checks, memos) and that every path gives the numpy
+reference's bits."""
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+import pytest
+
+from backends import native
+from l0ops.fused_reduce import FusedReduce, FusedReduceAttrs, Instr
+from opgraph.core.dtypes import DataType as D
+
+pytestmark = pytest.mark.skipif(not native.available(), reason=native.availability()[1])
+F = D.FLOAT
+
+
+def same_bits(got, want) -> bool:
+    got, want = np.ascontiguousarray(got), np.ascontiguousarray(want)
+    return got.dtype == want.dtype and got.shape == want.shape and \
+        np.array_equal(got.view(np.uint8), want.view(np.uint8))
+
+
+def test_serial_call_of_a_body_reading_no_input():
+    """A FusedReduce body of constants reads no input: its serial call still gets a pointer
+    slot (a NULL it never reads) and gives the reference's values."""
+    from backends.native.small import run_small_reduce_native
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    a = FusedReduceAttrs(body=(Instr(op="fill", args=(), dtype=F, value=2.5, shape=(1, 3)),),
+                         results=("t0",), out_shapes=((3,),))
+    got = run_small_reduce_native(a, [x])
+    assert all(same_bits(g, w) for g, w in zip(got, FusedReduce.compute([x], a)))
+    assert got[0].tolist() == [2.5, 2.5, 2.5]
+
+
+def _sum_of_squares(k: int):
+    body = (Instr(op="mul", args=("in0", "in0"), dtype=F),
+            Instr(op="sum", args=("t0",), dtype=F, shape=(1, k)))
+    return FusedReduceAttrs(body=body, results=("t1",), out_shapes=((k,),))
+
+
+def test_serial_plan_is_kept_per_layout():
+    """The serial call's plan is remembered per operand layout: the same body on a strided view
+    of the same shape after a contiguous array (and back) reads each with its own strides."""
+    from backends.native.small import run_small_reduce_native
+    a = _sum_of_squares(3)
+    base = np.arange(24, dtype=np.float32).reshape(4, 6)
+    for x in (np.ascontiguousarray(base[:, :3]), base[:, ::2], base.T[::2, ::2].T.copy()[:, :3],
+              base[:, 1::2]):
+        got = run_small_reduce_native(a, [x])
+        assert same_bits(got[0], FusedReduce.compute([x], a)[0])
+        assert got[0].tolist() == (x.astype(np.float64) ** 2).sum(0).tolist()
+
+
+def test_serial_call_spans_only_float32_results():
+    """SmallCall.spans gives byte spans for float32 results laid out row-major with the output's
+    size (a byte copy can place them), and None when a result is another dtype."""
+    from backends.native.small import SmallCall, plan_small
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    a = _sum_of_squares(3)
+    call = SmallCall(plan_small(a, [x]), a)
+    spans = call.spans(a)
+    assert spans is not None and len(spans) == 1 and spans[0][1] == 3 * 4
+    call.compute([x.ctypes.data])
+    assert (ctypes.c_float * 3).from_address(spans[0][0])[:] == [9.0, 17.0, 29.0]
+    body = _sum_of_squares(3).body + (Instr(op="cast", args=("t1",), dtype=D.FLOAT16),)
+    h = FusedReduceAttrs(body=body, results=("t2",), out_shapes=((3,),))
+    call = SmallCall(plan_small(h, [x]), h)
+    assert call.spans(h) is None
+    assert same_bits(call([x.ctypes.data])[0], FusedReduce.compute([x], h)[0])
+    # a one-element result broadcast to its output of 3: no byte copy either
+    body = _sum_of_squares(3).body[:1] + (Instr(op="sum", args=("t0",), dtype=F, shape=(1, 1)),)
+    b = FusedReduceAttrs(body=body, results=("t1",), out_shapes=((1, 3),))
+    call = SmallCall(plan_small(b, [x]), b)
+    assert call.spans(b) is None
+    assert same_bits(call([x.ctypes.data])[0], FusedReduce.compute([x], b)[0])
+
+
+def _stats(backend: str, x: np.ndarray, outs: list):
+    """BatchNormStats at level 2 into ``outs`` (arrays, any layout); its executor."""
+    import opgraph
+    from opgraph import aclnn as A
+    with opgraph.use_backend(backend), opgraph.opt_level(2):
+        status, ws, ex = A.aclnnBatchNormStatsGetWorkspaceSize(
+            opgraph.tensor(x), 1e-5, *[opgraph.tensor(o) for o in outs])
+        assert status == 0
+        assert A.aclnnBatchNormStats(bytearray(ws) if ws else None, ws, ex) == 0
+    return ex
+
+
+def _direct_reduce(ex):
+    from opgraph.core import backend as registry
+    return ex.program.built_executable(registry.get("native")).direct_reduce
+
+
+def _data(seed: int, shape=(2, 5, 3)) -> np.ndarray:
+    return (np.random.default_rng(seed).standard_normal(shape) * 3 + 1).astype(np.float32)
+
+
+def test_direct_reduce_at_exactly_the_threshold_takes_the_passes(monkeypatch):
+    """A FusedReduce whose input elements equal the threshold is not below it: the direct run
+    is prepared for the passes, as the node's lowering decides, and then taken on every call
+    (a run on the other side of the threshold would give up and go node by node)."""
+    from native_limits import reduce_limits_at
+    from backends.native.direct_reduce import DirectReduce
+    from opgraph.aclnn.cache import EXECUTOR_CACHE
+    x = _data(1)
+    reduce_limits_at(monkeypatch, x.size)
+    taken = []
+    real = DirectReduce.run
+    monkeypatch.setattr(DirectReduce, "run", lambda self, *a: taken.append(real(self, *a)) or taken[-1])
+    EXECUTOR_CACHE.clear()
+    for seed in range(3):
+        x = _data(seed)
+        got = [np.full(5, np.nan, np.float32) for _ in range(2)]
+        want = [np.full(5, np.nan, np.float32) for _ in range(2)]
+        ex = _stats("native", x, got)
+        _stats("numpy", x, want)
+        assert all(same_bits(g, w) for g, w in zip(got, want))
+    d = _direct_reduce(ex)
+    assert d is not None and d.elements == x.size and d.small is False
+    assert taken == [True] * 3
+
+
+@pytest.mark.parametrize("strided", [0, 1])
+def test_direct_reduce_into_a_strided_output_places_it(strided):
+    """DirectReduce byte-copies its results out of the call's scratch only into outputs that
+    are one run of float32 bytes: into a strided one (the other output contiguous) it places
+    them through the tensor's view, the gaps untouched."""
+    import opgraph
+    from opgraph.core import backend as registry
+    from backends.native.direct_reduce import DirectReduce
+    from opgraph.aclnn.cache import EXECUTOR_CACHE
+    EXECUTOR_CACHE.clear()
+    x = _data(3)
+    want = [np.full(5, np.nan, np.float32) for _ in range(2)]
+    ex = _stats("native", x, [np.full(5, np.nan, np.float32) for _ in range(2)])
+    _stats("numpy", x, want)
+    exe = ex.program.built_executable(registry.get("native"))
+    node, dests, outputs = exe.reduce
+    backing = np.full(10, -7.0, np.float32)
+    outs = [np.full(5, np.nan, np.float32) for _ in range(2)]
+    outs[strided] = backing[::2]
+    bindings = {node.inputs[0].name: opgraph.tensor(x)}
+    bindings.update({name: opgraph.tensor(o) for (name, _), o in zip(dests, outs)})
+    limits = native.NativeBackend().limits()
+    d = DirectReduce.prepare(node, bindings, limits, dests, outputs)
+    assert d is not None and d.small and d.run(bindings, limits)
+    assert backing[1::2].tolist() == [-7.0] * 5
+    assert all(same_bits(g, w) for g, w in zip(outs, want))
+
+
+def _reduce_program(a: FusedReduceAttrs, shape: tuple, n_out: int):
+    """A graph of one FusedReduce over input ``x`` whose results are copied (redirected) into
+    inputs ``o0``, ``o1``, ...: the shape of the family's statistics at level 2."""
+    from opgraph.core.ir import Graph, TensorType
+    from opgraph.core.memory import plan_memory
+    g = Graph("reduce")
+    x = g.add_input("x", TensorType(shape, F))
+    outs = [g.add_input(f"o{k}", TensorType(s, F)) for k, s in zip(range(n_out), a.out_shapes)]
+    node = g.add_node("FusedReduce", [x], a)
+    g.outputs = [g.add_node("ViewCopy", [r, o], redirect=True).outputs[0]
+                 for r, o in zip(node.outputs, outs)]
+    return g, plan_memory(g)
+
+
+def _run_program(backend: str, g, plan, x: np.ndarray, runs: int = 2):
+    """The outputs of ``runs`` runs of the compiled program (new output arrays each time)."""
+    import opgraph
+    from opgraph.core.backend import get
+    from opgraph.core.platform import get_platform
+    exe = get(backend).compile(g, plan, get_platform())
+    for _ in range(runs):
+        outs = [np.full(v.type.shape, np.nan, np.float32) for v in g.inputs[1:]]
+        bindings = {"x": opgraph.tensor(x), **{f"o{k}": opgraph.tensor(o) for k, o in enumerate(outs)}}
+        exe.run(bindings, bytearray(plan.size))
+    return outs, exe
+
+
+def test_direct_reduce_without_a_c_epilogue(monkeypatch):
+    """A direct reduction whose epilogue the C renderer does not cover (pow by 3: the plan has
+    no tail) runs its passes and the numpy epilogue on every call, with the reference's bits."""
+    from native_limits import reduce_limits_at
+    from backends.native.reduce import plan_for
+    reduce_limits_at(monkeypatch, 0)  # the passes at any size
+    body = (Instr(op="sum", args=("in0",), dtype=F, shape=(1, 3, 1)),
+            Instr(op="fill", args=(), dtype=F, value=3.0),
+            Instr(op="pow", args=("t0", "t1"), dtype=F))
+    a = FusedReduceAttrs(body=body, results=("t2", "t0"), out_shapes=((3,), (3,)))
+    x = np.random.default_rng(0).standard_normal((4, 3, 50)).astype(np.float32)
+    assert plan_for(a, [x]).tail is None
+    g, plan = _reduce_program(a, x.shape, 2)
+    got, exe = _run_program("native", g, plan, x, runs=3)
+    want, _ = _run_program("numpy", g, plan, x)
+    assert exe.direct_reduce is not None and not exe.direct_reduce.small
+    assert all(same_bits(g_, w) for g_, w in zip(got, want))
