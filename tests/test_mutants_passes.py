@@ -8,11 +8,13 @@ import warnings
 
 import numpy as np
 
+import opgraph
 from backends import get as get_backend
+from l0ops.ordered import tree_fold
 from l0ops.rounding import widen
 from opgraph.core.dtypes import DataType
-from opgraph.core.ir import Graph
-from opgraph.passes import constant_fold
+from opgraph.core.ir import Graph, TensorType
+from opgraph.passes import constant_fold, cse, optimize
 
 F32, F16 = DataType.FLOAT, DataType.FLOAT16
 
@@ -67,3 +69,32 @@ def test_widening_a_0d_half_gives_a_0d_array():
     scalar, which has no buffer to compute into)."""
     w = widen(np.asarray(np.float16(3.0)))
     assert type(w) is np.ndarray and w.shape == () and w.dtype == np.float32 and float(w) == 3.0
+
+
+def test_cse_keeps_reads_apart_across_a_first_write_after_another_tensor_was_written():
+    """Add(out, x) before and after the first write into ``out`` read two values of ``out``:
+    CSE keeps both, also when another tensor was written first (so that the version counts of
+    every read are in use). By hand: [11, 22, 33, 44] and x*x + x = [2, 6, 12, 20]."""
+    g = Graph("versions")
+    t4 = TensorType((4,), F32)
+    x, out, other = (g.add_input(n, t4) for n in ("x", "out", "other"))
+    g.add_node("ViewCopy", [x, other])
+    before = g.add_node("Add", [out, x]).outputs[0]
+    g.add_node("ViewCopy", [g.add_node("Mul", [x, x]).outputs[0], out])
+    after = g.add_node("Add", [out, x]).outputs[0]
+    g.outputs = [before, after]
+    new, _ = cse.run(g)
+    assert [n.op for n in new.nodes].count("Add") == 2
+    xs, outs = np.float32([1, 2, 3, 4]), np.float32([10, 20, 30, 40])
+    for level in (0, 2):
+        opt = optimize(g, level)
+        got = get_backend("numpy").run(opt, {"x": opgraph.tensor(xs.copy()),
+                                             "out": opgraph.tensor(outs.copy()),
+                                             "other": opgraph.tensor(np.zeros(4, np.float32))})
+        assert [got[v.name].tolist() for v in opt.outputs] == [[11, 22, 33, 44], [2, 6, 12, 20]]
+
+
+def test_tree_fold_of_no_lanes_is_zero_per_row():
+    """The halving tree of an empty last axis: a zero per row, in the data's dtype."""
+    got = tree_fold(np.ones((2, 3, 0), np.float32))
+    assert got.shape == (2, 3) and got.dtype == np.float32 and not got.any()
