@@ -98,3 +98,64 @@ def test_tree_fold_of_no_lanes_is_zero_per_row():
     """The halving tree of an empty last axis: a zero per row, in the data's dtype."""
     got = tree_fold(np.ones((2, 3, 0), np.float32))
     assert got.shape == (2, 3) and got.dtype == np.float32 and not got.any()
+
+
+X4, OUT4 = np.float32([1, 2, 3, 4]), np.float32([10, 20, 30, 40])
+
+
+def _run_levels(g: Graph, levels=(0, 1, 2)):
+    """Per level: the outputs (lists, in order) and ``out`` as written, on fresh copies."""
+    for level in levels:
+        opt = optimize(g, level)
+        arrays = {"x": X4.copy(), "out": OUT4.copy()}
+        got = get_backend("numpy").run(opt, {k: opgraph.tensor(a) for k, a in arrays.items()})
+        yield level, opt, [got[v.name].tolist() for v in opt.outputs], arrays["out"].tolist()
+
+
+def _copied_then_overwritten(view_read: bool) -> Graph:
+    """s = x*x is copied into out, then x overwrites out; s is still read afterwards — through
+    a view made right after it (view_read) or as a graph output. Redirecting the first copy
+    (s made in out) would hand that read x instead of s."""
+    g = Graph("redirect")
+    t4 = TensorType((4,), F32)
+    x, out = g.add_input("x", t4), g.add_input("out", t4)
+    s = g.add_node("Mul", [x, x]).outputs[0]
+    v = g.add_node("UnsqueezeNd", [s], dims=(0,)).outputs[0] if view_read else None
+    g.add_node("ViewCopy", [s, out])
+    g.add_node("ViewCopy", [x, out])
+    g.outputs = [g.add_node("Add", [v, x]).outputs[0]] if view_read else [s]
+    return g
+
+
+def test_no_redirect_when_a_view_of_the_source_is_read_after_the_destination_is_rewritten():
+    g = _copied_then_overwritten(view_read=True)
+    for level, opt, outs, out in _run_levels(g):
+        assert outs == [[[2, 6, 12, 20]]] and out == [1, 2, 3, 4], level  # s + x; out = x
+        if level == 1:
+            assert not any(n.op == "ViewCopy" and n.attrs.redirect for n in opt.nodes)
+
+
+def test_no_redirect_when_the_source_is_a_graph_output_and_the_destination_is_rewritten():
+    g = _copied_then_overwritten(view_read=False)
+    for level, opt, outs, out in _run_levels(g):
+        assert outs == [[1, 4, 9, 16]] and out == [1, 2, 3, 4], level
+        if level == 1:
+            assert not any(n.op == "ViewCopy" and n.attrs.redirect for n in opt.nodes)
+
+
+def test_a_copy_whose_source_nobody_reads_later_is_redirected_though_the_tensor_is_rewritten():
+    """s = x*x copied into out, then x copied over it, then u*u of an unrelated u = x + x: no
+    read of s follows the rewrite, so the first copy is a redirect (Mul writes into out)."""
+    g = Graph("redirect")
+    t4 = TensorType((4,), F32)
+    x, out = g.add_input("x", t4), g.add_input("out", t4)
+    s = g.add_node("Mul", [x, x]).outputs[0]
+    u = g.add_node("Add", [x, x]).outputs[0]
+    g.add_node("ViewCopy", [s, out])
+    g.add_node("ViewCopy", [x, out])
+    g.outputs = [g.add_node("Mul", [u, u]).outputs[0]]
+    for level, opt, outs, out_after in _run_levels(g):
+        assert outs == [[4, 16, 36, 64]] and out_after == [1, 2, 3, 4], level
+        if level == 1:
+            copies = [n for n in opt.nodes if n.op == "ViewCopy"]
+            assert [c.attrs.redirect for c in copies] == [True, False]
