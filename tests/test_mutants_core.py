@@ -1,0 +1,218 @@
+"""Behaviours of the cache, direct-call and core layers that a mutation audit found unpinned:
+each test fails on a small change of the code it names (a dropped key part, a bound off by one,
+a skipped check) and passes on the code as written."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import opgraph
+from backends.numpy_backend import NumpyBackend
+from opgraph.aclnn import direct, twophase
+from opgraph.aclnn.batch_norm_reduce import aclnnBatchNormReduceGetWorkspaceSize
+from opgraph.aclnn.batch_norm_stats import _batch_norm_stats, aclnnBatchNormStatsGetWorkspaceSize
+from opgraph.aclnn.cache import EXECUTOR_CACHE, ExecutorCache
+from opgraph.aclnn.structure import Template
+from opgraph.core.dtypes import DataType
+from opgraph.core.foreign import array_address, array_span
+from opgraph.core.status import Status
+
+GATHER = "opgraph.aclnn.batch_norm_gather_stats_with_counts"
+
+
+# --- the executor cache -------------------------------------------------------------------------
+def test_a_program_cached_on_one_platform_is_not_reused_on_another():
+    """The platform is part of phase 1's key: BatchNormReduce, compiled on the 910B, is still
+    refused on the 910, which has no kernel for it (561003), with the very same tensors."""
+    x = opgraph.tensor(np.ones((2, 3, 4, 5), np.float32), "NCHW")
+    s, sq = opgraph.tensor(np.zeros(3, np.float32)), opgraph.tensor(np.zeros(3, np.float32))
+    with opgraph.platform("Ascend910B"):
+        assert aclnnBatchNormReduceGetWorkspaceSize(x, s, sq)[0] == Status.ACLNN_SUCCESS
+    with opgraph.platform("Ascend910"):
+        status, _, ex = aclnnBatchNormReduceGetWorkspaceSize(x, s, sq)
+    assert status == Status.ACLNN_ERR_INNER_FIND_KERNEL_ERROR and ex is None
+
+
+def test_clearing_a_cache_empties_it_and_restarts_its_counts():
+    """clear() forgets the entries and the hit/miss counts alike (what clear_all_caches
+    promises a re-registration)."""
+    c = ExecutorCache(capacity=4)
+    c.put(("a",), 1)
+    c.get(("a",)), c.get(("b",))
+    assert (c.hits, c.misses) == (1, 1)
+    c.clear()
+    assert (len(c), c.hits, c.misses, c.values()) == (0, 0, 0, [])
+    assert c.get(("a",)) is None and (c.hits, c.misses) == (0, 1)
+
+
+# --- direct calls ---------------------------------------------------------------------------------
+def _owner(a: np.ndarray) -> np.ndarray:
+    """The array that owns ``a``'s memory (through as_strided's intermediate objects)."""
+    while not (isinstance(a, np.ndarray) and a.flags.owndata):
+        a = a.base
+    return a
+
+
+@pytest.mark.parametrize("shape, strides", [((3, 2), (1, 3)), ((2, 3), (1, 4)), ((2, 2, 2), (1, 5, 2))])
+def test_a_strided_output_lies_inside_the_memory_made_for_it(shape, strides):
+    """A direct call's non-contiguous output is a view over a buffer of its own that holds its
+    last element: the buffer spans at least up to the element at sum((n - 1) * stride)."""
+    out = direct.NUMPY.maker(shape, strides, DataType.FLOAT)()
+    assert out.strides == tuple(4 * s for s in strides)
+    owner = _owner(out)
+    last = sum((n - 1) * s for n, s in zip(shape, strides))
+    lo, hi = array_span(out)
+    assert lo >= array_address(owner) and hi == lo + 4 * (last + 1)
+    assert hi <= array_address(owner) + owner.nbytes
+
+
+@pytest.fixture
+def calls():
+    """A fresh direct-call cache, the executor cache's counts as they stand."""
+    return direct.DirectCalls(direct.NUMPY)
+
+
+def _stats(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """float64 per-channel (dim 1) mean and 1/sqrt(biased var + 1e-5)."""
+    x = x.astype(np.float64)
+    axes = (0,) + tuple(range(2, x.ndim))
+    return x.mean(axes), 1 / np.sqrt(x.var(axes) + 1e-5)
+
+
+X = np.arange(24, dtype=np.float32).reshape(2, 3, 4) / 7
+
+
+def test_a_usual_call_over_another_array_than_the_callers_is_never_run_direct(calls):
+    """A call whose usual path binds another array than the caller's (here twice it) is learnt
+    as not direct: a later call gives what its usual path gives, not the caller's array's."""
+    for k in range(3):
+        x = X + k
+        mean, _ = calls.call("aclnnBatchNormStats", (x, 1e-5), lambda: _batch_norm_stats(x * 2, 1e-5))
+        np.testing.assert_allclose(mean, _stats(x * 2)[0], rtol=1e-6)
+    assert calls.runs_direct() == [False]
+
+
+def test_a_usual_path_of_two_phase_1_calls_is_not_learnt(calls):
+    """Direct calls learn from exactly one phase-1 call: a usual path that makes two (the second
+    on another array) keeps giving that path's outputs."""
+    def slow():
+        _batch_norm_stats(x, 1e-5)
+        return _batch_norm_stats(x * 3, 1e-5)
+    for k in range(3):
+        x = X - k
+        mean, invstd = calls.call("aclnnBatchNormStats", (x, 1e-5), slow)
+        want = _stats(x * 3)
+        np.testing.assert_allclose(mean, want[0], rtol=1e-6)
+        np.testing.assert_allclose(invstd, want[1], rtol=1e-5)
+    assert calls.runs_direct() == [False]
+
+
+def test_an_output_the_arrays_cannot_make_keeps_the_usual_call(calls, monkeypatch):
+    """When the kind of array cannot make an output (its maker gives None), the call is learnt
+    as not direct and every later call runs the usual path."""
+    monkeypatch.setattr(direct.Arrays, "maker", lambda self, shape, strides, dtype: None)
+    for _ in range(3):
+        mean, invstd = calls.call("aclnnBatchNormStats", (X, 1e-5), lambda: _batch_norm_stats(X, 1e-5))
+        np.testing.assert_allclose(mean, _stats(X)[0], rtol=1e-6)
+    assert calls.runs_direct() == [False]
+
+
+def test_running_stats_side_by_side_with_the_counts_in_one_buffer_run_direct(calls, monkeypatch):
+    """Running statistics and counts that touch (thirds of one buffer) share no byte: the second
+    call runs direct (no phase 1: the executor cache is not asked) and updates both statistics
+    by running = (1 - momentum) * running + momentum * batch statistic."""
+    monkeypatch.setattr(f"{GATHER}.NUMPY_CALLS", calls)
+    from opgraph.ops import batch_norm_gather_stats_with_counts as gather
+    mean, invstd = np.float32([[0, 1], [2, 3]]), np.ones((2, 2), np.float32)
+    for k in range(2):
+        buf = np.float32([0, 0, 1, 1, 1, 3])  # running mean, running var, counts
+        asked = EXECUTOR_CACHE.hits + EXECUTOR_CACHE.misses
+        m, _ = gather(np.zeros((4, 2), np.float32), mean, invstd, buf[:2], buf[2:4], 0.5, 1e-5, buf[4:])
+        assert (EXECUTOR_CACHE.hits + EXECUTOR_CACHE.misses > asked) == (k == 0)
+        # mean = (1 * [0, 1] + 3 * [2, 3]) / 4; the unbiased variance: the sum over ranks of
+        # count * (var + (rank mean - mean)^2), var = 1 / invstd^2 - eps, over 4 - 1
+        np.testing.assert_allclose(m, [1.5, 2.5])
+        var = ((1 - 1e-5) * 4 + 1 * 1.5 ** 2 + 3 * 0.5 ** 2) / 3
+        np.testing.assert_allclose(buf, [0.75, 1.25, 0.5 + 0.5 * var, 0.5 + 0.5 * var, 1, 3], rtol=1e-6)
+    assert calls.runs_direct() == [True]
+
+
+class CountingBackend(NumpyBackend):
+    """numpy, counting the programs it compiles."""
+
+    name = "numpy-counting"
+
+    def __init__(self):
+        super().__init__()
+        self.compiled = 0
+
+    def compile(self, graph, memory_plan, platform):
+        self.compiled += 1
+        return super().compile(graph, memory_plan, platform)
+
+
+def test_a_call_learnt_on_one_backend_is_learnt_again_on_another(calls):
+    """The backend is part of a direct call's key: a call learnt on numpy, made again on another
+    backend, runs there (that backend compiles the program), not on numpy's executable."""
+    other = CountingBackend()
+    slow = lambda: _batch_norm_stats(X, 1e-5)  # noqa: E731
+    with opgraph.use_backend("numpy"):
+        calls.call("aclnnBatchNormStats", (X, 1e-5), slow)
+        calls.call("aclnnBatchNormStats", (X, 1e-5), slow)
+    with opgraph.use_backend(other):
+        mean, _ = calls.call("aclnnBatchNormStats", (X, 1e-5), slow)
+    assert other.compiled >= 1 and len(calls) == 2
+    np.testing.assert_allclose(mean, _stats(X)[0], rtol=1e-6)
+
+
+# --- phase 1's caches -----------------------------------------------------------------------------
+@pytest.fixture
+def fresh_caches(monkeypatch):
+    """Phase 1 with empty executor and structure caches of its own."""
+    monkeypatch.setattr(twophase, "EXECUTOR_CACHE", ExecutorCache())
+    monkeypatch.setattr(twophase, "STRUCTURE_CACHE", ExecutorCache(capacity=128))
+    return twophase.EXECUTOR_CACHE, twophase.STRUCTURE_CACHE
+
+
+def _stats_phase1(shape):
+    x = opgraph.tensor(np.ones(shape, np.float32))
+    mean, invstd = (opgraph.tensor(np.zeros(shape[1], np.float32)) for _ in range(2))
+    status, _, ex = aclnnBatchNormStatsGetWorkspaceSize(x, 1e-5, mean, invstd)
+    assert status == Status.ACLNN_SUCCESS
+    return ex
+
+
+def test_a_new_shape_of_a_known_structure_is_then_an_executor_cache_hit(fresh_caches):
+    """The first call of a structure leaves a template (its probe reproduces it: the probe dims
+    are primes dividing none of its dims), and a shape made from it is kept in the executor
+    cache: the next call with that shape reuses the very program (neither resized nor
+    recorded again)."""
+    cache, structures = fresh_caches
+    _stats_phase1((2, 11, 4))  # 11: the first probe prime, so the probe takes others
+    assert [type(t) for t in structures.values()] == [Template]  # the structure's template
+    second = _stats_phase1((5, 11, 4))
+    assert structures.hits == 1
+    third = _stats_phase1((5, 11, 4))
+    assert third.program is second.program and cache.hits == 1
+
+
+def test_a_failing_probe_leaves_no_error_for_the_caller(fresh_caches, monkeypatch):
+    """The structure's probe recording is not the caller's call: a probe that fails (here one
+    made with a NULL input) leaves aclGetRecentErrMsg empty after phase 1 succeeded."""
+    probed = []
+
+    def failing_probe(record, args, ex, dims):
+        probed.append(record((None,) + tuple(args[1:])))
+        return None
+    monkeypatch.setattr(twophase, "build_template", failing_probe)
+    _stats_phase1((2, 3, 4))
+    assert probed == [None] and twophase.aclGetRecentErrMsg() == ""
+
+
+def test_a_call_one_argument_short_is_refused_not_raised():
+    """Phase 1 never raises for a short call: missing only the last output gives 161002 naming
+    the count, as missing more does."""
+    x, mean = opgraph.tensor(np.ones((2, 3), np.float32)), opgraph.tensor(np.zeros(3, np.float32))
+    status, _, ex = aclnnBatchNormStatsGetWorkspaceSize(x, 1e-5, mean)
+    assert status == Status.ACLNN_ERR_PARAM_INVALID and ex is None
+    assert "expected 4 arguments" in twophase.aclGetRecentErrMsg()
