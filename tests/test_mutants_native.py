@@ -195,3 +195,43 @@ def test_direct_reduce_without_a_c_epilogue(monkeypatch):
     want, _ = _run_program("numpy", g, plan, x)
     assert exe.direct_reduce is not None and not exe.direct_reduce.small
     assert all(same_bits(g_, w) for g_, w in zip(got, want))
+
+
+def _fused(result: str, body_args=("in1", "in1")):
+    from l0ops.primitives import FusedAttrs, Instr as EInstr
+    return FusedAttrs(shape=(2, 3), body=(EInstr(op="mul", args=body_args, dtype=F),),
+                      result=result, out_dtype=F)
+
+
+def test_fused_result_that_is_per_channel_is_refused():
+    """A body whose result does not vary over the iteration space (made from per-channel
+    values only) is not a kernel: Unsupported, with its reason (the lowering then runs numpy)."""
+    from backends.native.launch import run_fused_native
+    x, w = np.arange(6, dtype=np.float32).reshape(2, 3), np.float32([[1, 2, 3]])
+    with pytest.raises(native.Unsupported, match="does not vary"):
+        run_fused_native(_fused("t0"), [x, w])
+
+
+def test_fused_result_that_is_a_full_size_input():
+    """A body whose result is one of its full-size inputs (the other instruction dead): the
+    kernel copies that input, the reference's bits."""
+    from l0ops.interpreter import run_fused
+    from backends.native.launch import run_fused_native
+    x, w = np.arange(6, dtype=np.float32).reshape(2, 3) - 2.5, np.float32([[1, 2, 3]])
+    a = _fused("in0")
+    assert same_bits(run_fused_native(a, [x, w]), run_fused(a, [x, w]))
+
+
+def test_float16_result_stored_as_float32_keeps_its_rounding():
+    """A float16 result stored into a float32 output: the instruction's own rounding to float16
+    stays (only an f16 store may take it over), the reference's bits."""
+    from l0ops.primitives import FusedAttrs, Instr as EInstr
+    from l0ops.interpreter import run_fused
+    from backends.native.launch import run_fused_native
+    rng = np.random.default_rng(0)
+    x, y = ((rng.standard_normal((4, 300)) * 30).astype(np.float16) for _ in range(2))
+    a = FusedAttrs(shape=(4, 300), body=(EInstr(op="mul", args=("in0", "in1"), dtype=D.FLOAT16),),
+                   result="t0", out_dtype=F)
+    got = run_fused_native(a, [x, y])
+    assert same_bits(got, run_fused(a, [x, y]))
+    assert np.array_equal(got, (x.astype(np.float32) * y).astype(np.float16).astype(np.float32))
