@@ -14,7 +14,7 @@ from l0ops.ordered import tree_fold
 from l0ops.rounding import widen
 from opgraph.core.dtypes import DataType
 from opgraph.core.ir import Graph, TensorType
-from opgraph.passes import constant_fold, cse, optimize
+from opgraph.passes import constant_fold, cse, optimize, viewcopy_redirect
 
 F32, F16 = DataType.FLOAT, DataType.FLOAT16
 
@@ -159,3 +159,20 @@ def test_a_copy_whose_source_nobody_reads_later_is_redirected_though_the_tensor_
         if level == 1:
             copies = [n for n in opt.nodes if n.op == "ViewCopy"]
             assert [c.attrs.redirect for c in copies] == [True, False]
+    assert viewcopy_redirect.run(g)[1].counts == {"redirected": 1}
+
+
+def test_a_copy_whose_source_is_read_after_it_is_redirected():
+    """s = x*x copied into out and read afterwards (s + x): the redirect makes s in out, where
+    its later reader finds it (no copy kernel)."""
+    g = Graph("redirect")
+    t4 = TensorType((4,), F32)
+    x, out = g.add_input("x", t4), g.add_input("out", t4)
+    s = g.add_node("Mul", [x, x]).outputs[0]
+    g.add_node("ViewCopy", [s, out])
+    g.outputs = [g.add_node("Add", [s, x]).outputs[0]]
+    for level, opt, outs, out_after in _run_levels(g):
+        assert outs == [[2, 6, 12, 20]] and out_after == [1, 4, 9, 16], level
+    new, stats = viewcopy_redirect.run(g)
+    assert stats.counts == {"redirected": 1}
+    assert [n.attrs.redirect for n in new.nodes if n.op == "ViewCopy"] == [True]
