@@ -235,3 +235,56 @@ def test_float16_result_stored_as_float32_keeps_its_rounding():
     got = run_fused_native(a, [x, y])
     assert same_bits(got, run_fused(a, [x, y]))
     assert np.array_equal(got, (x.astype(np.float32) * y).astype(np.float16).astype(np.float32))
+
+
+def _cast_mul(shape=(8, 40)):
+    """cast(in0) * in1 (per-channel) at ``shape``, float32 out."""
+    from l0ops.primitives import FusedAttrs, Instr as EInstr
+    body = (EInstr(op="cast", args=("in0",), dtype=F), EInstr(op="mul", args=("t0", "in1"), dtype=F))
+    return FusedAttrs(shape=shape, body=body, result="t1", out_dtype=F)
+
+
+def test_launch_of_a_body_is_reused_only_for_the_same_operand_dtypes():
+    """The last launch per body object is resized for a new batch size, but not taken for
+    inputs of another dtype (its kernel loads float32): float32, float16 and back, at two sizes,
+    each the reference's bits."""
+    from l0ops.interpreter import run_fused
+    from backends.native.launch import run_fused_native
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((1, 40)).astype(np.float32)
+    a0 = _cast_mul()
+    for rows, dt in ((8, np.float32), (8, np.float16), (6, np.float16), (6, np.float32), (5, np.float16)):
+        a = a0.model_copy(update={"shape": (rows, 40)})
+        assert a.body is a0.body  # (the memo is per body object)
+        x = rng.standard_normal((rows, 40)).astype(dt)
+        assert same_bits(run_fused_native(a, [x, w]), run_fused(a, [x, w]))
+
+
+def test_pointer_memo_of_a_launch_notices_a_new_output():
+    """The same input arrays into a new output array: the kernel writes the new one (the
+    remembered pointers are of the inputs and the output), the old one keeps its values."""
+    from l0ops.interpreter import run_fused
+    from backends.native.launch import run_fused_native
+    rng = np.random.default_rng(1)
+    a = _cast_mul()
+    x, w = rng.standard_normal((8, 40)).astype(np.float32), rng.standard_normal((1, 40)).astype(np.float32)
+    want = run_fused(a, [x, w])
+    first = run_fused_native(a, [x, w], np.zeros((8, 40), np.float32))
+    outs = [np.full((8, 40), -1.0, np.float32) for _ in range(3)]
+    for o in outs:
+        assert run_fused_native(a, [x, w], o) is o
+    assert all(same_bits(o, want) for o in [first, *outs])
+    x[:] = 0
+    assert run_fused_native(a, [x, w], outs[1]) is outs[1] and not outs[1].any()
+    assert same_bits(outs[0], want) and same_bits(outs[2], want)
+
+
+def test_operand_strides_not_a_multiple_of_the_element_size_are_refused():
+    """A full-size input whose byte strides are not a multiple of its element size (a float32
+    view every 6 bytes) has no element strides for the kernel: Unsupported."""
+    from backends.native.launch import run_fused_native
+    raw = np.zeros(8 * 40 * 6 + 8, np.uint8)
+    x = np.lib.stride_tricks.as_strided(raw.view(np.float32)[:1], (8, 40), (240, 6))
+    w = np.ones((1, 40), np.float32)
+    with pytest.raises(native.Unsupported, match="multiple of its element size"):
+        run_fused_native(_cast_mul(), [x, w])
