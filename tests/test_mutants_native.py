@@ -288,3 +288,36 @@ def test_operand_strides_not_a_multiple_of_the_element_size_are_refused():
     w = np.ones((1, 40), np.float32)
     with pytest.raises(native.Unsupported, match="multiple of its element size"):
         run_fused_native(_cast_mul(), [x, w])
+
+
+def test_output_next_to_an_input_is_not_an_overlap():
+    """An output that ends where an input starts, or starts where it ends, shares no byte with
+    it: the kernel runs (no Unsupported), the reference's bits."""
+    from l0ops.interpreter import run_fused
+    from backends.native.launch import run_fused_native
+    a, w = _cast_mul(), np.float32(np.arange(40) / 8 - 2).reshape(1, 40)
+    for x_first in (True, False):
+        buf = np.zeros(2 * 320, np.float32)
+        x, out = (buf[:320], buf[320:]) if x_first else (buf[320:], buf[:320])
+        x[:] = np.arange(320) / 16 - 10
+        x, out = x.reshape(8, 40), out.reshape(8, 40)
+        want = run_fused(a, [x, w])
+        assert run_fused_native(a, [x, w], out) is out and same_bits(out, want)
+
+
+def test_output_at_an_input_address_with_other_strides_is_refused():
+    """An output at an input's address but not of its layout (its transpose), or of its layout
+    one element further on, overwrites elements before they are read: Unsupported. Exactly the
+    input's layout at its address (in place) runs."""
+    from l0ops.interpreter import run_fused
+    from backends.native.launch import run_fused_native
+    a = _cast_mul((40, 40))
+    x = np.float32(np.arange(1600) / 64 - 12).reshape(40, 40)
+    w = np.float32(np.arange(40) / 8 - 2).reshape(1, 40)
+    with pytest.raises(native.Unsupported, match="partly overlaps"):
+        run_fused_native(a, [x, w], x.T)
+    shifted = np.zeros(1601, np.float32)  # the input's layout, one element further on
+    with pytest.raises(native.Unsupported, match="partly overlaps"):
+        run_fused_native(a, [shifted[:1600].reshape(40, 40), w], shifted[1:].reshape(40, 40))
+    want = run_fused(a, [x, w])
+    assert run_fused_native(a, [x, w], x) is x and same_bits(x, want)
