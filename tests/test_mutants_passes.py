@@ -112,7 +112,7 @@ def _run_levels(g: Graph, levels=(0, 1, 2)):
         yield level, opt, [got[v.name].tolist() for v in opt.outputs], arrays["out"].tolist()
 
 
-def _copied_then_overwritten(view_read: bool) -> Graph:
+def _copied_then_overwritten(view_read: bool, marked: bool = False) -> Graph:
     """s = x*x is copied into out, then x overwrites out; s is still read afterwards — through
     a view made right after it (view_read) or as a graph output. Redirecting the first copy
     (s made in out) would hand that read x instead of s."""
@@ -121,7 +121,7 @@ def _copied_then_overwritten(view_read: bool) -> Graph:
     x, out = g.add_input("x", t4), g.add_input("out", t4)
     s = g.add_node("Mul", [x, x]).outputs[0]
     v = g.add_node("UnsqueezeNd", [s], dims=(0,)).outputs[0] if view_read else None
-    g.add_node("ViewCopy", [s, out])
+    g.add_node("ViewCopy", [s, out], redirect=marked)  # (marked: as a redirect, unsafe)
     g.add_node("ViewCopy", [x, out])
     g.outputs = [g.add_node("Add", [v, x]).outputs[0]] if view_read else [s]
     return g
@@ -176,3 +176,25 @@ def test_a_copy_whose_source_is_read_after_it_is_redirected():
     new, stats = viewcopy_redirect.run(g)
     assert stats.counts == {"redirected": 1}
     assert [n.attrs.redirect for n in new.nodes if n.op == "ViewCopy"] == [True]
+
+
+def test_the_redirect_pass_is_idempotent_and_undoes_a_redirect_it_finds_unsafe():
+    """Run again on its own result, the pass changes nothing (0 redirected); a ViewCopy marked
+    as a redirect where it is unsafe (the destination rewritten while the source is still read)
+    becomes a copy again and is counted as undone."""
+    g = Graph("redirect")
+    t4 = TensorType((4,), F32)
+    x, out = g.add_input("x", t4), g.add_input("out", t4)
+    s = g.add_node("Mul", [x, x]).outputs[0]
+    g.add_node("ViewCopy", [s, out])
+    g.outputs = [g.add_node("Add", [s, x]).outputs[0]]
+    once, stats = viewcopy_redirect.run(g)
+    assert stats.counts == {"redirected": 1}
+    again, stats = viewcopy_redirect.run(once)
+    assert stats.counts == {"redirected": 0}
+    assert [n.attrs.redirect for n in again.nodes if n.op == "ViewCopy"] == [True]
+
+    bad = _copied_then_overwritten(view_read=False, marked=True)
+    fixed, stats = viewcopy_redirect.run(bad)
+    assert stats.counts == {"redirected": 0, "undone": 1}
+    assert [n.attrs.redirect for n in fixed.nodes if n.op == "ViewCopy"] == [False, False]
