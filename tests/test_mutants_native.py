@@ -321,3 +321,52 @@ def test_output_at_an_input_address_with_other_strides_is_refused():
         run_fused_native(a, [shifted[:1600].reshape(40, 40), w], shifted[1:].reshape(40, 40))
     want = run_fused(a, [x, w])
     assert run_fused_native(a, [x, w], x) is x and same_bits(x, want)
+
+
+def test_fused_kernel_of_exactly_min_fused_elements_runs_in_c(monkeypatch):
+    """``min_fused_elements`` is the smallest kernel that runs in C: at level 2 one of exactly
+    that many elements runs as the direct launch on every call; one element more of threshold
+    sends it node by node to numpy (counted in ``small``); a profiled run, node by node, draws
+    the same line. The same bits either way."""
+    import opgraph
+    from opgraph.core import backend as registry
+    b = registry.get("native")
+    lowered = []
+    real = native.run_fused_native
+    monkeypatch.setattr(native, "run_fused_native", lambda *a: lowered.append(1) or real(*a))
+    x, c = np.float32(np.arange(24).reshape(2, 3, 4) / 7), np.float32([0.5, 2, 3])
+    args = (x, x, c, c, c, c, c, np.int32([2]))
+    with opgraph.use_backend("numpy"), opgraph.opt_level(2):
+        want = opgraph.ops.batch_norm_elemt_backward(*args)
+    for limit, to_numpy in ((24, 0), (25, 1)):
+        monkeypatch.setattr(native.NativeBackend, "min_fused_elements", limit)
+        for _ in range(3):
+            before = b.small
+            with opgraph.use_backend("native"), opgraph.opt_level(2):
+                got = opgraph.ops.batch_norm_elemt_backward(*args)
+            assert same_bits(got, want) and b.small == before + to_numpy
+    assert lowered == []  # neither size ran the kernel node by node
+    # profiled: node by node, where the lowering draws the same line
+    monkeypatch.setattr(native.NativeExecutable, "profile", staticmethod(lambda node, start, stop: None))
+    for limit, to_numpy in ((24, 0), (25, 1)):
+        monkeypatch.setattr(native.NativeBackend, "min_fused_elements", limit)
+        before, calls = b.small, len(lowered)
+        with opgraph.use_backend("native"), opgraph.opt_level(2):
+            got = opgraph.ops.batch_norm_elemt_backward(*args)
+        assert same_bits(got, want) and b.small == before + to_numpy
+        assert len(lowered) == calls + 1 - to_numpy
+
+
+def test_one_element_launch_resized_for_a_new_attrs_object():
+    """A kernel of one element (every dim 1) taken over by new attrs of the same body (the
+    resized launch): its loop is still one element, the reference's bits."""
+    from l0ops.primitives import FusedAttrs, Instr as EInstr
+    from l0ops.interpreter import run_fused
+    from backends.native.launch import run_fused_native
+    body = (EInstr(op="add", args=("in0", "in0"), dtype=F), EInstr(op="mul", args=("t0", "in1"), dtype=F))
+    a0 = FusedAttrs(shape=(1, 1), body=body, result="t1", out_dtype=F)
+    for k in range(3):
+        a = a0.model_copy(update={"shape": (1, 1)})
+        x, w = np.float32([[1.5 + k]]), np.float32([[3.0]])
+        got = run_fused_native(a, [x, w])
+        assert same_bits(got, run_fused(a, [x, w])) and got.item() == (3 + 2 * k) * 3
