@@ -178,19 +178,25 @@ def _run_program(backend: str, g, plan, x: np.ndarray, runs: int = 2):
     return outs, exe
 
 
+def _pow_body_program():
+    """sum(x) over (0, 2), then cubed (pow by 3: no serial C call covers it, the passes with a
+    numpy epilogue do); the program and an input."""
+    body = (Instr(op="sum", args=("in0",), dtype=F, shape=(1, 3, 1)),
+            Instr(op="fill", args=(), dtype=F, value=3.0),
+            Instr(op="pow", args=("t0", "t1"), dtype=F))
+    a = FusedReduceAttrs(body=body, results=("t2", "t0"), out_shapes=((3,), (3,)))
+    x = np.random.default_rng(0).standard_normal((4, 3, 50)).astype(np.float32)
+    return a, x, *_reduce_program(a, x.shape, 2)
+
+
 def test_direct_reduce_without_a_c_epilogue(monkeypatch):
     """A direct reduction whose epilogue the C renderer does not cover (pow by 3: the plan has
     no tail) runs its passes and the numpy epilogue on every call, with the reference's bits."""
     from native_limits import reduce_limits_at
     from backends.native.reduce import plan_for
     reduce_limits_at(monkeypatch, 0)  # the passes at any size
-    body = (Instr(op="sum", args=("in0",), dtype=F, shape=(1, 3, 1)),
-            Instr(op="fill", args=(), dtype=F, value=3.0),
-            Instr(op="pow", args=("t0", "t1"), dtype=F))
-    a = FusedReduceAttrs(body=body, results=("t2", "t0"), out_shapes=((3,), (3,)))
-    x = np.random.default_rng(0).standard_normal((4, 3, 50)).astype(np.float32)
+    a, x, g, plan = _pow_body_program()
     assert plan_for(a, [x]).tail is None
-    g, plan = _reduce_program(a, x.shape, 2)
     got, exe = _run_program("native", g, plan, x, runs=3)
     want, _ = _run_program("numpy", g, plan, x)
     assert exe.direct_reduce is not None and not exe.direct_reduce.small
@@ -370,3 +376,21 @@ def test_one_element_launch_resized_for_a_new_attrs_object():
         x, w = np.float32([[1.5 + k]]), np.float32([[3.0]])
         got = run_fused_native(a, [x, w])
         assert same_bits(got, run_fused(a, [x, w])) and got.item() == (3 + 2 * k) * 3
+
+
+def test_reduce_lowering_at_exactly_the_threshold_takes_the_passes(monkeypatch):
+    """Node by node (profiled), a FusedReduce whose input elements equal the threshold runs
+    the passes: a body the serial call does not cover still runs in C (``small`` unchanged);
+    one element more of threshold and it is a small body on numpy (``small`` counts it)."""
+    from native_limits import reduce_limits_at
+    from opgraph.core import backend as registry
+    b = registry.get("native")
+    a, x, g, plan = _pow_body_program()
+    want, _ = _run_program("numpy", g, plan, x)
+    monkeypatch.setattr(native.NativeExecutable, "profile", staticmethod(lambda node, start, stop: None))
+    for limit, small in ((x.size, 0), (x.size + 1, 1)):
+        reduce_limits_at(monkeypatch, limit)
+        before, fallbacks = b.small, sum(b.fallbacks.values())
+        got, _ = _run_program("native", g, plan, x, runs=1)
+        assert b.small == before + small and sum(b.fallbacks.values()) == fallbacks
+        assert all(same_bits(g_, w) for g_, w in zip(got, want))
