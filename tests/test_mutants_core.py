@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import l0ops
 import opgraph
 from backends.numpy_backend import NumpyBackend
 from opgraph.aclnn import direct, twophase
@@ -13,9 +14,12 @@ from opgraph.aclnn.batch_norm_reduce import aclnnBatchNormReduceGetWorkspaceSize
 from opgraph.aclnn.batch_norm_stats import _batch_norm_stats, aclnnBatchNormStatsGetWorkspaceSize
 from opgraph.aclnn.cache import EXECUTOR_CACHE, ExecutorCache
 from opgraph.aclnn.structure import Template
+from opgraph.aclnn.twophase import op_api
+from opgraph.core.opapi import Param
 from opgraph.core.dtypes import DataType
 from opgraph.core.foreign import array_address, array_span
 from opgraph.core.status import Status
+from opgraph.core.tensor import Tensor, row_major_strides
 
 GATHER = "opgraph.aclnn.batch_norm_gather_stats_with_counts"
 
@@ -216,3 +220,88 @@ def test_a_call_one_argument_short_is_refused_not_raised():
     status, _, ex = aclnnBatchNormStatsGetWorkspaceSize(x, 1e-5, mean)
     assert status == Status.ACLNN_ERR_PARAM_INVALID and ex is None
     assert "expected 4 arguments" in twophase.aclGetRecentErrMsg()
+
+
+def _stats_over(buf, x_at, x_shape, mean_at, C=3):
+    """BatchNormStats' phase 1 with input, mean and invstd as views of one float32 buffer
+    (invstd over memory of its own)."""
+    x = Tensor(buf, x_shape, row_major_strides(x_shape), offset=x_at)
+    mean = Tensor(buf, (C,), (1,), offset=mean_at)
+    invstd = opgraph.tensor(np.zeros(C, np.float32))
+    with opgraph.opt_level(2):
+        status, _, ex = aclnnBatchNormStatsGetWorkspaceSize(x, 1e-5, mean, invstd)
+    assert status == Status.ACLNN_SUCCESS
+    return ex
+
+
+@pytest.mark.parametrize("x_at, x_shape, mean_at", [(0, (2, 3), 6), (3, (2, 3), 0), (1, (0, 3), 0)],
+                         ids=["input-then-mean", "mean-then-input", "empty-input-inside-mean"])
+def test_an_output_touching_or_around_an_empty_input_keeps_the_optimised_program(x_at, x_shape, mean_at):
+    """Only shared bytes make a call compile as recorded: an output right before or after its
+    input (touching, no byte in common), or around an empty input, keeps the level's program."""
+    ex = _stats_over(np.zeros(16, np.float32), x_at, x_shape, mean_at)
+    assert ex.program.opt_level == 2
+
+
+def test_an_output_one_element_into_its_input_is_compiled_as_recorded():
+    """The counterpart: a mean whose first element is the input's last is shared memory."""
+    assert _stats_over(np.zeros(16, np.float32), 0, (2, 3), 5).program.opt_level == 0
+
+
+@op_api("aclnnTestMutantsCopyTwo", params=(
+        Param("x", "tensor", "input"), Param("y", "tensor", "input"), Param("k", "int", "input"),
+        Param("out1", "tensor", "output"), Param("out2", "tensor", "output")))
+def _copy_two(ex, x, y, k, out1, out2):
+    """out1 = x, out2 = y (k only checked: an int64 scalar)."""
+    ex.output(l0ops.ViewCopy(ex, l0ops.Contiguous(ex, ex.input("x", x)), ex.input("out1", out1)),
+              l0ops.ViewCopy(ex, l0ops.Contiguous(ex, ex.input("y", y)), ex.input("out2", out2)))
+
+
+def _copy_two_call(out2_at=None, k=0, n2=0):
+    buf = np.zeros(8, np.float32)
+    out1 = Tensor(buf, (3,), (1,))
+    out2 = opgraph.tensor(np.zeros(n2, np.float32)) if out2_at is None else Tensor(buf, (n2,), (1,), offset=out2_at)
+    x, y = opgraph.tensor(np.ones(3, np.float32)), opgraph.tensor(np.ones(n2, np.float32))
+    with opgraph.opt_level(2):
+        return _copy_two(x, y, k, out1, out2)
+
+
+@pytest.mark.parametrize("k, ok", [((1 << 63) - 1, True), (1 << 63, False), (-(1 << 63), True),
+                                   (-(1 << 63) - 1, False)])
+def test_an_int_scalar_takes_exactly_the_int64_range(k, ok):
+    """An ``int`` parameter takes what an int64_t holds, [-2**63, 2**63 - 1], and refuses an
+    integer one past either end with 161002."""
+    status, _, ex = _copy_two_call(k=k)
+    assert (status == Status.ACLNN_SUCCESS) == ok and (ex is not None) == ok
+    if not ok:
+        assert "k: an integer of 64 bits does not fit in a int64_t" in twophase.aclGetRecentErrMsg()
+
+
+def test_an_empty_output_inside_another_shares_no_memory():
+    """An empty output shares no byte, even placed inside another output's bytes: the call keeps
+    the level's program (two outputs that do share bytes are compiled as recorded)."""
+    status, _, ex = _copy_two_call(out2_at=1)
+    assert status == Status.ACLNN_SUCCESS and ex.program.opt_level == 2
+    status, _, ex = _copy_two_call(out2_at=2, n2=2)
+    assert status == Status.ACLNN_SUCCESS and ex.program.opt_level == 0
+
+
+def test_an_empty_output_may_be_read_only():
+    """Nothing is written to an empty output, so one over read-only memory is taken (a
+    non-empty one is refused naming it)."""
+    storage = np.zeros(4, np.float32)
+    storage.flags.writeable = False
+    for n, ok in ((0, True), (2, False)):
+        status, _, ex = _copy_two(opgraph.tensor(np.ones(3, np.float32)), opgraph.tensor(np.ones(n, np.float32)),
+                                  0, opgraph.tensor(np.zeros(3, np.float32)), Tensor(storage, (n,), (1,)))
+        assert (status == Status.ACLNN_SUCCESS) == ok
+        assert ok or "out2: storage is read-only" in twophase.aclGetRecentErrMsg()
+
+
+@pytest.mark.parametrize("eps", [True, np.bool_(False)])
+def test_a_bool_is_not_a_number(eps):
+    """A scalar parameter takes a real number, not a bool (Python's or numpy's): 161002."""
+    x, mean, invstd = (opgraph.tensor(np.ones(s, np.float32)) for s in ((2, 3), 3, 3))
+    status, _, ex = aclnnBatchNormStatsGetWorkspaceSize(x, eps, mean, invstd)
+    assert status == Status.ACLNN_ERR_PARAM_INVALID and ex is None
+    assert "eps: expected a number, got" in twophase.aclGetRecentErrMsg()
