@@ -394,3 +394,22 @@ def test_reduce_lowering_at_exactly_the_threshold_takes_the_passes(monkeypatch):
         got, _ = _run_program("native", g, plan, x, runs=1)
         assert b.small == before + small and sum(b.fallbacks.values()) == fallbacks
         assert all(same_bits(g_, w) for g_, w in zip(got, want))
+
+
+def test_gather_call_is_kept_per_dtype_of_every_operand():
+    """The 950's gather call is compiled per dtype of the mean, invstd and both running stats:
+    float32 statistics with running stats of each dtype in turn (and back), each call the
+    numpy semantics' bits."""
+    import ml_dtypes
+    from backends.native import gather_fused
+    from l0ops.syncbn import SyncBatchNormGatherStatsFused as G
+    rng = np.random.default_rng(5)
+    a = G.make_attrs(momentum=0.1, eps=1e-5, cores=64)
+    mean, invstd = (rng.standard_normal((3, 7)) * 3).astype(np.float32), (rng.random((3, 7)) + 0.25).astype(np.float32)
+    counts = np.float32([4, 9, 2])
+    for rm_dt, rv_dt in ((np.float32, np.float32), (ml_dtypes.bfloat16, np.float32),
+                         (np.float32, np.float16), (np.float16, ml_dtypes.bfloat16), (np.float32, np.float32)):
+        rm, rv = rng.standard_normal((1, 7)).astype(rm_dt), (rng.random((1, 7)) + 0.5).astype(rv_dt)
+        xs = [mean, invstd, counts, rm, rv]
+        got, want = gather_fused.run_gather_fused(a, xs), G.compute(xs, a)
+        assert len(got) == 4 and all(same_bits(g, w) for g, w in zip(got, want))
