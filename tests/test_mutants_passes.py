@@ -7,6 +7,7 @@ from __future__ import annotations
 import warnings
 
 import numpy as np
+import pytest
 
 import opgraph
 from backends import get as get_backend
@@ -14,6 +15,7 @@ from l0ops.ordered import tree_fold
 from l0ops.rounding import widen
 from opgraph.core.dtypes import DataType
 from opgraph.core.ir import Graph, TensorType
+from opgraph.core.opdef import L0Error
 from opgraph.passes import constant_fold, cse, optimize, viewcopy_redirect
 
 F32, F16 = DataType.FLOAT, DataType.FLOAT16
@@ -198,3 +200,63 @@ def test_the_redirect_pass_is_idempotent_and_undoes_a_redirect_it_finds_unsafe()
     fixed, stats = viewcopy_redirect.run(bad)
     assert stats.counts == {"redirected": 0, "undone": 1}
     assert [n.attrs.redirect for n in fixed.nodes if n.op == "ViewCopy"] == [False, False]
+
+
+def _run_reduce(op: str, arrays: dict, dtype: DataType, level: int, **attrs):
+    """``op`` over graph inputs of ``arrays`` (names in order), every output, at ``level``."""
+    g = Graph(op)
+    ins = [g.add_input(k, TensorType(a.shape, dtype)) for k, a in arrays.items()]
+    g.outputs = list(g.add_node(op, ins, **attrs).outputs)
+    opt = optimize(g, level)
+    got = get_backend("numpy").run(opt, {k: opgraph.tensor(a) for k, a in arrays.items()})
+    return [got[v.name] for v in opt.outputs]
+
+
+@pytest.mark.parametrize("np_dtype", [np.float16, np.float32])
+@pytest.mark.parametrize("level", [0, 2])
+def test_reduce_sum_and_mean_of_half_and_float_accumulate_in_float32_and_round_once(np_dtype, level):
+    """x = [[2048, 1], [1, 1], [1, 1]]: the column sums are 2050 and 3 and the total 2053, all
+    exact in float32; to float16 2053 rounds (a tie) to even, 2052 — one rounding at the end
+    (float16 accumulation would give 2048). Every shape: keepdims or not, some axes or all."""
+    x = np.array([[2048, 1], [1, 1], [1, 1]], np_dtype)
+    dt = DataType.FLOAT16 if np_dtype is np.float16 else F32
+    to = np.dtype(np_dtype).type
+    third, sixth = np.float32(1 / 3), np.float32(1 / 6)  # the means' float32 scales
+    cases = {("ReduceSum", (0,)): [to(2050), to(3)], ("ReduceSum", (0, 1)): to(np.float32(2053)),
+             ("ReduceMean", (0,)): [to(np.float32(2050) * third), to(np.float32(3) * third)],
+             ("ReduceMean", (0, 1)): to(np.float32(2053) * sixth)}
+    assert to(np.float32(2053)) == (2052 if np_dtype is np.float16 else 2053)
+    for (op, axes), want in cases.items():
+        for keepdims in (False, True):
+            want_arr = np.asarray(want, np_dtype)
+            if keepdims:
+                want_arr = want_arr.reshape((1, 2) if axes == (0,) else (1, 1))
+            got, = _run_reduce(op, {"x": x}, dt, level, axes=axes, keepdims=keepdims)
+            assert got.dtype == np_dtype and got.shape == want_arr.shape, (op, axes, keepdims)
+            assert got.tobytes() == want_arr.tobytes(), (op, axes, keepdims)
+
+
+@pytest.mark.parametrize("level", [0, 2])
+def test_reductions_with_a_correction_divide_by_r_minus_it(level):
+    """x = [0, 2], correction 1: mean 1, deviations ±1; the variance is (1 + 1)/(2 - 1) = 2
+    (not 2/3 or 1), the standard deviation around mean [1, 1] (eps 0) sqrt(2) in float32."""
+    x = np.float32([0, 2])
+    var, mean = _run_reduce("ReduceVar", {"x": x}, F32, level, axes=(0,), correction=1)
+    assert float(var) == 2.0 and float(mean) == 1.0
+    std, = _run_reduce("ReduceStdWithMean", {"x": x, "m": np.float32([1, 1])}, F32, level,
+                       axes=(0,), correction=1, invert=False, eps=0.0)
+    assert std.view(np.uint32) == np.sqrt(np.float32(2)).view(np.uint32)
+
+
+def test_a_mean_over_axis_0_of_a_0d_tensor_is_the_value():
+    got, = _run_reduce("ReduceMean", {"x": np.float32(3.5)}, F32, 0, axes=(0,))
+    assert got.shape == () and float(got) == 3.5
+
+
+def test_reduce_mean_with_count_refuses_a_count_sum_of_another_shape():
+    g = Graph()
+    x, c = (g.add_input(k, TensorType((3, 2), F32)) for k in ("x", "c"))
+    cs = g.add_input("cs", TensorType((3, 1), F32))
+    with pytest.raises(L0Error, match="countSum"):
+        g.add_node("ReduceMeanWithCount", [x, c, cs], axes=(0,))
+
