@@ -61,9 +61,9 @@ def _fill(emit, value: float) -> str:
 
 
 def _sum_infer(ts, a):
-    t = ts[0]
+    t = ts[0]  # (no axes: the identity, free of a kernel, so BOOL stays BOOL)
     return [reduced_type(t, a.axes, a.keepdims, "ReduceSum",
-                         DataType.INT64 if t.dtype == DataType.BOOL else None)]
+                         DataType.INT64 if t.dtype == DataType.BOOL and a.axes else None)]
 
 
 def _sum_expand(emit, args, a, ts):

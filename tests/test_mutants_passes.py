@@ -260,3 +260,14 @@ def test_reduce_mean_with_count_refuses_a_count_sum_of_another_shape():
     with pytest.raises(L0Error, match="countSum"):
         g.add_node("ReduceMeanWithCount", [x, c, cs], axes=(0,))
 
+
+def test_a_sum_over_no_axes_is_the_identity_bool_included():
+    """ReduceSum with no axes is the identity (no kernel): a BOOL tensor stays BOOL at every
+    level (it was typed INT64, while level 0 gave the bools and level 1 forwarded the input)."""
+    x = np.array([True, False, True])
+    g = Graph()
+    s = g.add_node("ReduceSum", [g.add_input("x", TensorType((3,), DataType.BOOL))], axes=())
+    assert s.outputs[0].dtype == DataType.BOOL
+    for level in (0, 1, 2):
+        got, = _run_reduce("ReduceSum", {"x": x}, DataType.BOOL, level, axes=())
+        assert got.dtype == np.bool_ and got.tolist() == [True, False, True], level
