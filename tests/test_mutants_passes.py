@@ -11,6 +11,7 @@ import pytest
 
 import opgraph
 from backends import get as get_backend
+from l0ops.chunking import chunks, per_block_dims, row_blocks
 from l0ops.ordered import tree_fold
 from l0ops.rounding import widen
 from opgraph.core.dtypes import DataType
@@ -271,3 +272,35 @@ def test_a_sum_over_no_axes_is_the_identity_bool_included():
     for level in (0, 1, 2):
         got, = _run_reduce("ReduceSum", {"x": x}, DataType.BOOL, level, axes=())
         assert got.dtype == np.bool_ and got.tolist() == [True, False, True], level
+
+
+def _odd_size1_stride(shape: tuple, dim: int) -> np.ndarray:
+    """A C-contiguous float32 array of ``shape`` whose size-1 dim ``dim`` has a stride no
+    layout would give it (never used to address an element)."""
+    base = np.zeros(shape, np.float32)
+    strides = list(base.strides)
+    strides[dim] = 1 << 20
+    return np.lib.stride_tricks.as_strided(base, shape, strides)
+
+
+def test_chunks_with_every_dim_fixed_are_single_elements():
+    assert [c[:2] for c in chunks((2, 3), limit=8, fixed=(0, 1))] == \
+        [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2)]
+
+
+def test_chunks_within_a_channel_need_min_run_elements_after_the_channel_itself():
+    """16 channels of 8x8: 64 elements after the channel (< MIN_RUN = 1024), though the
+    channels hold 1024 together: no chunking within channels."""
+    big = np.zeros((2, 16, 8, 8), np.float32)
+    assert per_block_dims(big.shape, [np.ones((1, 16, 1, 1), np.float32)], [big]) == ()
+    big = np.zeros((2, 16, 32, 32), np.float32)
+    assert per_block_dims(big.shape, [np.ones((1, 16, 1, 1), np.float32)], [big]) == (1,)
+
+
+def test_a_size_1_dim_s_stride_does_not_decide_the_chunk_layout():
+    """The layouts compare the strides of dims of more than one element only: a size-1 dim
+    with any stride leaves a channel-major array channel-major and its rows one run."""
+    odd = _odd_size1_stride((2, 3, 1, 2048), 2)
+    assert per_block_dims(odd.shape, [np.ones((1, 3, 1, 1), np.float32)], [odd]) == (1,)
+    rows = row_blocks(odd.shape, [np.ones((1, 3, 1, 1), np.float32)], [odd], 1 << 12, 1 << 12)
+    assert rows is not None and rows[0] == 1
