@@ -11,7 +11,9 @@ import pytest
 
 import opgraph
 from backends import get as get_backend
+from l0ops.channel_blocks import channel_split
 from l0ops.chunking import chunks, per_block_dims, row_blocks
+from l0ops.fused import Instr
 from l0ops.ordered import tree_fold
 from l0ops.rounding import widen
 from opgraph.core.dtypes import DataType
@@ -304,3 +306,19 @@ def test_a_size_1_dim_s_stride_does_not_decide_the_chunk_layout():
     assert per_block_dims(odd.shape, [np.ones((1, 3, 1, 1), np.float32)], [odd]) == (1,)
     rows = row_blocks(odd.shape, [np.ones((1, 3, 1, 1), np.float32)], [odd], 1 << 12, 1 << 12)
     assert rows is not None and rows[0] == 1
+
+
+def test_the_channel_is_the_first_keepdims_sum_s_kept_dim_past_a_scalar_sum_and_a_view():
+    """channel_split takes the channel from the first *keepdims* sum: a scalar sum before it
+    (of a small input without the channel) and a view with a shape are not that sum."""
+    body = (Instr(op="sum", args=("in1",), dtype=F32),
+            Instr(op="view", args=("in2",), dtype=F32, shape=(1, 6, 1)),
+            Instr(op="mul", args=("in0", "t1"), dtype=F32),
+            Instr(op="sum", args=("t2",), dtype=F32, shape=(1, 6, 1), over=(4, 6, 5)),
+            Instr(op="mul", args=("t3", "t0"), dtype=F32),
+            Instr(op="view", args=("t4",), dtype=F32, shape=(6,)))
+    types = (TensorType((4, 6, 5), F32), TensorType((2,), F32), TensorType((6,), F32))
+    split = channel_split(body, types, ("t5",))
+    assert split is not None
+    assert (split.channels, split.in_axes, split.result_axes, split.summed) == \
+        (6, (1, None, 0), (0,), 120)
