@@ -322,3 +322,18 @@ def test_the_channel_is_the_first_keepdims_sum_s_kept_dim_past_a_scalar_sum_and_
     assert split is not None
     assert (split.channels, split.in_axes, split.result_axes, split.summed) == \
         (6, (1, None, 0), (0,), 120)
+
+
+def test_a_full_size_view_of_an_input_stays_outside_the_fused_kernel():
+    """(x·x) + x read through Reshape(x) to [6, 4]: the view moves nothing, so the kernel reads
+    the input through it rather than taking it in as a per-element view. By hand: v² + v."""
+    g = Graph("view")
+    x = g.add_input("x", TensorType((2, 3, 4), F32))
+    v = g.add_node("Reshape", [x], shape=(6, 4)).outputs[0]
+    g.outputs = [g.add_node("Add", [g.add_node("Mul", [v, v]).outputs[0], v]).outputs[0]]
+    opt = optimize(g, 2)
+    assert [n.op for n in opt.nodes] == ["Reshape", "FusedElementwise"]
+    assert all(i.op != "view" for i in opt.nodes[1].attrs.body)
+    xs = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    got = get_backend("numpy").run(opt, {"x": opgraph.tensor(xs)})[opt.outputs[0].name]
+    assert got.tolist() == (xs * xs + xs).reshape(6, 4).tolist()
