@@ -310,18 +310,22 @@ def test_a_size_1_dim_s_stride_does_not_decide_the_chunk_layout():
 
 def test_the_channel_is_the_first_keepdims_sum_s_kept_dim_past_a_scalar_sum_and_a_view():
     """channel_split takes the channel from the first *keepdims* sum: a scalar sum before it
-    (of a small input without the channel) and a view with a shape are not that sum."""
+    (of a small input without the channel) and a view with a shape are not that sum; a view of
+    a register without the channel is neither labelled nor renamed."""
     body = (Instr(op="sum", args=("in1",), dtype=F32),
             Instr(op="view", args=("in2",), dtype=F32, shape=(1, 6, 1)),
             Instr(op="mul", args=("in0", "t1"), dtype=F32),
             Instr(op="sum", args=("t2",), dtype=F32, shape=(1, 6, 1), over=(4, 6, 5)),
             Instr(op="mul", args=("t3", "t0"), dtype=F32),
-            Instr(op="view", args=("t4",), dtype=F32, shape=(6,)))
-    types = (TensorType((4, 6, 5), F32), TensorType((2,), F32), TensorType((6,), F32))
-    split = channel_split(body, types, ("t5",))
+            Instr(op="view", args=("t4",), dtype=F32, shape=(6,)),
+            Instr(op="view", args=("in3",), dtype=F32, shape=(1, 1, 1)))  # (no channel in it)
+    types = (TensorType((4, 6, 5), F32), TensorType((2,), F32), TensorType((6,), F32),
+             TensorType((1,), F32))
+    split = channel_split(body, types, ("t5", "t6"))
     assert split is not None
     assert (split.channels, split.in_axes, split.result_axes, split.summed) == \
-        (6, (1, None, 0), (0,), 120)
+        (6, (1, None, 0, None), (0, None), 120)
+    assert split.renamed == (None, 1, None, 1, None, 0, None)
 
 
 def test_a_full_size_view_of_an_input_stays_outside_the_fused_kernel():
