@@ -81,3 +81,35 @@ def test_kernel_chain_through_the_workspace_runs_node_by_node():
     g.outputs = [g.add_node("ViewCopy", [k2.outputs[0], o], redirect=True).outputs[0]]
     exe = _same_runs(g, {**_inputs(), "o": np.zeros((6, 40), np.float32)})
     assert exe.direct is None and exe.launches is None
+
+
+def _gather_graph(copied: int, extra_output: bool = False):
+    """The 950's SyncBatchNormGatherStatsFused on bound tensors, ``copied`` of its four results
+    copied (redirected) into bound tensors ``o0``...; with ``extra_output`` the graph gives its
+    ``mean`` input back too. The graph and its arrays."""
+    from l0ops.syncbn import SyncBatchNormGatherStatsFused as G
+    W, C = 3, 7
+    g = Graph("gather")
+    shapes = {"mean": (W, C), "invstd": (W, C), "counts": (W,), "rm": (1, C), "rv": (1, C)}
+    ins = [g.add_input(n, TensorType(s, F)) for n, s in shapes.items()]
+    outs = [g.add_input(f"o{k}", TensorType((1, C), F)) for k in range(copied)]
+    node = g.add_node("SyncBatchNormGatherStatsFused", ins, G.make_attrs(momentum=0.1, eps=1e-5, cores=64))
+    g.outputs = [g.add_node("ViewCopy", [r, o], redirect=True).outputs[0]
+                 for r, o in zip(node.outputs, outs)] + (ins[:1] if extra_output else [])
+    rng = np.random.default_rng(2)
+    arrays = {"mean": rng.standard_normal((W, C)).astype(np.float32),
+              "invstd": (rng.random((W, C)) + 0.25).astype(np.float32), "counts": np.float32([4, 9, 2]),
+              "rm": rng.standard_normal((1, C)).astype(np.float32),
+              "rv": (rng.random((1, C)) + 0.5).astype(np.float32),
+              **{f"o{k}": np.zeros((1, C), np.float32) for k in range(copied)}}
+    return g, arrays
+
+
+@pytest.mark.parametrize("copied, extra_output, direct", [(4, False, True), (3, False, False),
+                                                          (4, True, False)])
+def test_gather_runs_direct_only_when_its_results_are_exactly_the_outputs(copied, extra_output, direct):
+    """The gather runs as its direct C call when all four results are placed in bound tensors
+    and are the graph's outputs; a result left in the workspace, or another graph output (an
+    input given back), and it runs node by node. The same bits either way."""
+    exe = _same_runs(*_gather_graph(copied, extra_output))
+    assert (exe.gather is not None) == direct
