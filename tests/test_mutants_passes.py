@@ -19,7 +19,7 @@ from l0ops.rounding import widen
 from opgraph.core.dtypes import DataType
 from opgraph.core.ir import Graph, TensorType
 from opgraph.core.opdef import L0Error
-from opgraph.passes import constant_fold, cse, optimize, viewcopy_redirect
+from opgraph.passes import constant_fold, cse, fuse_elementwise, optimize, viewcopy_redirect
 
 F32, F16 = DataType.FLOAT, DataType.FLOAT16
 
@@ -341,3 +341,5 @@ def test_a_full_size_view_of_an_input_stays_outside_the_fused_kernel():
     xs = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
     got = get_backend("numpy").run(opt, {"x": opgraph.tensor(xs)})[opt.outputs[0].name]
     assert got.tolist() == (xs * xs + xs).reshape(6, 4).tolist()
+    # one kernel of the two arithmetic nodes, which are then dead
+    assert fuse_elementwise.run(g)[1].counts == {"fused": 1, "absorbed": 2, "dead": 2}
