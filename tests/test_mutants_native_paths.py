@@ -67,10 +67,8 @@ def _inputs():
     return {"x": x, "w": np.float32(np.arange(40).reshape(1, 40) / 5 - 3)}
 
 
-def test_kernel_chain_through_the_workspace_runs_node_by_node():
-    """Two kernels, the first's result in the workspace (no caller's tensor) read by the second,
-    which writes into the caller's output: not direct launches (they take bound tensors only),
-    node by node with the reference's bits."""
+def _chain_graph():
+    """x * w into the workspace, then that + x redirected into the caller's ``o``."""
     g = Graph("chain")
     x, w = g.add_input("x", TensorType((6, 40), F)), g.add_input("w", TensorType((1, 40), F))
     o = g.add_input("o", TensorType((6, 40), F))
@@ -79,7 +77,14 @@ def test_kernel_chain_through_the_workspace_runs_node_by_node():
                      result="t0", out_dtype=F)
     k2 = g.add_node("FusedElementwise", [k1.outputs[0], x], add)
     g.outputs = [g.add_node("ViewCopy", [k2.outputs[0], o], redirect=True).outputs[0]]
-    exe = _same_runs(g, {**_inputs(), "o": np.zeros((6, 40), np.float32)})
+    return g, k1.outputs[0].name
+
+
+def test_kernel_chain_through_the_workspace_runs_node_by_node():
+    """Two kernels, the first's result in the workspace (no caller's tensor) read by the second,
+    which writes into the caller's output: not direct launches (they take bound tensors only),
+    node by node with the reference's bits."""
+    exe = _same_runs(_chain_graph()[0], {**_inputs(), "o": np.zeros((6, 40), np.float32)})
     assert exe.direct is None and exe.launches is None
 
 
@@ -113,3 +118,45 @@ def test_gather_runs_direct_only_when_its_results_are_exactly_the_outputs(copied
     input given back), and it runs node by node. The same bits either way."""
     exe = _same_runs(*_gather_graph(copied, extra_output))
     assert (exe.gather is not None) == direct
+
+
+@pytest.mark.parametrize("new_tensors", [False, True])
+def test_repeatable_run_in_another_workspace_uses_that_one(new_tensors):
+    """run_repeatable binds its steps to the workspace of the runs that repeat; a run in another
+    workspace (with the same tensors, or new ones of the same layouts) keeps its intermediates
+    there, not in the bound one."""
+    g, mid = _chain_graph()
+    plan = plan_memory(g)
+    exe = get("native").compile(g, plan, get_platform())
+    arrays = _inputs()
+    slot = exe.slots[mid]
+    tensors = lambda: {"x": opgraph.tensor(arrays["x"].copy()), "w": opgraph.tensor(arrays["w"].copy()),  # noqa: E731
+                       "o": opgraph.tensor(np.zeros((6, 40), np.float32))}
+    t, ws1, ws2 = tensors(), bytearray(plan.size), bytearray(plan.size)
+    for _ in range(2):
+        exe.run_repeatable(t, ws1)
+    assert exe.bound is not None
+    ws1[:] = bytes(len(ws1))
+    t2 = tensors() if new_tensors else t
+    exe.run_repeatable(t2, ws2)
+    mid_bytes = np.frombuffer(ws2, np.float32, 240, slot.offset).reshape(6, 40)
+    assert not any(ws1) and same_bits(mid_bytes, arrays["x"] * arrays["w"])
+    assert same_bits(t2["o"].view(), arrays["x"] * arrays["w"] + arrays["x"])
+
+
+def test_kernel_without_a_c_prologue_is_not_a_direct_launch():
+    """A kernel whose per-channel part has no C prologue (pow by 3 of a per-channel input: numpy
+    computes it per call) takes no direct launch: node by node, with the reference's bits."""
+    from backends.native.launch import launch_for
+    body = (Instr(op="fill", args=(), dtype=F, value=3.0), Instr(op="pow", args=("in1", "t0"), dtype=F),
+            Instr(op="mul", args=("in0", "t1"), dtype=F))
+    a = FusedAttrs(shape=(6, 40), body=body, result="t2", out_dtype=F)
+    g = Graph("cube")
+    x, w = g.add_input("x", TensorType((6, 40), F)), g.add_input("w", TensorType((1, 40), F))
+    o = g.add_input("o", TensorType((6, 40), F))
+    node = g.add_node("FusedElementwise", [x, w], a)
+    g.outputs = [g.add_node("ViewCopy", [node.outputs[0], o], redirect=True).outputs[0]]
+    arrays = {**_inputs(), "o": np.zeros((6, 40), np.float32)}
+    assert not launch_for(a, [arrays["x"], arrays["w"]], arrays["o"]).fused
+    exe = _same_runs(g, arrays)
+    assert exe.launches is None and exe.direct is None
