@@ -160,3 +160,25 @@ def test_kernel_without_a_c_prologue_is_not_a_direct_launch():
     assert not launch_for(a, [arrays["x"], arrays["w"]], arrays["o"]).fused
     exe = _same_runs(g, arrays)
     assert exe.launches is None and exe.direct is None
+
+
+def test_rebound_reduction_follows_a_threshold_moved_between_runs(monkeypatch):
+    """run_repeatable rebinds a FusedReduce for new tensors of the same layouts keeping its C
+    plan, unless the threshold moved across its size in between: then the serial call's plan
+    is not taken for the passes (nor the other way round). Every run the reference's bits."""
+    from native_limits import reduce_limits_at
+    from l0ops.fused_reduce import FusedReduce
+    body = (Instr(op="mul", args=("in0", "in0"), dtype=F),
+            Instr(op="sum", args=("t0",), dtype=F, shape=(1, 3, 1)), Instr(op="sqrt", args=("t1",), dtype=F))
+    a = FusedReduceAttrs(body=body, results=("t2", "t1"), out_shapes=((3,), (3,)))
+    x = np.random.default_rng(0).standard_normal((4, 3, 50)).astype(np.float32)
+    g, plan = _reduce_program(a, x.shape, 2)
+    exe = get("native").compile(g, plan, get_platform())
+    ws, want = bytearray(plan.size), FusedReduce.compute([x], a)
+    for limit in (10 ** 6, 10 ** 6, 0, 0, 10 ** 6):  # serial, serial (bound), passes, ..., serial
+        reduce_limits_at(monkeypatch, limit)
+        outs = [np.zeros(3, np.float32) for _ in range(2)]
+        exe.run_repeatable({"x": opgraph.tensor(x.copy()), "o0": opgraph.tensor(outs[0]),
+                            "o1": opgraph.tensor(outs[1])}, ws)
+        assert all(same_bits(o, w) for o, w in zip(outs, want))
+    assert exe.bound is not None
