@@ -17,6 +17,7 @@ from opgraph.aclnn.structure import Template
 from opgraph.aclnn.twophase import op_api
 from opgraph.core.opapi import Param
 from opgraph.core.dtypes import DataType
+from opgraph.core.executor import Executor
 from opgraph.core.foreign import array_address, array_span
 from opgraph.core.status import Status
 from opgraph.core.tensor import Tensor, row_major_strides
@@ -305,3 +306,64 @@ def test_a_bool_is_not_a_number(eps):
     status, _, ex = aclnnBatchNormStatsGetWorkspaceSize(x, eps, mean, invstd)
     assert status == Status.ACLNN_ERR_PARAM_INVALID and ex is None
     assert "eps: expected a number, got" in twophase.aclGetRecentErrMsg()
+
+
+# --- phase 2's workspace check ----------------------------------------------------------------
+@op_api("aclnnTestMutantsRoundTrip", params=(
+        Param("x", "tensor", "input"), Param("empty", "tensor", "input"), Param("out", "tensor", "output")))
+def _round_trip(ex, x, empty, out):
+    """out = x through float16 (intermediates: a workspace at level 0); ``empty`` only bound."""
+    ex.input("empty", empty)
+    y = l0ops.Cast(ex, l0ops.Cast(ex, ex.input("x", x), to=DataType.FLOAT16), to=DataType.FLOAT)
+    ex.output(l0ops.ViewCopy(ex, y, ex.input("out", out)))
+
+
+W = 2048  # where the workspace starts in the shared buffer
+
+
+@pytest.mark.parametrize("ws_at, out_at, empty_at, ok", [
+    (W, lambda need: W - 12, 0, True),      # out ends where the scratch starts
+    (W, lambda need: W + need, 0, True),    # out starts where the scratch ends (the buffer goes on)
+    (W + 1, lambda need: W + need, 0, False),  # out's first byte is the scratch's last
+    (W, lambda need: 0, W + 16, True),      # an empty tensor inside the scratch
+], ids=["before", "after-within-the-buffer", "last-byte", "empty-inside"])
+def test_the_workspace_check_refuses_exactly_the_scratch_bytes(ws_at, out_at, empty_at, ok):
+    """Phase 2 refuses a workspace whose first ``need`` bytes (the run's scratch) share a byte
+    with a tensor of the call, and only then: a tensor touching the scratch, past it in a
+    larger buffer, or empty inside it is fine (and the run writes out = x)."""
+    big = np.zeros(8192, np.uint8)
+    floats = big.view(np.float32)
+    x = opgraph.tensor(np.float32([1, 2, 3]))
+    with opgraph.opt_level(0):
+        need = _round_trip(x, opgraph.tensor(np.zeros(0, np.float32)), opgraph.tensor(np.zeros(3, np.float32)))[1]
+        assert need > 0
+        out = Tensor(floats, (3,), (1,), offset=out_at(need) // 4)
+        status, ws, ex = _round_trip(x, Tensor(floats, (0,), (1,), offset=empty_at // 4), out)
+    assert status == Status.ACLNN_SUCCESS and ws == need
+    status = twophase.run_executor(big[ws_at:ws_at + need + 512], need, ex)
+    assert (status == Status.ACLNN_SUCCESS) == ok
+    if ok:
+        assert out.numpy().tolist() == [1, 2, 3]
+    else:
+        assert "workspace: shares memory with out" in twophase.aclGetRecentErrMsg()
+        assert (big[W:] == 0).all()  # nothing written
+
+
+def test_a_workspace_of_plain_bytes_in_fields_named_with_an_o_is_taken():
+    """Only Python object references are refused in a workspace: a structured array of plain
+    bytes whose field names hold an "O" (the object code in a buffer format) is taken."""
+    x, out = opgraph.tensor(np.float32([1, 2, 3])), np.zeros(3, np.float32)
+    with opgraph.opt_level(0):
+        status, need, ex = _round_trip(x, opgraph.tensor(np.zeros(0, np.float32)), opgraph.tensor(out))
+    assert status == Status.ACLNN_SUCCESS and need > 0
+    workspace = np.zeros(need, dtype=[("Offset", np.uint8)])
+    assert twophase.run_executor(workspace, need, ex) == Status.ACLNN_SUCCESS
+    assert out.tolist() == [1, 2, 3]
+
+
+def test_an_executor_phase_1_never_compiled_is_refused_by_phase_2():
+    """Phase 2 takes only an executor phase 1 compiled: one made but never compiled is 161002
+    (not an exception)."""
+    status = twophase.run_executor(None, 0, Executor("aclnnTestMutantsCopyTwo"))
+    assert status == Status.ACLNN_ERR_PARAM_INVALID
+    assert "executor: expected an Executor from phase 1" in twophase.aclGetRecentErrMsg()
