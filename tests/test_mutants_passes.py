@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import warnings
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -15,6 +16,7 @@ from l0ops.channel_blocks import channel_split
 from l0ops.chunking import chunks, per_block_dims, row_blocks
 from l0ops.fused import Instr
 from l0ops.ordered import tree_fold
+from l0ops.primitives import cast_array, pow_array
 from l0ops.rounding import widen
 from opgraph.core.dtypes import DataType
 from opgraph.core.ir import Graph, TensorType
@@ -343,3 +345,23 @@ def test_a_full_size_view_of_an_input_stays_outside_the_fused_kernel():
     assert got.tolist() == (xs * xs + xs).reshape(6, 4).tolist()
     # one kernel of the two arithmetic nodes, which are then dead
     assert fuse_elementwise.run(g)[1].counts == {"fused": 1, "absorbed": 2, "dead": 2}
+
+
+def test_pow_array_takes_its_path_from_the_exponent_s_own_size_by_default():
+    """A one-element exponent of -0.5 is 1/sqrt(x) in float32 (two roundings: at 6 that is
+    0x3ED105EB, where x**-0.5 rounded once is 0x3ED105EC); an exponent of two elements is
+    element by element, x**2 and x**3."""
+    x = np.float32([6, 7])
+    special = np.float32(1) / np.sqrt(x)
+    assert special.view(np.uint32)[0] == 0x3ED105EB
+    assert np.array_equal(pow_array(x, np.float32(-0.5)).view(np.uint32), special.view(np.uint32))
+    assert pow_array(np.float32([2, 3]), np.float32([2, 3])).tolist() == [4.0, 27.0]
+
+
+def test_cast_array_float_to_float_integer_to_integer_and_bf16_to_integer():
+    """float -> float rounds to nearest even; int64 -> uint64 is exact beyond 2**53 (no trip
+    through float64); bfloat16 -> int truncates, saturates and maps NaN to 0, as float32 does."""
+    assert cast_array(np.float32([1.5, 1 + 2 ** -11]), F16).tolist() == [1.5, 1.0]
+    assert cast_array(np.int64([2 ** 53 + 1]), DataType.UINT64).tolist() == [2 ** 53 + 1]
+    bf = np.array([np.nan, 1e10, -2.7], ml_dtypes.bfloat16)
+    assert cast_array(bf, DataType.INT32).tolist() == [0, 2 ** 31 - 1, -2]
