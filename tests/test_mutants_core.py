@@ -19,7 +19,7 @@ from opgraph.core.opapi import Param
 from opgraph.core.dtypes import DataType
 from opgraph.core.executor import Executor
 from opgraph.core.foreign import array_address, array_span
-from opgraph.core.status import Status
+from opgraph.core.status import AclnnError, Status
 from opgraph.core.tensor import Tensor, row_major_strides
 
 GATHER = "opgraph.aclnn.batch_norm_gather_stats_with_counts"
@@ -367,3 +367,35 @@ def test_an_executor_phase_1_never_compiled_is_refused_by_phase_2():
     status = twophase.run_executor(None, 0, Executor("aclnnTestMutantsCopyTwo"))
     assert status == Status.ACLNN_ERR_PARAM_INVALID
     assert "executor: expected an Executor from phase 1" in twophase.aclGetRecentErrMsg()
+
+
+@op_api("aclnnTestMutantsAccumulate", params=(Param("x", "tensor", "input"), Param("acc", "tensor", "inout")))
+def _accumulate(ex, x, acc):
+    """acc += x."""
+    a = ex.input("acc", acc)
+    total = l0ops.Add(ex, l0ops.Contiguous(ex, a), l0ops.Contiguous(ex, ex.input("x", x)))
+    ex.output(l0ops.ViewCopy(ex, total, a))
+
+
+def _accumulate_usual(x, acc):
+    status, ws, ex = _accumulate(opgraph.tensor(x), opgraph.tensor(acc))
+    if status:
+        raise AclnnError(status, twophase.aclGetRecentErrMsg())
+    assert twophase.run_executor(bytearray(ws) if ws else None, ws, ex) == Status.ACLNN_SUCCESS
+    return []
+
+
+def test_a_written_argument_in_the_last_place_is_checked_before_a_direct_run(calls):
+    """A learnt call's written arguments are checked on every direct call, the caller's last
+    argument too: a read-only accumulator takes the usual call, which refuses it naming it."""
+    for k in range(3):
+        x, acc = np.ones(3, np.float32), np.full(3, 2, np.float32)
+        acc.flags.writeable = k < 2
+        run = lambda: calls.call("aclnnTestMutantsAccumulate", (x, acc), lambda: _accumulate_usual(x, acc))  # noqa: E731
+        if k < 2:
+            run()
+            assert acc.tolist() == [3, 3, 3] and calls.runs_direct() == [True]
+        else:
+            with pytest.raises(AclnnError, match="acc: storage is read-only"):
+                run()
+            assert acc.tolist() == [2, 2, 2]
