@@ -144,9 +144,28 @@ def test_repeatable_run_in_another_workspace_uses_that_one(new_tensors):
     assert same_bits(t2["o"].view(), arrays["x"] * arrays["w"] + arrays["x"])
 
 
+def _repeatable_runs(g: Graph, arrays: dict, runs: int = 4):
+    """``runs`` run_repeatable calls on the same tensors (the third on runs bound), each
+    checked against the numpy backend's bits; the native executable."""
+    plan = plan_memory(g)
+    want, _ = _run_graph("numpy", g, arrays, runs=1)
+    exe = get("native").compile(g, plan, get_platform())
+    ws, bound = bytearray(plan.size), {n: np.array(a) for n, a in arrays.items()}
+    tensors = {n: opgraph.tensor(a) for n, a in bound.items()}
+    for _ in range(runs):
+        for n, a in arrays.items():
+            bound[n][...] = a
+        out = exe.run_repeatable(tensors, ws)
+        assert all(same_bits(out[v.name], w) for v, w in zip(g.outputs, want[0][0]))
+        assert all(same_bits(bound[n], want[0][1][n]) for n in arrays)
+    assert exe.bound is not None
+    return exe
+
+
 def test_kernel_without_a_c_prologue_is_not_a_direct_launch():
     """A kernel whose per-channel part has no C prologue (pow by 3 of a per-channel input: numpy
-    computes it per call) takes no direct launch: node by node, with the reference's bits."""
+    computes it per call) takes no direct launch, nor a bound C call in repeated runs: its
+    lowering runs it, with the reference's bits."""
     from backends.native.launch import launch_for
     body = (Instr(op="fill", args=(), dtype=F, value=3.0), Instr(op="pow", args=("in1", "t0"), dtype=F),
             Instr(op="mul", args=("in0", "t1"), dtype=F))
@@ -160,6 +179,7 @@ def test_kernel_without_a_c_prologue_is_not_a_direct_launch():
     assert not launch_for(a, [arrays["x"], arrays["w"]], arrays["o"]).fused
     exe = _same_runs(g, arrays)
     assert exe.launches is None and exe.direct is None
+    _repeatable_runs(g, arrays)  # nor a bound C call: the lowering runs it, as node by node
 
 
 def test_rebound_reduction_follows_a_threshold_moved_between_runs(monkeypatch):
@@ -182,3 +202,14 @@ def test_rebound_reduction_follows_a_threshold_moved_between_runs(monkeypatch):
                             "o1": opgraph.tensor(outs[1])}, ws)
         assert all(same_bits(o, w) for o, w in zip(outs, want))
     assert exe.bound is not None
+
+
+def test_repeated_runs_below_min_fused_elements_run_on_numpy(monkeypatch):
+    """Bound steps honour ``min_fused_elements`` as the lowering does: below it every repeated
+    run's kernel runs on numpy (counted in ``small``), with the same bits."""
+    b = get("native")
+    monkeypatch.setattr(native.NativeBackend, "min_fused_elements", 10 ** 9)
+    before = b.small
+    g, _ = _chain_graph()
+    _repeatable_runs(g, {**_inputs(), "o": np.zeros((6, 40), np.float32)}, runs=4)
+    assert b.small == before + 2 * 4  # two kernels a run
