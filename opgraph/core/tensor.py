@@ -257,9 +257,11 @@ class Tensor(_Slots):
     def _make_view(self) -> np.ndarray:
         item = self.storage.itemsize
         base = self.storage[self.offset:] if self.numel else self.storage[:0]
+        # a stride past numpy's (an int64 of bytes) steps nowhere: the view checked in bounds
+        # has it only on a dim of size 1 or in an empty view
+        strides = tuple(s * item if s * item <= _INT64_MAX else 0 for s in self.strides)
         return np.lib.stride_tricks.as_strided(
-            base, shape=self.shape, strides=tuple(s * item for s in self.strides),
-            writeable=self.storage.flags.writeable)
+            base, shape=self.shape, strides=strides, writeable=self.storage.flags.writeable)
 
     def numpy(self) -> np.ndarray:
         """The view's values as a new C-contiguous array."""

@@ -1,0 +1,60 @@
+"""Behaviours of the core layer (tensor metadata, memory planning, graph loading, foreign
+arrays) that a mutation audit found unpinned (the cache and call layers' are in
+test_mutants_core.py): each test fails on a small change of the code it names and passes on the
+code as written."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import opgraph
+from opgraph.aclnn.batch_norm_stats import aclnnBatchNormStats, aclnnBatchNormStatsGetWorkspaceSize
+from opgraph.core.tensor import Tensor
+
+native = pytest.importorskip("backends.native")
+BACKENDS = ["numpy", pytest.param("native", marks=pytest.mark.skipif(
+    not native.available(), reason="no C compiler for the native backend"))]
+
+
+# --- tensor metadata ------------------------------------------------------------------------------
+def test_a_two_element_storage_must_be_contiguous_too():
+    """Storage is a flat contiguous array whatever its length from 2 elements: every other
+    element of an array (a stride of 2 items) is refused."""
+    with pytest.raises(ValueError, match="contiguous"):
+        Tensor(np.zeros(4, np.float32)[::2], (2,), (1,))
+    assert Tensor(np.zeros(1, np.float32)[::2], (1,), (1,)).numpy().tolist() == [0.0]
+
+
+def test_strides_and_offset_take_exactly_the_int64_range():
+    """aclCreateTensor takes strides and offset as int64_t: 2**63 - 1 is taken (a size-1 dim's
+    stride, an empty view's offset: neither reaches past the storage), 2**63 refused."""
+    storage = np.zeros(1, np.float32)
+    assert Tensor(storage, (1,), ((1 << 63) - 1,)).numel == 1
+    assert Tensor(storage, (0,), (1,), offset=(1 << 63) - 1).numel == 0
+    for kwargs in (dict(shape=(1,), strides=(1 << 63,)), dict(shape=(0,), strides=(1,), offset=1 << 63)):
+        with pytest.raises(ValueError, match="int64_t"):
+            Tensor(storage, **kwargs)
+
+
+@pytest.mark.parametrize("stride", [1 << 61, (1 << 63) - 1])
+def test_a_size_1_dim_or_an_empty_view_may_have_a_stride_of_more_bytes_than_numpy_takes(stride):
+    """A stride is taken up to 2**63 - 1 elements; on a size-1 dim (or in an empty view) it steps
+    nowhere, so such a tensor reads as any other though stride × item size exceeds numpy's
+    int64 byte strides (its view raised OverflowError)."""
+    storage = np.float32([5, 6, 7])
+    assert Tensor(storage, (1, 3), (stride, 1)).numpy().tolist() == [[5, 6, 7]]
+    assert Tensor(storage, (3, 1), (1, stride)).numpy().tolist() == [[5], [6], [7]]
+    assert Tensor(storage, (0, 3), (stride, 1)).numpy().shape == (0, 3)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_op_api_runs_on_a_size_1_dim_with_a_huge_stride(backend):
+    """BatchNormStats over one sample [1, 3] whose batch dim has a stride of 2**61 elements: the
+    mean is the sample itself and invstd 1 / sqrt(0 + eps) (phase 2 failed with 361001)."""
+    x = Tensor(np.float32([5, 6, 7]), (1, 3), (1 << 61, 1))
+    mean, invstd = np.zeros(3, np.float32), np.zeros(3, np.float32)
+    with opgraph.use_backend(backend):
+        status, ws, ex = aclnnBatchNormStatsGetWorkspaceSize(x, 1e-4, opgraph.tensor(mean), opgraph.tensor(invstd))
+        assert status == 0 and aclnnBatchNormStats(bytearray(ws) if ws else None, ws, ex) == 0
+    assert mean.tolist() == [5, 6, 7]
+    np.testing.assert_allclose(invstd, 1 / np.sqrt(1e-4), rtol=1e-6)
