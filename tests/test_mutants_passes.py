@@ -12,9 +12,10 @@ import pytest
 
 import opgraph
 from backends import get as get_backend
-from l0ops.channel_blocks import channel_split
+from l0ops.channel_blocks import channel_ranges, channel_split
 from l0ops.chunking import chunks, per_block_dims, row_blocks
-from l0ops.fused import Instr
+from l0ops.fused import FusedAttrs, Instr
+from l0ops.interpreter import run_fused
 from l0ops.ordered import tree_fold
 from l0ops.primitives import cast_array, pow_array
 from l0ops.rounding import widen
@@ -365,3 +366,33 @@ def test_cast_array_float_to_float_integer_to_integer_and_bf16_to_integer():
     assert cast_array(np.int64([2 ** 53 + 1]), DataType.UINT64).tolist() == [2 ** 53 + 1]
     bf = np.array([np.nan, 1e10, -2.7], ml_dtypes.bfloat16)
     assert cast_array(bf, DataType.INT32).tolist() == [0, 2 ** 31 - 1, -2]
+
+
+def _f16_body(*body: Instr, inputs: list) -> np.ndarray:
+    """A float16 fused body (result: its last register) run by the numpy interpreter."""
+    a = FusedAttrs(shape=inputs[0].shape, body=body, result=f"t{len(body) - 1}", out_dtype=F16)
+    return run_fused(a, inputs)
+
+
+def test_a_half_sqrt_and_an_integer_to_half_cast_round_to_half_before_the_next_step():
+    """Every float16 step rounds its float32 result to float16, so the next step sees the
+    rounded value: sqrt(27.34) (x, y as float16) times 0.882 is 4.613, where the unrounded
+    sqrt would give 4.61; int32 2049 -> float16 is 2048 (a tie to even), plus 1 is 2049 -> 2048
+    again, where an unrounded cast would give 2050."""
+    x, y = np.float16([27.34, 4.58]), np.float16([0.882, 1.624])
+    want = (np.sqrt(x.astype(np.float32)).astype(np.float16).astype(np.float32)
+            * y.astype(np.float32)).astype(np.float16)  # numpy's float16 steps, by hand
+    assert want.tolist() == [np.float16(4.613), np.float16(3.477)]
+    got = _f16_body(Instr(op="sqrt", args=("in0",), dtype=F16),
+                    Instr(op="mul", args=("t0", "in1"), dtype=F16), inputs=[x, y])
+    assert np.array_equal(got.view(np.uint16), want.view(np.uint16))
+    n = np.int32([2049, 2051])
+    got = _f16_body(Instr(op="cast", args=("in0",), dtype=F16),
+                    Instr(op="fill", dtype=F16, value=1.0),
+                    Instr(op="add", args=("t0", "t1"), dtype=F16), inputs=[n])
+    assert got.tolist() == [2048, 2052]  # 2048 + 1 -> 2048; 2052 + 1 -> 2052 (ties to even)
+
+
+def test_channel_ranges_take_channels_without_elements_and_no_thread_count():
+    assert channel_ranges(4, 0, 2, block_elems=8) == [(0, 2), (2, 4)]
+    assert channel_ranges(4, 10, 0, block_elems=20) == [(0, 2), (2, 4)]
