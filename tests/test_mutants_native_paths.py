@@ -213,3 +213,25 @@ def test_repeated_runs_below_min_fused_elements_run_on_numpy(monkeypatch):
     g, _ = _chain_graph()
     _repeatable_runs(g, {**_inputs(), "o": np.zeros((6, 40), np.float32)}, runs=4)
     assert b.small == before + 2 * 4  # two kernels a run
+
+
+def test_direct_reduction_whose_pass_reads_a_per_channel_input(monkeypatch):
+    """A direct reduction whose pass reads a per-channel input (sum((x - m) * x): the
+    family's backward sums read the mean) fills that register's rows every run, so it does not
+    run from the input addresses alone; every run the reference's bits."""
+    from native_limits import reduce_limits_at
+    reduce_limits_at(monkeypatch, 0)  # the passes at any size
+    C = 3
+    body = (Instr(op="sub", args=("in0", "in1"), dtype=F), Instr(op="mul", args=("t0", "in0"), dtype=F),
+            Instr(op="sum", args=("t1",), dtype=F, shape=(1, C, 1)), Instr(op="sqrt", args=("t2",), dtype=F))
+    a = FusedReduceAttrs(body=body, results=("t3", "t2"), out_shapes=((C,), (C,)))
+    g = Graph("centred")
+    x, m = g.add_input("x", TensorType((4, C, 50), F)), g.add_input("m", TensorType((1, C, 1), F))
+    outs = [g.add_input(f"o{k}", TensorType((C,), F)) for k in range(2)]
+    node = g.add_node("FusedReduce", [x, m], a)
+    g.outputs = [g.add_node("ViewCopy", [r, o], redirect=True).outputs[0] for r, o in zip(node.outputs, outs)]
+    arrays = {"x": np.random.default_rng(0).standard_normal((4, C, 50)).astype(np.float32),
+              "m": np.float32([0.5, -1, 2]).reshape(1, C, 1), "o0": np.zeros(C, np.float32),
+              "o1": np.zeros(C, np.float32)}
+    exe = _same_runs(g, arrays)
+    assert exe.direct_reduce is not None and not exe.direct_reduce.passes.by_address
