@@ -413,3 +413,28 @@ def test_gather_call_is_kept_per_dtype_of_every_operand():
         xs = [mean, invstd, counts, rm, rv]
         got, want = gather_fused.run_gather_fused(a, xs), G.compute(xs, a)
         assert len(got) == 4 and all(same_bits(g, w) for g, w in zip(got, want))
+
+
+def test_launch_is_kept_per_operand_and_output_strides():
+    """The same attrs on operands of one shape but other strides (a column-strided input, then
+    a row-strided output) each get their own launch: every call the reference's bits."""
+    from l0ops.interpreter import run_fused
+    from backends.native.launch import run_fused_native
+    a = _cast_mul()
+    base = np.float32(np.arange(16 * 80).reshape(16, 80) / 9 - 40)
+    w = np.float32(np.arange(40).reshape(1, 40) / 5 - 3)
+    for x in (np.ascontiguousarray(base[:8, :40]), base[:8, ::2], base[::2, 1::2]):
+        want = run_fused(a, [x, w])
+        for out in (np.zeros((8, 40), np.float32), np.zeros((16, 40), np.float32)[::2]):
+            assert same_bits(run_fused_native(a, [x, w], out), want)
+
+
+def test_output_over_the_last_element_of_a_strided_input_is_refused():
+    """An output starting at the last element a strided input reads overlaps it (by that one
+    element): Unsupported."""
+    from backends.native.launch import run_fused_native
+    buf = np.zeros(2 * 320 + 320, np.float32)
+    x = buf[:640:2].reshape(8, 40)  # every other element: its last at 638
+    out = buf[638:638 + 320].reshape(8, 40)
+    with pytest.raises(native.Unsupported, match="partly overlaps"):
+        run_fused_native(_cast_mul(), [x, np.ones((1, 40), np.float32)], out)
