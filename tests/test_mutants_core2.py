@@ -8,6 +8,8 @@ import numpy as np
 import pytest
 
 import opgraph
+from opgraph.aclnn.batch_norm_elemt import aclnnBatchNormElemtGetWorkspaceSize
+from opgraph.aclnn.batch_norm_elemt_backward import aclnnBatchNormElemtBackwardGetWorkspaceSize
 from opgraph.aclnn.batch_norm_stats import aclnnBatchNormStats, aclnnBatchNormStatsGetWorkspaceSize
 from opgraph.core.tensor import Tensor
 
@@ -58,3 +60,44 @@ def test_an_op_api_runs_on_a_size_1_dim_with_a_huge_stride(backend):
         assert status == 0 and aclnnBatchNormStats(bytearray(ws) if ws else None, ws, ex) == 0
     assert mean.tolist() == [5, 6, 7]
     np.testing.assert_allclose(invstd, 1 / np.sqrt(1e-4), rtol=1e-6)
+
+
+def test_an_array_viewing_the_callers_buffer_is_not_a_copy():
+    """An array numpy makes over memory the caller holds (a float32 memoryview of a bytearray)
+    is viewed, not copied: as an output it is taken and the results land in the buffer."""
+    buf = bytearray(12)
+    out = opgraph.tensor(memoryview(buf).cast("f"))
+    assert not out.copied
+    x = opgraph.tensor(np.float32([[1, 2, 3], [3, 6, 9]]))
+    with opgraph.use_backend("numpy"):
+        status, ws, ex = aclnnBatchNormStatsGetWorkspaceSize(x, 1e-5, out, opgraph.tensor(np.zeros(3, np.float32)))
+        assert status == 0 and aclnnBatchNormStats(bytearray(ws) if ws else None, ws, ex) == 0
+    assert np.frombuffer(buf, np.float32).tolist() == [2, 4, 6]
+
+
+def test_an_element_wise_output_over_its_input_in_another_order_is_compiled_as_recorded():
+    """BatchNormElemt keeps its optimised program for an output that is the very view of its
+    input; the transpose of a square input (same first element, same shape, other strides) is
+    other elements in the same memory: compiled as recorded (level 0)."""
+    a = np.arange(9, dtype=np.float32).reshape(3, 3)
+    w, b, m, s = (opgraph.tensor(np.ones(3, np.float32)) for _ in range(4))
+    for out, level in ((a, 2), (a.T, 0)):
+        with opgraph.opt_level(2):
+            status, _, ex = aclnnBatchNormElemtGetWorkspaceSize(opgraph.tensor(a), w, b, m, s, 1e-5, opgraph.tensor(out))
+        assert status == 0 and ex.program.opt_level == level
+
+
+def test_an_output_over_its_input_in_another_dtype_is_compiled_as_recorded():
+    """BatchNormElemtBackward's float32 gradInput starting where its float16 gradOut starts, of
+    the same shape and element strides, is not the very view of it (other bytes, other values):
+    compiled as recorded (level 0); over a gradOut of its own it keeps the level's program."""
+    buf = np.zeros(8, np.float32)
+    grad_in = opgraph.tensor(buf.reshape(2, 4))
+    vectors = [opgraph.tensor(np.ones(4, np.float32)) for _ in range(5)]
+    counter = opgraph.tensor(np.int32([2]))
+    x = opgraph.tensor(np.ones((2, 4), np.float16))
+    for grad_out, level in ((np.ones((2, 4), np.float16), 2), (buf.view(np.float16)[:8].reshape(2, 4), 0)):
+        with opgraph.opt_level(2):
+            status, _, ex = aclnnBatchNormElemtBackwardGetWorkspaceSize(
+                opgraph.tensor(grad_out), x, *vectors, counter, grad_in)
+        assert status == 0 and ex.program.opt_level == level
