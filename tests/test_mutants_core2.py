@@ -101,3 +101,23 @@ def test_an_output_over_its_input_in_another_dtype_is_compiled_as_recorded():
             status, _, ex = aclnnBatchNormElemtBackwardGetWorkspaceSize(
                 opgraph.tensor(grad_out), x, *vectors, counter, grad_in)
         assert status == 0 and ex.program.opt_level == level
+
+
+def test_a_strided_array_is_viewed_over_storage_ending_at_its_last_element():
+    """A non-contiguous array's tensor stores the span from its first element to its last, both
+    included (2 rows 4 apart, 2 columns 2 apart: 1 + 4 + 2 = 7 elements), and a tensor made
+    afresh from that storage and metadata reads the same values."""
+    a = np.arange(8, dtype=np.float32).reshape(2, 4)[:, ::2]
+    t = opgraph.tensor(a)
+    assert (t.strides, t.storage.size, t.storage_shape) == ((4, 2), 7, (7,))
+    assert Tensor(t.storage, t.shape, t.strides, t.offset).numpy().tolist() == [[0, 2], [4, 6]]
+
+
+@pytest.mark.parametrize("format, dtype", [("NCHW", None), ("ND", np.float32)])
+def test_a_contiguous_array_off_the_fast_path_gets_row_major_strides_on_size_1_dims(format, dtype):
+    """numpy may give a size-1 dim any stride (here -40 bytes) in a C-contiguous array; a tensor
+    made off the fast path too (a format, a dtype asked) has the row-major strides."""
+    a = np.lib.stride_tricks.as_strided(np.arange(6, dtype=np.float32), (2, 1, 3, 1), (12, -40, 4, 4))
+    assert a.flags.c_contiguous
+    t = opgraph.tensor(a, format, dtype)
+    assert t.strides == (3, 3, 1, 1) and t.numpy().ravel().tolist() == [0, 1, 2, 3, 4, 5]
