@@ -235,3 +235,30 @@ def test_direct_reduction_whose_pass_reads_a_per_channel_input(monkeypatch):
               "o1": np.zeros(C, np.float32)}
     exe = _same_runs(g, arrays)
     assert exe.direct_reduce is not None and not exe.direct_reduce.passes.by_address
+
+
+def test_direct_blocked_pair_whose_second_pass_reads_a_per_channel_input(monkeypatch):
+    """Two passes run as one blocked C call (64 channels), the second reading a per-channel
+    input besides what the first derived (sum(((x - 0.01 Σx) * w) * (x - 0.01 Σx))): its rows are
+    filled every run, not taken from the input addresses alone; the reference's bits."""
+    from native_limits import reduce_limits_at
+    reduce_limits_at(monkeypatch, 0)  # the passes at any size
+    C = 64
+    body = (Instr(op="sum", args=("in0",), dtype=F, shape=(1, C, 1)),
+            Instr(op="fill", args=(), dtype=F, value=0.01), Instr(op="mul", args=("t0", "t1"), dtype=F),
+            Instr(op="sub", args=("in0", "t2"), dtype=F), Instr(op="mul", args=("t3", "in1"), dtype=F),
+            Instr(op="mul", args=("t4", "t3"), dtype=F),
+            Instr(op="sum", args=("t5",), dtype=F, shape=(1, C, 1)), Instr(op="sqrt", args=("t6",), dtype=F))
+    a = FusedReduceAttrs(body=body, results=("t7", "t0"), out_shapes=((C,), (C,)))
+    g = Graph("blocked")
+    x, w = g.add_input("x", TensorType((2, C, 50), F)), g.add_input("w", TensorType((1, C, 1), F))
+    outs = [g.add_input(f"o{k}", TensorType((C,), F)) for k in range(2)]
+    node = g.add_node("FusedReduce", [x, w], a)
+    g.outputs = [g.add_node("ViewCopy", [r, o], redirect=True).outputs[0] for r, o in zip(node.outputs, outs)]
+    rng = np.random.default_rng(0)
+    arrays = {"x": rng.standard_normal((2, C, 50)).astype(np.float32),
+              "w": (rng.random((1, C, 1)) + 0.5).astype(np.float32),
+              "o0": np.zeros(C, np.float32), "o1": np.zeros(C, np.float32)}
+    exe = _same_runs(g, arrays)
+    d = exe.direct_reduce
+    assert d is not None and d.plan.steps[0][0] == "blocked" and not d.passes.by_address
