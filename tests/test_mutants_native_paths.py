@@ -237,19 +237,25 @@ def test_direct_reduction_whose_pass_reads_a_per_channel_input(monkeypatch):
     assert exe.direct_reduce is not None and not exe.direct_reduce.passes.by_address
 
 
-def test_direct_blocked_pair_whose_second_pass_reads_a_per_channel_input(monkeypatch):
-    """Two passes run as one blocked C call (64 channels), the second reading a per-channel
-    input besides what the first derived (sum(((x - 0.01 Σx) * w) * (x - 0.01 Σx))): its rows are
-    filled every run, not taken from the input addresses alone; the reference's bits."""
+@pytest.mark.parametrize("reader", ["a", "b"])
+def test_direct_blocked_pair_whose_pass_reads_a_per_channel_input(monkeypatch, reader):
+    """Two passes run as one blocked C call (64 channels), pass a or pass b reading a
+    per-channel input w (b besides what a derived): sum(x * w) then sum((x - 0.01 Σ)²), or
+    Σx then sum(((x - 0.01 Σx) * w) * (x - 0.01 Σx)). Its rows are filled every run, not taken
+    from the input addresses alone; the reference's bits."""
     from native_limits import reduce_limits_at
     reduce_limits_at(monkeypatch, 0)  # the passes at any size
     C = 64
-    body = (Instr(op="sum", args=("in0",), dtype=F, shape=(1, C, 1)),
-            Instr(op="fill", args=(), dtype=F, value=0.01), Instr(op="mul", args=("t0", "t1"), dtype=F),
-            Instr(op="sub", args=("in0", "t2"), dtype=F), Instr(op="mul", args=("t3", "in1"), dtype=F),
-            Instr(op="mul", args=("t4", "t3"), dtype=F),
-            Instr(op="sum", args=("t5",), dtype=F, shape=(1, C, 1)), Instr(op="sqrt", args=("t6",), dtype=F))
-    a = FusedReduceAttrs(body=body, results=("t7", "t0"), out_shapes=((C,), (C,)))
+    head = (Instr(op="mul", args=("in0", "in1"), dtype=F),) if reader == "a" else ()
+    off = len(head)  # the register numbers after the head
+    t = [f"t{k + off}" for k in range(8)]
+    body = head + (Instr(op="sum", args=("t0" if head else "in0",), dtype=F, shape=(1, C, 1)),
+                   Instr(op="fill", args=(), dtype=F, value=0.01), Instr(op="mul", args=(t[0], t[1]), dtype=F),
+                   Instr(op="sub", args=("in0", t[2]), dtype=F),
+                   Instr(op="mul", args=(t[3], "in1" if reader == "b" else t[3]), dtype=F),
+                   Instr(op="mul", args=(t[4], t[3]), dtype=F),
+                   Instr(op="sum", args=(t[5],), dtype=F, shape=(1, C, 1)), Instr(op="sqrt", args=(t[6],), dtype=F))
+    a = FusedReduceAttrs(body=body, results=(t[7], t[0]), out_shapes=((C,), (C,)))
     g = Graph("blocked")
     x, w = g.add_input("x", TensorType((2, C, 50), F)), g.add_input("w", TensorType((1, C, 1), F))
     outs = [g.add_input(f"o{k}", TensorType((C,), F)) for k in range(2)]
