@@ -116,8 +116,19 @@ def test_a_strided_array_is_viewed_over_storage_ending_at_its_last_element():
 @pytest.mark.parametrize("format, dtype", [("NCHW", None), ("ND", np.float32)])
 def test_a_contiguous_array_off_the_fast_path_gets_row_major_strides_on_size_1_dims(format, dtype):
     """numpy may give a size-1 dim any stride (here -40 bytes) in a C-contiguous array; a tensor
-    made off the fast path too (a format, a dtype asked) has the row-major strides."""
+    made off the fast path too (a format, a dtype asked) views it (no copy) with the row-major
+    strides."""
     a = np.lib.stride_tricks.as_strided(np.arange(6, dtype=np.float32), (2, 1, 3, 1), (12, -40, 4, 4))
     assert a.flags.c_contiguous
     t = opgraph.tensor(a, format, dtype)
     assert t.strides == (3, 3, 1, 1) and t.numpy().ravel().tolist() == [0, 1, 2, 3, 4, 5]
+    assert not t.copied and t.data_address == a.ctypes.data
+
+
+def test_a_tensor_has_at_most_64_dims():
+    """numpy's limit on dims is the tensor's: rank 64 is made, rank 65 refused naming it."""
+    storage = np.zeros(1, np.float32)
+    assert Tensor(storage, (1,) * 64, (1,) * 64).ndim == 64
+    with pytest.raises(ValueError, match="rank 65 > 64"):
+        Tensor(storage, (1,) * 65, (1,) * 65)
+
