@@ -268,3 +268,19 @@ def test_direct_blocked_pair_whose_pass_reads_a_per_channel_input(monkeypatch, r
     exe = _same_runs(g, arrays)
     d = exe.direct_reduce
     assert d is not None and d.plan.steps[0][0] == "blocked" and not d.passes.by_address
+
+
+def test_passes_result_broadcast_to_its_output_without_a_c_epilogue():
+    """A one-element result (the sum of everything, cubed: no C epilogue) broadcast to an output
+    of three elements by the passes' numpy epilogue: the reference's bits."""
+    from l0ops.fused_reduce import FusedReduce
+    from backends.native.reduce import plan_for
+    from backends.native.reduce_run import run_fused_reduce_native
+    body = (Instr(op="sum", args=("in0",), dtype=F, shape=(1, 1, 1)),
+            Instr(op="fill", args=(), dtype=F, value=3.0), Instr(op="pow", args=("t0", "t1"), dtype=F))
+    a = FusedReduceAttrs(body=body, results=("t2",), out_shapes=((1, 3, 1),))
+    x = np.float32(np.arange(24).reshape(2, 3, 4) / 10)
+    assert plan_for(a, [x]).tail is None
+    got = run_fused_reduce_native(a, [x])
+    assert len(got) == 1 and same_bits(got[0], FusedReduce.compute([x], a)[0])
+    assert got[0].shape == (1, 3, 1) and len(set(got[0].ravel().tolist())) == 1
