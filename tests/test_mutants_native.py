@@ -399,7 +399,7 @@ def test_reduce_lowering_at_exactly_the_threshold_takes_the_passes(monkeypatch):
 def test_gather_call_is_kept_per_dtype_of_every_operand():
     """The 950's gather call is compiled per dtype of the mean, invstd and both running stats:
     float32 statistics with running stats of each dtype in turn (and back), each call the
-    numpy semantics' bits."""
+    numpy semantics' bits. Counts of another dtype than float32 are refused."""
     import ml_dtypes
     from backends.native import gather_fused
     from l0ops.syncbn import SyncBatchNormGatherStatsFused as G
@@ -413,6 +413,9 @@ def test_gather_call_is_kept_per_dtype_of_every_operand():
         xs = [mean, invstd, counts, rm, rv]
         got, want = gather_fused.run_gather_fused(a, xs), G.compute(xs, a)
         assert len(got) == 4 and all(same_bits(g, w) for g, w in zip(got, want))
+    for counts in (np.float16([4, 9, 2]), np.float64([4, 9, 2])):  # the call reads float32 counts
+        with pytest.raises(native.Unsupported, match="counts other than float32"):
+            gather_fused.run_gather_fused(a, [mean, invstd, counts, rm, rv])
 
 
 def test_launch_is_kept_per_operand_and_output_strides():
