@@ -396,3 +396,15 @@ def test_a_half_sqrt_and_an_integer_to_half_cast_round_to_half_before_the_next_s
 def test_channel_ranges_take_channels_without_elements_and_no_thread_count():
     assert channel_ranges(4, 0, 2, block_elems=8) == [(0, 2), (2, 4)]
     assert channel_ranges(4, 10, 0, block_elems=20) == [(0, 2), (2, 4)]
+
+
+def test_a_chain_fuses_once_and_its_absorbed_nodes_seed_nothing():
+    """Sub(Add(Mul(x, x), x), x): one kernel of the three; the absorbed Add and Mul are not
+    seeds of kernels of their own afterwards (which would be dead copies of the same work)."""
+    g = Graph("chain")
+    x = g.add_input("x", TensorType((4, 5), F32))
+    sq = g.add_node("Mul", [x, x]).outputs[0]
+    g.outputs = [g.add_node("Sub", [g.add_node("Add", [sq, x]).outputs[0], x]).outputs[0]]
+    new, stats = fuse_elementwise.run(g)
+    assert stats.counts == {"fused": 1, "absorbed": 3, "dead": 3}
+    assert [n.op for n in new.nodes] == ["FusedElementwise"]
