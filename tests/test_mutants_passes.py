@@ -16,13 +16,14 @@ from l0ops.channel_blocks import channel_ranges, channel_split
 from l0ops.chunking import chunks, per_block_dims, row_blocks
 from l0ops.fused import FusedAttrs, Instr
 from l0ops.interpreter import run_fused
-from l0ops.ordered import tree_fold
+from l0ops.ordered import ordered_sum, tree_fold
 from l0ops.primitives import cast_array, pow_array
 from l0ops.rounding import widen
 from opgraph.core.dtypes import DataType
 from opgraph.core.ir import Graph, TensorType
 from opgraph.core.opdef import L0Error
 from opgraph.passes import constant_fold, cse, fuse_elementwise, optimize, viewcopy_redirect
+from sum_model import loop_sum
 
 F32, F16 = DataType.FLOAT, DataType.FLOAT16
 
@@ -408,3 +409,14 @@ def test_a_chain_fuses_once_and_its_absorbed_nodes_seed_nothing():
     new, stats = fuse_elementwise.run(g)
     assert stats.counts == {"fused": 1, "absorbed": 3, "dead": 3}
     assert [n.op for n in new.nodes] == ["FusedElementwise"]
+
+
+def test_a_block_tail_shorter_than_the_lanes_folds_only_its_own_lanes():
+    """32768 + 5 elements: one full block (zeros here), then a tail of five, whose five lanes
+    fold as ((x0 + x3) + x2) + (x1 + x4) — 2 for [1e8, 1, 0, -1e8, 1] — not as 64 lanes
+    padded with -0.0, which pairs them ((x0 + x4) + x2) + (x1 + x3), 0 in float32. The same
+    as the loop model of the order (tests/sum_model.py); an empty sum is zeros."""
+    x = np.zeros(32768 + 5, np.float32)
+    x[32768:] = [1e8, 1, 0, -1e8, 1]
+    assert float(ordered_sum(x, (0,))) == 2.0 == float(loop_sum(x))
+    assert ordered_sum(np.zeros((3, 0), np.float32), (1,)).tolist() == [0.0, 0.0, 0.0]
