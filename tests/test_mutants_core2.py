@@ -8,9 +8,13 @@ import numpy as np
 import pytest
 
 import opgraph
+from backends import get as get_backend
+from opgraph import passes
 from opgraph.aclnn.batch_norm_elemt import aclnnBatchNormElemtGetWorkspaceSize
 from opgraph.aclnn.batch_norm_elemt_backward import aclnnBatchNormElemtBackwardGetWorkspaceSize
 from opgraph.aclnn.batch_norm_stats import aclnnBatchNormStats, aclnnBatchNormStatsGetWorkspaceSize
+from opgraph.core.dtypes import DataType
+from opgraph.core.ir import Graph, TensorType
 from opgraph.core.tensor import Tensor
 
 native = pytest.importorskip("backends.native")
@@ -132,3 +136,28 @@ def test_a_tensor_has_at_most_64_dims():
     with pytest.raises(ValueError, match="rank 65 > 64"):
         Tensor(storage, (1,) * 65, (1,) * 65)
 
+
+# --- memory planning: redirects -------------------------------------------------------------------
+def _copy_chain(a_strides):
+    """x*x copied into a (of ``a_strides``), then a copied into a contiguous b."""
+    g = Graph("chain")
+    x, b = (g.add_input(n, TensorType((4,), DataType.FLOAT)) for n in "xb")
+    a = g.add_input("a", TensorType((4,), DataType.FLOAT, strides=a_strides))
+    into_a = g.add_node("ViewCopy", [g.add_node("Mul", [x, x]).outputs[0], a]).outputs[0]
+    g.add_node("ViewCopy", [into_a, b])
+    return g
+
+
+def test_only_a_kernels_own_output_into_a_contiguous_tensor_is_redirected():
+    """A copy becomes a redirect (the producing kernel writes the tensor) only from a kernel's
+    own output into a contiguous tensor: into a strided a, x*x stays a copy, and so does the
+    copy of a (an in-place write's result, not a kernel output) into b; into a contiguous a,
+    x*x is redirected. Either way a and b get x*x."""
+    for strides, redirects in (((2,), [False, False]), (None, [True, False])):
+        opt = passes.optimize(_copy_chain(strides), 2)
+        assert [n.attrs.redirect for n in opt.nodes if n.op == "ViewCopy"] == redirects
+        a, b = np.zeros(8, np.float32), np.zeros(4, np.float32)
+        view = a[::2] if strides else a[:4]
+        get_backend("numpy").run(opt, {"x": opgraph.tensor(np.float32([1, 2, 3, 4])),
+                                       "a": opgraph.tensor(view), "b": opgraph.tensor(b)})
+        assert view.tolist() == b.tolist() == [1, 4, 9, 16]
