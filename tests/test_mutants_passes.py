@@ -22,7 +22,8 @@ from l0ops.rounding import widen
 from opgraph.core.dtypes import DataType
 from opgraph.core.ir import Graph, TensorType
 from opgraph.core.opdef import L0Error
-from opgraph.passes import constant_fold, cse, fuse_elementwise, optimize, viewcopy_redirect
+from opgraph.passes import (constant_fold, cse, fuse_elementwise, fuse_reductions, optimize,
+                             viewcopy_redirect)
 from sum_model import loop_sum
 
 F32, F16 = DataType.FLOAT, DataType.FLOAT16
@@ -420,3 +421,23 @@ def test_a_block_tail_shorter_than_the_lanes_folds_only_its_own_lanes():
     x[32768:] = [1e8, 1, 0, -1e8, 1]
     assert float(ordered_sum(x, (0,))) == 2.0 == float(loop_sum(x))
     assert ordered_sum(np.zeros((3, 0), np.float32), (1,)).tolist() == [0.0, 0.0, 0.0]
+
+
+def test_ordered_sums_of_pairs_across_a_leading_axis_and_of_many_rows_on_threads():
+    """Two elements over axis 0 of a square: the pair is x[0] + x[1] per column, [4, 6] (the
+    summed axis is not the last, though the rows' shape is the array's); 4 rows of 2**18 small
+    integers (exact in float32 in any order) summed on the worker threads, each row its own."""
+    assert ordered_sum(np.float32([[1, 2], [3, 4]]), (0,)).tolist() == [4.0, 6.0]
+    x = np.random.default_rng(3).integers(0, 4, (4, 1 << 18)).astype(np.float32)
+    assert ordered_sum(x, (1,)).tolist() == x.astype(np.int64).sum(axis=1).tolist()
+
+
+def test_fuse_reductions_reports_what_it_fused_and_absorbed():
+    """Two sums over (0, 2) of x and x*x: one FusedReduce of the three nodes, all then dead."""
+    g = Graph()
+    x = g.add_input("x", TensorType((4, 3, 5), F32))
+    sq = g.add_node("Mul", [x, x]).outputs[0]
+    g.outputs = [g.add_node("ReduceSum", [v], axes=(0, 2)).outputs[0] for v in (sq, x)]
+    new, stats = fuse_reductions.run(g)
+    assert [n.op for n in new.nodes] == ["FusedReduce"]
+    assert stats.counts == {"fused": 1, "absorbed": 3, "dead": 3}
