@@ -4,6 +4,8 @@ test_mutants_core.py): each test fails on a small change of the code it names an
 code as written."""
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -14,7 +16,7 @@ from opgraph.aclnn.batch_norm_elemt import aclnnBatchNormElemtGetWorkspaceSize
 from opgraph.aclnn.batch_norm_elemt_backward import aclnnBatchNormElemtBackwardGetWorkspaceSize
 from opgraph.aclnn.batch_norm_stats import aclnnBatchNormStats, aclnnBatchNormStatsGetWorkspaceSize
 from opgraph.core.dtypes import DataType
-from opgraph.core.ir import Graph, TensorType
+from opgraph.core.ir import Graph, GraphError, TensorType
 from opgraph.core.tensor import Tensor
 
 native = pytest.importorskip("backends.native")
@@ -161,3 +163,33 @@ def test_only_a_kernels_own_output_into_a_contiguous_tensor_is_redirected():
         get_backend("numpy").run(opt, {"x": opgraph.tensor(np.float32([1, 2, 3, 4])),
                                        "a": opgraph.tensor(view), "b": opgraph.tensor(b)})
         assert view.tolist() == b.tolist() == [1, 4, 9, 16]
+
+
+# --- loading graphs -----------------------------------------------------------------------------
+def _doc(name="x", shape=(2,), call_value=None, graph_name="g") -> str:
+    """A graph document: one input (returned as is) and, with ``call_value``, a recorded call
+    whose one int argument holds it."""
+    d = {"schema": "opgraph.graph", "version": 1, "name": graph_name,
+         "inputs": [{"name": name, "shape": list(shape), "dtype": "FLOAT"}], "nodes": [], "outputs": [name]}
+    if call_value is not None:
+        d["call"] = {"api": "aclnnOp", "args": [{"name": "k", "kind": "int", "value": call_value}]}
+    return json.dumps(d)
+
+
+@pytest.mark.parametrize("doc, ok", [
+    (_doc(call_value=-(1 << 63)), True), (_doc(call_value=(1 << 63) - 1), True),
+    (_doc(call_value=-(1 << 63) - 1), False), (_doc(call_value=1 << 63), False),
+    (_doc(shape=((1 << 63) - 1,)), True), (_doc(shape=(1 << 63,)), False),
+    (_doc(name="a\x7fb"), False), (_doc(graph_name="g\x7f"), False), (_doc(name='a"b'), False),
+    (_doc(name=""), False), (_doc(name="a\tb"), False)],
+    ids=["int64 min", "int64 max", "below int64", "above int64", "dim 2**63-1", "dim 2**63",
+         "DEL in a value name", "DEL in the graph name", "quote in a value name", "empty value name",
+         "tab in a value name"])
+def test_a_graph_document_is_loaded_exactly_within_its_rules(doc, ok):
+    """Loading takes integers in int64 (a call argument, a dim in [0, 2**63)), and refuses with
+    a GraphError a name holding DEL (a control character), a quote or whitespace, or none."""
+    if ok:
+        assert Graph.from_json(doc).name == "g"
+    else:
+        with pytest.raises(GraphError):
+            Graph.from_json(doc)
