@@ -284,3 +284,26 @@ def test_passes_result_broadcast_to_its_output_without_a_c_epilogue():
     got = run_fused_reduce_native(a, [x])
     assert len(got) == 1 and same_bits(got[0], FusedReduce.compute([x], a)[0])
     assert got[0].shape == (1, 3, 1) and len(set(got[0].ravel().tolist())) == 1
+
+
+def test_resized_launch_keeps_the_attrs_result_and_the_overlap_check():
+    """The last launch of a body is taken over at another batch size only for the same result
+    register (attrs made from others keep the body object), and, resized, still refuses an
+    output at a float16 input's address (float32: twice its bytes), as a new launch does."""
+    from l0ops.interpreter import run_fused
+    from backends.native.launch import run_fused_native
+    from test_mutants_native import _cast_mul
+    a0 = _cast_mul((8, 40))
+    w = np.float32(np.arange(40).reshape(1, 40) / 5 - 3)
+    x = np.float32(np.arange(320).reshape(8, 40) / 9)
+    assert same_bits(run_fused_native(a0, [x, w]), run_fused(a0, [x, w]))
+    a1 = a0.model_copy(update={"result": "t0", "shape": (6, 40)})  # the cast alone
+    assert a1.body is a0.body
+    assert same_bits(run_fused_native(a1, [x[:6], w]), x[:6])
+    x16 = np.float16(x)
+    assert same_bits(run_fused_native(a0, [x16, w]), run_fused(a0, [x16, w]))
+    buf = np.zeros(7 * 40, np.float32)
+    xin = buf.view(np.float16)[:7 * 40].reshape(7, 40)
+    xin[:] = x16[:7]
+    with pytest.raises(native.Unsupported, match="partly overlaps"):
+        run_fused_native(a0.model_copy(update={"shape": (7, 40)}), [xin, w], buf.reshape(7, 40))
