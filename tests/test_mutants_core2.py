@@ -15,6 +15,7 @@ from opgraph import passes
 from opgraph.aclnn.batch_norm_elemt import aclnnBatchNormElemtGetWorkspaceSize
 from opgraph.aclnn.batch_norm_elemt_backward import aclnnBatchNormElemtBackwardGetWorkspaceSize
 from opgraph.aclnn.batch_norm_stats import aclnnBatchNormStats, aclnnBatchNormStatsGetWorkspaceSize
+from opgraph.core import serialize
 from opgraph.core.dtypes import DataType
 from opgraph.core.ir import Graph, GraphError, TensorType
 from opgraph.core.tensor import Tensor
@@ -193,3 +194,30 @@ def test_a_graph_document_is_loaded_exactly_within_its_rules(doc, ok):
     else:
         with pytest.raises(GraphError):
             Graph.from_json(doc)
+
+
+@pytest.mark.parametrize("kind", ["float", "double"])
+def test_a_non_finite_call_argument_of_either_float_kind_loads_as_a_float(kind):
+    """A float or double call argument written as "inf" / "-inf" / "nan" loads as that float."""
+    doc = json.loads(_doc())
+    doc["call"] = {"api": "aclnnOp", "args": [{"name": v.strip("-"), "kind": kind, "value": v}
+                                              for v in ("inf", "nan")] + [{"name": "m", "kind": kind, "value": "-inf"}]}
+    values = [v for _, _, v in Graph.from_json(json.dumps(doc)).call.args]
+    assert all(type(v) is float for v in values) and values[0] == np.inf and np.isnan(values[1])
+    assert values[2] == -np.inf
+
+
+def test_a_node_recorded_with_more_outputs_than_its_op_makes_is_refused():
+    """A Cast recorded with two outputs (it makes one) is a GraphError naming both counts."""
+    doc = json.loads(_doc())
+    out = {"shape": [2], "dtype": "FLOAT16"}
+    doc["nodes"] = [{"op": "Cast", "inputs": ["x"], "attrs": {"to": "FLOAT16"},
+                     "outputs": [{"name": "y", **out}, {"name": "z", **out}]}]
+    with pytest.raises(GraphError, match="Cast has 1 outputs, 2 recorded"):
+        Graph.from_json(json.dumps(doc))
+
+
+def test_a_loading_error_of_exactly_the_limit_is_not_clipped():
+    """An error message of MAX_ERROR characters is kept whole; one more is clipped."""
+    assert serialize._clipped("x" * serialize.MAX_ERROR) == "x" * serialize.MAX_ERROR
+    assert serialize._clipped("x" * (serialize.MAX_ERROR + 1)).endswith("... (1 more characters)")
