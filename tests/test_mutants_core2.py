@@ -221,3 +221,21 @@ def test_a_loading_error_of_exactly_the_limit_is_not_clipped():
     """An error message of MAX_ERROR characters is kept whole; one more is clipped."""
     assert serialize._clipped("x" * serialize.MAX_ERROR) == "x" * serialize.MAX_ERROR
     assert serialize._clipped("x" * (serialize.MAX_ERROR + 1)).endswith("... (1 more characters)")
+
+
+def test_dot_escapes_a_backslash_in_a_name():
+    """DOT strings escape backslashes (then quotes): a graph name ending in a backslash does not
+    escape the closing quote."""
+    g = Graph("dir\\")
+    g.outputs = [g.add_input("x", TensorType((2,), DataType.FLOAT))]
+    assert serialize.to_dot(g).splitlines()[0] == 'digraph "dir\\\\" {'
+
+
+def test_a_string_attribute_spelled_like_a_non_finite_float_stays_a_string():
+    """Only a float field reads "nan" / "inf" back as a float: AllReduce's group named "nan"
+    round-trips as that string."""
+    g = Graph("g")
+    x = g.add_input("x", TensorType((2,), DataType.FLOAT))
+    g.outputs = [g.add_node("AllReduce", [x], group="nan", seq=2).outputs[0]]
+    loaded = Graph.from_json(g.to_json())
+    assert loaded == g and loaded.nodes[0].attrs.group == "nan"
