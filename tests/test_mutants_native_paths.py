@@ -307,3 +307,19 @@ def test_resized_launch_keeps_the_attrs_result_and_the_overlap_check():
     xin[:] = x16[:7]
     with pytest.raises(native.Unsupported, match="partly overlaps"):
         run_fused_native(a0.model_copy(update={"shape": (7, 40)}), [xin, w], buf.reshape(7, 40))
+
+
+def test_serial_call_refuses_what_its_prologue_cannot_read_or_give():
+    """The serial call's C prologue refuses an input whose byte strides are not a multiple of
+    its element size, and a result that is not a float register (an int32 input given back):
+    Unsupported, with its reason (the lowering then runs numpy)."""
+    from backends.native.small import run_small_reduce_native
+    body = (Instr(op="mul", args=("in0", "in0"), dtype=F), Instr(op="sum", args=("t0",), dtype=F, shape=(1, 3)))
+    a = FusedReduceAttrs(body=body, results=("t1",), out_shapes=((3,),))
+    raw = np.zeros(64, np.uint8)
+    x = np.lib.stride_tricks.as_strided(raw.view(np.float32)[:1], (2, 3), (18, 6))
+    with pytest.raises(native.Unsupported, match="multiple of its element size"):
+        run_small_reduce_native(a, [x])
+    b = FusedReduceAttrs(body=body, results=("t1", "in1"), out_shapes=((3,), (3,)))
+    with pytest.raises(native.Unsupported, match="not a float register"):
+        run_small_reduce_native(b, [np.ones((2, 3), np.float32), np.int32([1, 2, 3])])
