@@ -21,6 +21,7 @@ from opgraph.core.executor import Executor
 from opgraph.core.foreign import array_address, array_span
 from opgraph.core.status import AclnnError, Status
 from opgraph.core.tensor import Tensor, row_major_strides
+from opgraph.ops import batch_norm_gather_stats_with_counts as gather
 
 GATHER = "opgraph.aclnn.batch_norm_gather_stats_with_counts"
 native = pytest.importorskip("backends.native")
@@ -130,7 +131,6 @@ def test_running_stats_side_by_side_with_the_counts_in_one_buffer_run_direct(cal
     call runs direct (no phase 1: the executor cache is not asked) and updates both statistics
     by running = (1 - momentum) * running + momentum * batch statistic."""
     monkeypatch.setattr(f"{GATHER}.NUMPY_CALLS", calls)
-    from opgraph.ops import batch_norm_gather_stats_with_counts as gather
     mean, invstd = np.float32([[0, 1], [2, 3]]), np.ones((2, 2), np.float32)
     for k in range(2):
         buf = np.float32([0, 0, 1, 1, 1, 3])  # running mean, running var, counts

@@ -5,12 +5,30 @@ from __future__ import annotations
 
 import ctypes
 
+import ml_dtypes
 import numpy as np
 import pytest
 
 from backends import native
+from backends.native import gather_fused
+from backends.native.direct_reduce import DirectReduce
+from backends.native.launch import run_fused_native
+from backends.native.reduce import plan_for
+from backends.native.small import plan_small, run_small_reduce_native, SmallCall
 from l0ops.fused_reduce import FusedReduce, FusedReduceAttrs, Instr
+from l0ops.interpreter import run_fused
+from l0ops.primitives import FusedAttrs, Instr as EInstr
+from l0ops.syncbn import SyncBatchNormGatherStatsFused as G
+from native_limits import reduce_limits_at
+import opgraph
+from opgraph import aclnn as A
+from opgraph.aclnn.cache import EXECUTOR_CACHE
+from opgraph.core import backend as registry
+from opgraph.core.backend import get
 from opgraph.core.dtypes import DataType as D
+from opgraph.core.ir import Graph, TensorType
+from opgraph.core.memory import plan_memory
+from opgraph.core.platform import get_platform
 
 pytestmark = pytest.mark.skipif(not native.available(), reason=native.availability()[1])
 F = D.FLOAT
@@ -25,7 +43,6 @@ def same_bits(got, want) -> bool:
 def test_serial_call_of_a_body_reading_no_input():
     """A FusedReduce body of constants reads no input: its serial call still gets a pointer
     slot (a NULL it never reads) and gives the reference's values."""
-    from backends.native.small import run_small_reduce_native
     x = np.arange(6, dtype=np.float32).reshape(2, 3)
     a = FusedReduceAttrs(body=(Instr(op="fill", args=(), dtype=F, value=2.5, shape=(1, 3)),),
                          results=("t0",), out_shapes=((3,),))
@@ -43,7 +60,6 @@ def _sum_of_squares(k: int):
 def test_serial_plan_is_kept_per_layout():
     """The serial call's plan is remembered per operand layout: the same body on a strided view
     of the same shape after a contiguous array (and back) reads each with its own strides."""
-    from backends.native.small import run_small_reduce_native
     a = _sum_of_squares(3)
     base = np.arange(24, dtype=np.float32).reshape(4, 6)
     for x in (np.ascontiguousarray(base[:, :3]), base[:, ::2], base.T[::2, ::2].T.copy()[:, :3],
@@ -56,7 +72,6 @@ def test_serial_plan_is_kept_per_layout():
 def test_serial_call_spans_only_float32_results():
     """SmallCall.spans gives byte spans for float32 results laid out row-major with the output's
     size (a byte copy can place them), and None when a result is another dtype."""
-    from backends.native.small import SmallCall, plan_small
     x = np.arange(6, dtype=np.float32).reshape(2, 3)
     a = _sum_of_squares(3)
     call = SmallCall(plan_small(a, [x]), a)
@@ -79,8 +94,6 @@ def test_serial_call_spans_only_float32_results():
 
 def _stats(backend: str, x: np.ndarray, outs: list):
     """BatchNormStats at level 2 into ``outs`` (arrays, any layout); its executor."""
-    import opgraph
-    from opgraph import aclnn as A
     with opgraph.use_backend(backend), opgraph.opt_level(2):
         status, ws, ex = A.aclnnBatchNormStatsGetWorkspaceSize(
             opgraph.tensor(x), 1e-5, *[opgraph.tensor(o) for o in outs])
@@ -90,7 +103,6 @@ def _stats(backend: str, x: np.ndarray, outs: list):
 
 
 def _direct_reduce(ex):
-    from opgraph.core import backend as registry
     return ex.program.built_executable(registry.get("native")).direct_reduce
 
 
@@ -102,9 +114,6 @@ def test_direct_reduce_at_exactly_the_threshold_takes_the_passes(monkeypatch):
     """A FusedReduce whose input elements equal the threshold is not below it: the direct run
     is prepared for the passes, as the node's lowering decides, and then taken on every call
     (a run on the other side of the threshold would give up and go node by node)."""
-    from native_limits import reduce_limits_at
-    from backends.native.direct_reduce import DirectReduce
-    from opgraph.aclnn.cache import EXECUTOR_CACHE
     x = _data(1)
     reduce_limits_at(monkeypatch, x.size)
     taken = []
@@ -128,10 +137,6 @@ def test_direct_reduce_into_a_strided_output_places_it(strided):
     """DirectReduce byte-copies its results out of the call's scratch only into outputs that
     are one run of float32 bytes: into a strided one (the other output contiguous) it places
     them through the tensor's view, the gaps untouched."""
-    import opgraph
-    from opgraph.core import backend as registry
-    from backends.native.direct_reduce import DirectReduce
-    from opgraph.aclnn.cache import EXECUTOR_CACHE
     EXECUTOR_CACHE.clear()
     x = _data(3)
     want = [np.full(5, np.nan, np.float32) for _ in range(2)]
@@ -154,8 +159,6 @@ def test_direct_reduce_into_a_strided_output_places_it(strided):
 def _reduce_program(a: FusedReduceAttrs, shape: tuple, n_out: int):
     """A graph of one FusedReduce over input ``x`` whose results are copied (redirected) into
     inputs ``o0``, ``o1``, ...: the shape of the family's statistics at level 2."""
-    from opgraph.core.ir import Graph, TensorType
-    from opgraph.core.memory import plan_memory
     g = Graph("reduce")
     x = g.add_input("x", TensorType(shape, F))
     outs = [g.add_input(f"o{k}", TensorType(s, F)) for k, s in zip(range(n_out), a.out_shapes)]
@@ -167,9 +170,6 @@ def _reduce_program(a: FusedReduceAttrs, shape: tuple, n_out: int):
 
 def _run_program(backend: str, g, plan, x: np.ndarray, runs: int = 2):
     """The outputs of ``runs`` runs of the compiled program (new output arrays each time)."""
-    import opgraph
-    from opgraph.core.backend import get
-    from opgraph.core.platform import get_platform
     exe = get(backend).compile(g, plan, get_platform())
     for _ in range(runs):
         outs = [np.full(v.type.shape, np.nan, np.float32) for v in g.inputs[1:]]
@@ -192,8 +192,6 @@ def _pow_body_program():
 def test_direct_reduce_without_a_c_epilogue(monkeypatch):
     """A direct reduction whose epilogue the C renderer does not cover (pow by 3: the plan has
     no tail) runs its passes and the numpy epilogue on every call, with the reference's bits."""
-    from native_limits import reduce_limits_at
-    from backends.native.reduce import plan_for
     reduce_limits_at(monkeypatch, 0)  # the passes at any size
     a, x, g, plan = _pow_body_program()
     assert plan_for(a, [x]).tail is None
@@ -204,7 +202,6 @@ def test_direct_reduce_without_a_c_epilogue(monkeypatch):
 
 
 def _fused(result: str, body_args=("in1", "in1")):
-    from l0ops.primitives import FusedAttrs, Instr as EInstr
     return FusedAttrs(shape=(2, 3), body=(EInstr(op="mul", args=body_args, dtype=F),),
                       result=result, out_dtype=F)
 
@@ -212,7 +209,6 @@ def _fused(result: str, body_args=("in1", "in1")):
 def test_fused_result_that_is_per_channel_is_refused():
     """A body whose result does not vary over the iteration space (made from per-channel
     values only) is not a kernel: Unsupported, with its reason (the lowering then runs numpy)."""
-    from backends.native.launch import run_fused_native
     x, w = np.arange(6, dtype=np.float32).reshape(2, 3), np.float32([[1, 2, 3]])
     with pytest.raises(native.Unsupported, match="does not vary"):
         run_fused_native(_fused("t0"), [x, w])
@@ -221,8 +217,6 @@ def test_fused_result_that_is_per_channel_is_refused():
 def test_fused_result_that_is_a_full_size_input():
     """A body whose result is one of its full-size inputs (the other instruction dead): the
     kernel copies that input, the reference's bits."""
-    from l0ops.interpreter import run_fused
-    from backends.native.launch import run_fused_native
     x, w = np.arange(6, dtype=np.float32).reshape(2, 3) - 2.5, np.float32([[1, 2, 3]])
     a = _fused("in0")
     assert same_bits(run_fused_native(a, [x, w]), run_fused(a, [x, w]))
@@ -231,9 +225,6 @@ def test_fused_result_that_is_a_full_size_input():
 def test_float16_result_stored_as_float32_keeps_its_rounding():
     """A float16 result stored into a float32 output: the instruction's own rounding to float16
     stays (only an f16 store may take it over), the reference's bits."""
-    from l0ops.primitives import FusedAttrs, Instr as EInstr
-    from l0ops.interpreter import run_fused
-    from backends.native.launch import run_fused_native
     rng = np.random.default_rng(0)
     x, y = ((rng.standard_normal((4, 300)) * 30).astype(np.float16) for _ in range(2))
     a = FusedAttrs(shape=(4, 300), body=(EInstr(op="mul", args=("in0", "in1"), dtype=D.FLOAT16),),
@@ -245,7 +236,6 @@ def test_float16_result_stored_as_float32_keeps_its_rounding():
 
 def _cast_mul(shape=(8, 40)):
     """cast(in0) * in1 (per-channel) at ``shape``, float32 out."""
-    from l0ops.primitives import FusedAttrs, Instr as EInstr
     body = (EInstr(op="cast", args=("in0",), dtype=F), EInstr(op="mul", args=("t0", "in1"), dtype=F))
     return FusedAttrs(shape=shape, body=body, result="t1", out_dtype=F)
 
@@ -254,8 +244,6 @@ def test_launch_of_a_body_is_reused_only_for_the_same_operand_dtypes():
     """The last launch per body object is resized for a new batch size, but not taken for
     inputs of another dtype (its kernel loads float32): float32, float16 and back, at two sizes,
     each the reference's bits."""
-    from l0ops.interpreter import run_fused
-    from backends.native.launch import run_fused_native
     rng = np.random.default_rng(0)
     w = rng.standard_normal((1, 40)).astype(np.float32)
     a0 = _cast_mul()
@@ -269,8 +257,6 @@ def test_launch_of_a_body_is_reused_only_for_the_same_operand_dtypes():
 def test_pointer_memo_of_a_launch_notices_a_new_output():
     """The same input arrays into a new output array: the kernel writes the new one (the
     remembered pointers are of the inputs and the output), the old one keeps its values."""
-    from l0ops.interpreter import run_fused
-    from backends.native.launch import run_fused_native
     rng = np.random.default_rng(1)
     a = _cast_mul()
     x, w = rng.standard_normal((8, 40)).astype(np.float32), rng.standard_normal((1, 40)).astype(np.float32)
@@ -288,7 +274,6 @@ def test_pointer_memo_of_a_launch_notices_a_new_output():
 def test_operand_strides_not_a_multiple_of_the_element_size_are_refused():
     """A full-size input whose byte strides are not a multiple of its element size (a float32
     view every 6 bytes) has no element strides for the kernel: Unsupported."""
-    from backends.native.launch import run_fused_native
     raw = np.zeros(8 * 40 * 6 + 8, np.uint8)
     x = np.lib.stride_tricks.as_strided(raw.view(np.float32)[:1], (8, 40), (240, 6))
     w = np.ones((1, 40), np.float32)
@@ -299,8 +284,6 @@ def test_operand_strides_not_a_multiple_of_the_element_size_are_refused():
 def test_output_next_to_an_input_is_not_an_overlap():
     """An output that ends where an input starts, or starts where it ends, shares no byte with
     it: the kernel runs (no Unsupported), the reference's bits."""
-    from l0ops.interpreter import run_fused
-    from backends.native.launch import run_fused_native
     a, w = _cast_mul(), np.float32(np.arange(40) / 8 - 2).reshape(1, 40)
     for x_first in (True, False):
         buf = np.zeros(2 * 320, np.float32)
@@ -315,8 +298,6 @@ def test_output_at_an_input_address_with_other_strides_is_refused():
     """An output at an input's address but not of its layout (its transpose), or of its layout
     one element further on, overwrites elements before they are read: Unsupported. Exactly the
     input's layout at its address (in place) runs."""
-    from l0ops.interpreter import run_fused
-    from backends.native.launch import run_fused_native
     a = _cast_mul((40, 40))
     x = np.float32(np.arange(1600) / 64 - 12).reshape(40, 40)
     w = np.float32(np.arange(40) / 8 - 2).reshape(1, 40)
@@ -334,8 +315,6 @@ def test_fused_kernel_of_exactly_min_fused_elements_runs_in_c(monkeypatch):
     that many elements runs as the direct launch on every call; one element more of threshold
     sends it node by node to numpy (counted in ``small``); a profiled run, node by node, draws
     the same line. The same bits either way."""
-    import opgraph
-    from opgraph.core import backend as registry
     b = registry.get("native")
     lowered = []
     real = native.run_fused_native
@@ -366,9 +345,6 @@ def test_fused_kernel_of_exactly_min_fused_elements_runs_in_c(monkeypatch):
 def test_one_element_launch_resized_for_a_new_attrs_object():
     """A kernel of one element (every dim 1) taken over by new attrs of the same body (the
     resized launch): its loop is still one element, the reference's bits."""
-    from l0ops.primitives import FusedAttrs, Instr as EInstr
-    from l0ops.interpreter import run_fused
-    from backends.native.launch import run_fused_native
     body = (EInstr(op="add", args=("in0", "in0"), dtype=F), EInstr(op="mul", args=("t0", "in1"), dtype=F))
     a0 = FusedAttrs(shape=(1, 1), body=body, result="t1", out_dtype=F)
     for k in range(3):
@@ -382,8 +358,6 @@ def test_reduce_lowering_at_exactly_the_threshold_takes_the_passes(monkeypatch):
     """Node by node (profiled), a FusedReduce whose input elements equal the threshold runs
     the passes: a body the serial call does not cover still runs in C (``small`` unchanged);
     one element more of threshold and it is a small body on numpy (``small`` counts it)."""
-    from native_limits import reduce_limits_at
-    from opgraph.core import backend as registry
     b = registry.get("native")
     a, x, g, plan = _pow_body_program()
     want, _ = _run_program("numpy", g, plan, x)
@@ -400,9 +374,6 @@ def test_gather_call_is_kept_per_dtype_of_every_operand():
     """The 950's gather call is compiled per dtype of the mean, invstd and both running stats:
     float32 statistics with running stats of each dtype in turn (and back), each call the
     numpy semantics' bits. Counts of another dtype than float32 are refused."""
-    import ml_dtypes
-    from backends.native import gather_fused
-    from l0ops.syncbn import SyncBatchNormGatherStatsFused as G
     rng = np.random.default_rng(5)
     a = G.make_attrs(momentum=0.1, eps=1e-5, cores=64)
     mean, invstd = (rng.standard_normal((3, 7)) * 3).astype(np.float32), (rng.random((3, 7)) + 0.25).astype(np.float32)
@@ -421,8 +392,6 @@ def test_gather_call_is_kept_per_dtype_of_every_operand():
 def test_launch_is_kept_per_operand_and_output_strides():
     """The same attrs on operands of one shape but other strides (a column-strided input, then
     a row-strided output) each get their own launch: every call the reference's bits."""
-    from l0ops.interpreter import run_fused
-    from backends.native.launch import run_fused_native
     a = _cast_mul()
     base = np.float32(np.arange(16 * 80).reshape(16, 80) / 9 - 40)
     w = np.float32(np.arange(40).reshape(1, 40) / 5 - 3)
@@ -435,7 +404,6 @@ def test_launch_is_kept_per_operand_and_output_strides():
 def test_output_over_the_last_element_of_a_strided_input_is_refused():
     """An output starting at the last element a strided input reads overlaps it (by that one
     element): Unsupported."""
-    from backends.native.launch import run_fused_native
     buf = np.zeros(2 * 320 + 320, np.float32)
     x = buf[:640:2].reshape(8, 40)  # every other element: its last at 638
     out = buf[638:638 + 320].reshape(8, 40)

@@ -6,15 +6,22 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import opgraph
 from backends import native
-from l0ops.fused_reduce import FusedReduceAttrs, Instr
+from backends.native.launch import launch_for, run_fused_native
+from backends.native.reduce import plan_for
+from backends.native.reduce_run import run_fused_reduce_native
+from backends.native.small import run_small_reduce_native
+from l0ops.fused_reduce import FusedReduce, FusedReduceAttrs, Instr
+from l0ops.interpreter import run_fused
 from l0ops.primitives import FusedAttrs
+from l0ops.syncbn import SyncBatchNormGatherStatsFused as G
+from native_limits import reduce_limits_at
+import opgraph
 from opgraph.core.backend import get
 from opgraph.core.ir import Graph, TensorType
 from opgraph.core.memory import plan_memory
 from opgraph.core.platform import get_platform
-from test_mutants_native import F, _reduce_program, _run_program, same_bits
+from test_mutants_native import _cast_mul, _reduce_program, _run_program, F, same_bits
 
 pytestmark = pytest.mark.skipif(not native.available(), reason=native.availability()[1])
 
@@ -92,7 +99,6 @@ def _gather_graph(copied: int, extra_output: bool = False):
     """The 950's SyncBatchNormGatherStatsFused on bound tensors, ``copied`` of its four results
     copied (redirected) into bound tensors ``o0``...; with ``extra_output`` the graph gives its
     ``mean`` input back too. The graph and its arrays."""
-    from l0ops.syncbn import SyncBatchNormGatherStatsFused as G
     W, C = 3, 7
     g = Graph("gather")
     shapes = {"mean": (W, C), "invstd": (W, C), "counts": (W,), "rm": (1, C), "rv": (1, C)}
@@ -166,7 +172,6 @@ def test_kernel_without_a_c_prologue_is_not_a_direct_launch():
     """A kernel whose per-channel part has no C prologue (pow by 3 of a per-channel input: numpy
     computes it per call) takes no direct launch, nor a bound C call in repeated runs: its
     lowering runs it, with the reference's bits."""
-    from backends.native.launch import launch_for
     body = (Instr(op="fill", args=(), dtype=F, value=3.0), Instr(op="pow", args=("in1", "t0"), dtype=F),
             Instr(op="mul", args=("in0", "t1"), dtype=F))
     a = FusedAttrs(shape=(6, 40), body=body, result="t2", out_dtype=F)
@@ -186,8 +191,6 @@ def test_rebound_reduction_follows_a_threshold_moved_between_runs(monkeypatch):
     """run_repeatable rebinds a FusedReduce for new tensors of the same layouts keeping its C
     plan, unless the threshold moved across its size in between: then the serial call's plan
     is not taken for the passes (nor the other way round). Every run the reference's bits."""
-    from native_limits import reduce_limits_at
-    from l0ops.fused_reduce import FusedReduce
     body = (Instr(op="mul", args=("in0", "in0"), dtype=F),
             Instr(op="sum", args=("t0",), dtype=F, shape=(1, 3, 1)), Instr(op="sqrt", args=("t1",), dtype=F))
     a = FusedReduceAttrs(body=body, results=("t2", "t1"), out_shapes=((3,), (3,)))
@@ -219,7 +222,6 @@ def test_direct_reduction_whose_pass_reads_a_per_channel_input(monkeypatch):
     """A direct reduction whose pass reads a per-channel input (sum((x - m) * x): the
     family's backward sums read the mean) fills that register's rows every run, so it does not
     run from the input addresses alone; every run the reference's bits."""
-    from native_limits import reduce_limits_at
     reduce_limits_at(monkeypatch, 0)  # the passes at any size
     C = 3
     body = (Instr(op="sub", args=("in0", "in1"), dtype=F), Instr(op="mul", args=("t0", "in0"), dtype=F),
@@ -243,7 +245,6 @@ def test_direct_blocked_pair_whose_pass_reads_a_per_channel_input(monkeypatch, r
     per-channel input w (b besides what a derived): sum(x * w) then sum((x - 0.01 Σ)²), or
     Σx then sum(((x - 0.01 Σx) * w) * (x - 0.01 Σx)). Its rows are filled every run, not taken
     from the input addresses alone; the reference's bits."""
-    from native_limits import reduce_limits_at
     reduce_limits_at(monkeypatch, 0)  # the passes at any size
     C = 64
     head = (Instr(op="mul", args=("in0", "in1"), dtype=F),) if reader == "a" else ()
@@ -273,9 +274,6 @@ def test_direct_blocked_pair_whose_pass_reads_a_per_channel_input(monkeypatch, r
 def test_passes_result_broadcast_to_its_output_without_a_c_epilogue():
     """A one-element result (the sum of everything, cubed: no C epilogue) broadcast to an output
     of three elements by the passes' numpy epilogue: the reference's bits."""
-    from l0ops.fused_reduce import FusedReduce
-    from backends.native.reduce import plan_for
-    from backends.native.reduce_run import run_fused_reduce_native
     body = (Instr(op="sum", args=("in0",), dtype=F, shape=(1, 1, 1)),
             Instr(op="fill", args=(), dtype=F, value=3.0), Instr(op="pow", args=("t0", "t1"), dtype=F))
     a = FusedReduceAttrs(body=body, results=("t2",), out_shapes=((1, 3, 1),))
@@ -290,9 +288,6 @@ def test_resized_launch_keeps_the_attrs_result_and_the_overlap_check():
     """The last launch of a body is taken over at another batch size only for the same result
     register (attrs made from others keep the body object), and, resized, still refuses an
     output at a float16 input's address (float32: twice its bytes), as a new launch does."""
-    from l0ops.interpreter import run_fused
-    from backends.native.launch import run_fused_native
-    from test_mutants_native import _cast_mul
     a0 = _cast_mul((8, 40))
     w = np.float32(np.arange(40).reshape(1, 40) / 5 - 3)
     x = np.float32(np.arange(320).reshape(8, 40) / 9)
@@ -313,7 +308,6 @@ def test_serial_call_refuses_what_its_prologue_cannot_read_or_give():
     """The serial call's C prologue refuses an input whose byte strides are not a multiple of
     its element size, and a result that is not a float register (an int32 input given back):
     Unsupported, with its reason (the lowering then runs numpy)."""
-    from backends.native.small import run_small_reduce_native
     body = (Instr(op="mul", args=("in0", "in0"), dtype=F), Instr(op="sum", args=("t0",), dtype=F, shape=(1, 3)))
     a = FusedReduceAttrs(body=body, results=("t1",), out_shapes=((3,),))
     raw = np.zeros(64, np.uint8)
