@@ -172,15 +172,21 @@ def test_a_copy_whose_source_nobody_reads_later_is_redirected_though_the_tensor_
     assert viewcopy_redirect.run(g)[1].counts == {"redirected": 1}
 
 
-def test_a_copy_whose_source_is_read_after_it_is_redirected():
-    """s = x*x copied into out and read afterwards (s + x): the redirect makes s in out, where
-    its later reader finds it (no copy kernel)."""
+def _copy_then_read() -> Graph:
+    """s = x*x copied into out, then read again (s + x)."""
     g = Graph("redirect")
     t4 = TensorType((4,), F32)
     x, out = g.add_input("x", t4), g.add_input("out", t4)
     s = g.add_node("Mul", [x, x]).outputs[0]
     g.add_node("ViewCopy", [s, out])
     g.outputs = [g.add_node("Add", [s, x]).outputs[0]]
+    return g
+
+
+def test_a_copy_whose_source_is_read_after_it_is_redirected():
+    """s = x*x copied into out and read afterwards (s + x): the redirect makes s in out, where
+    its later reader finds it (no copy kernel)."""
+    g = _copy_then_read()
     for level, opt, outs, out_after in _run_levels(g):
         assert outs == [[2, 6, 12, 20]] and out_after == [1, 4, 9, 16], level
     new, stats = viewcopy_redirect.run(g)
@@ -192,12 +198,7 @@ def test_the_redirect_pass_is_idempotent_and_undoes_a_redirect_it_finds_unsafe()
     """Run again on its own result, the pass changes nothing (0 redirected); a ViewCopy marked
     as a redirect where it is unsafe (the destination rewritten while the source is still read)
     becomes a copy again and is counted as undone."""
-    g = Graph("redirect")
-    t4 = TensorType((4,), F32)
-    x, out = g.add_input("x", t4), g.add_input("out", t4)
-    s = g.add_node("Mul", [x, x]).outputs[0]
-    g.add_node("ViewCopy", [s, out])
-    g.outputs = [g.add_node("Add", [s, x]).outputs[0]]
+    g = _copy_then_read()
     once, stats = viewcopy_redirect.run(g)
     assert stats.counts == {"redirected": 1}
     again, stats = viewcopy_redirect.run(once)

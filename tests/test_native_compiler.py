@@ -1,10 +1,12 @@
 """The native backend's compiler command: ``$CC`` is split into words as a shell (and make) would,
 so a launcher in front of the compiler works (``CC="ccache gcc"``); a $CC that cannot be split,
 whose program is missing, cannot run or hangs is one clear error; ``$OPGRAPH_CACHE_DIR`` may
-start with ``~``, and a relative ``$XDG_CACHE_HOME`` is ignored."""
+start with ``~``, and a relative ``$XDG_CACHE_HOME`` is ignored. The kernel cache's keys and bound:
+what the disk key and the in-process memo tell apart, and the eviction bound reached exactly."""
 from __future__ import annotations
 
 import ctypes
+import os
 import shlex
 
 import pytest
@@ -140,3 +142,47 @@ def test_without_cc_the_names_tried_lead_to_the_one_found(tmp_path, monkeypatch)
         assert build.find_compiler() == ((str(gcc_here),), ["cc", "gcc"])
     finally:
         build.forget()
+
+
+# a kernel whose value depends on an extra flag
+FLAGGED_SOURCE = ("#include <stdint.h>\nint64_t opg_kernel(void) {\n#ifdef OPG_TWO\n    return 2;\n"
+                  "#else\n    return 1;\n#endif\n}\n")
+
+
+def test_cache_key_follows_the_extra_flags_the_compiler_and_the_cpu(monkeypatch):
+    """The disk key of a source changes with the extra flags, the compiler's identity and the
+    CPU tag (a -march=native object must not travel), each on its own."""
+    cc = ["cc"]
+    key = build.cache_key(FLAGGED_SOURCE, cc)
+    assert build.cache_key(FLAGGED_SOURCE, cc) == key
+    assert build.cache_key(FLAGGED_SOURCE, cc, ["-DOPG_TWO"]) != key
+    monkeypatch.setattr(compiler, "identity", lambda c: "/elsewhere/cc")
+    assert build.cache_key(FLAGGED_SOURCE, cc) != key
+    monkeypatch.undo()
+    monkeypatch.setattr(build, "_cpu_tag", lambda: "another|cpu|0000000000000000")
+    assert build.cache_key(FLAGGED_SOURCE, cc) != key
+
+
+def test_in_process_memo_tells_extra_flags_apart(cache):
+    """One source loaded with and without an extra -D flag is two kernels, in either order
+    and again (the in-process memo is keyed by the flags too)."""
+    assert call(build.load(FLAGGED_SOURCE)) == 1
+    assert call(build.load(FLAGGED_SOURCE, ["-DOPG_TWO"])) == 2
+    assert call(build.load(FLAGGED_SOURCE)) == 1
+    assert call(build.load(FLAGGED_SOURCE, ["-DOPG_TWO"])) == 2
+
+
+def test_eviction_keeps_a_cache_of_exactly_the_limit(cache):
+    """A cache holding exactly the limit's bytes is within it: nothing is evicted; one byte
+    less of limit evicts the least recently used entry, its three files."""
+    build.private_dir(cache)
+    for k, (age, size) in enumerate([(300, 100), (200, 50)]):
+        for ext, n in (("so", size), ("c", 10), ("cmd", 5)):
+            p = cache / f"k_{str(k) * 64}.{ext}"
+            p.write_bytes(b"x" * n)
+            t = 1_700_000_000 - age
+            os.utime(p, (t, t))
+    assert sum(p.stat().st_size for p in cache.iterdir()) == 180  # 115 + 65 bytes
+    assert build.evict(180, cache) == []
+    gone = build.evict(179, cache)
+    assert sorted(p.name for p in gone) == [f"k_{'0' * 64}.{e}" for e in ("c", "cmd", "so")]
