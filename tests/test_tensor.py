@@ -410,7 +410,8 @@ def test_array_address_is_the_first_elements_for_every_dtype_and_layout(dtype, f
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16, ml_dtypes.bfloat16, np.int8])
 def test_array_span_is_numpys_byte_bounds_for_every_layout(dtype):
-    """``array_span`` (the bytes a direct call checks for overlap) is numpy's own
+    """``array_span`` (the bytes a direct call checks for overlap) and ``array_extent`` (the
+    same from the first element, a native launch's overlap check) are numpy's own
     ``byte_bounds`` for every layout: contiguous, offset, strided, reversed (negative strides
     reach below the first element), transposed, broadcast (stride 0), 0-d, a view of other
     bytes; an empty array spans nothing, where it is."""
@@ -422,9 +423,11 @@ def test_array_span_is_numpys_byte_bounds_for_every_layout(dtype):
              a[7:8].reshape(()), a.view(np.uint8)[3:11], grid[:, 5:6])
     for x in views:
         assert foreign.array_span(x) == byte_bounds(x), (x.shape, x.strides)
+        at = array_address(x)
+        assert foreign.array_extent(x) == tuple(b - at for b in byte_bounds(x))
     for empty in (a[:0], grid[2:2], grid[:, ::-1][:, 4:4], cube[:, :0, ::-2]):
         lo = array_address(empty)
-        assert foreign.array_span(empty) == (lo, lo)
+        assert foreign.array_span(empty) == (lo, lo) and foreign.array_extent(empty) == (0, 0)
 
 
 @pytest.mark.skipif(platform.python_implementation() != "CPython" or hasattr(sys, "gettotalrefcount")

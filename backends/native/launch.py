@@ -17,6 +17,7 @@ import numpy as np
 
 from l0ops.interpreter import Hoisted, program, renaming
 from l0ops.primitives import FusedAttrs, IdentityMemo
+from opgraph.core.foreign import array_extent
 from opgraph.core.tensor import row_major_strides
 from . import build, c_text, render, team
 from .build import PointerArray, address, int64_array
@@ -142,8 +143,8 @@ class Launch:
         groups = collapse_groups(walk, strides)
         shape, loop_strides = collapsed(walk, strides, groups)
         self._set_flat_loop(shape, sum(loop_strides, []))
-        self.extents = [_extent(x) for x in read]
-        self.out_extent = _extent(out)
+        self.extents = [array_extent(x) for x in read]
+        self.out_extent = array_extent(out)
         self.same = [x.shape == out.shape and x.strides == out.strides for x in read]
         # operands all row-major at the full shape: every size of them merges the same dims
         # (a size-1 dim stays 1 under resized()'s renaming, and the dims a hoisted register
@@ -199,17 +200,6 @@ def _row_major_at(full: tuple[int, ...], arrays: Sequence[np.ndarray], out: np.n
 
 def _as_f32(v: Any) -> np.ndarray:
     return v if type(v) is np.ndarray and v.dtype == np.float32 else np.asarray(v, np.float32)
-
-
-def _extent(x: np.ndarray) -> tuple[int, int]:
-    """Byte offsets [lo, hi) around the data pointer that ``x`` touches (empty: (0, 0))."""
-    if x.size == 0:
-        return 0, 0
-    if x.flags.c_contiguous:
-        return 0, x.nbytes
-    lo = sum((n - 1) * s for n, s in zip(x.shape, x.strides) if s < 0)
-    hi = sum((n - 1) * s for n, s in zip(x.shape, x.strides) if s > 0) + x.itemsize
-    return lo, hi
 
 
 _LAUNCHES: dict[tuple, "Launch | Refused"] = {}

@@ -52,28 +52,40 @@ def array_address(x: np.ndarray) -> int:
     return x.ctypes.data
 
 
-def array_span(x: np.ndarray) -> tuple[int, int]:
-    """The bytes ``[lo, hi)`` a numpy array spans: numpy's ``byte_bounds`` from
-    :func:`array_address` and the strides (~0.4 µs; ``byte_bounds`` builds the array interface,
-    ~2.5 µs); an empty array spans none.
+def array_extent(x: np.ndarray) -> tuple[int, int]:
+    """The bytes ``[lo, hi)`` a numpy array spans, as offsets from its first element (a
+    negative stride reaches below it); an empty array spans none, ``(0, 0)``.
 
         >>> a = np.zeros((3, 4), np.float32)
-        >>> lo, hi = array_span(a[::-1, 1:3])
-        >>> (lo - array_address(a), hi - array_address(a))
-        (4, 44)
+        >>> array_extent(a), array_extent(a[::-1, 1:3]), array_extent(a[:0])
+        ((0, 48), (-32, 8), (0, 0))
     """
-    lo = array_address(x)
     if x.flags.c_contiguous:  # (the common case; an empty array is contiguous)
-        return lo, lo + x.nbytes
+        return 0, x.nbytes
     if x.size == 0:
-        return lo, lo
-    hi = lo + x.itemsize
+        return 0, 0
+    lo, hi = 0, x.itemsize
     for n, s in zip(x.shape, x.strides):
         if s < 0:
             lo += (n - 1) * s
         else:
             hi += (n - 1) * s
     return lo, hi
+
+
+def array_span(x: np.ndarray) -> tuple[int, int]:
+    """The bytes ``[lo, hi)`` a numpy array spans, as addresses: numpy's ``byte_bounds`` from
+    :func:`array_address` and :func:`array_extent` (~0.5 µs; ``byte_bounds`` builds the array
+    interface, ~2.5 µs).
+
+        >>> a = np.zeros((3, 4), np.float32)
+        >>> lo, hi = array_span(a[::-1, 1:3])
+        >>> (lo - array_address(a), hi - array_address(a))
+        (4, 44)
+    """
+    at = array_address(x)
+    lo, hi = array_extent(x)
+    return at + lo, at + hi
 
 
 DLPACK_CPU = 1  # DLDeviceType kDLCPU
