@@ -26,6 +26,9 @@ from typing import Optional
 import ml_dtypes
 import numpy as np
 
+import opgraph
+from opgraph import aclnn
+
 F16 = np.dtype(np.float16)
 F32 = np.dtype(np.float32)
 F64 = np.dtype(np.float64)
@@ -243,7 +246,6 @@ def channels_last(a: np.ndarray) -> np.ndarray:
 def strided_copy(a: np.ndarray, kind: str, rng=None):
     """An opgraph.Tensor holding ``a``'s values in layout ``kind``:
     contig / perm (permuted storage) / step (every other element) / offset (offset > 0)."""
-    import opgraph
     rng = rng or np.random.default_rng(0)
     a = np.asarray(a)
     if kind == "contig":
@@ -277,7 +279,6 @@ def strided_copy(a: np.ndarray, kind: str, rng=None):
 def padded_out(shape, dtype, sentinel_byte: int = 0xA5, offset: int = 3):
     """A gradInput view with gaps between elements over a sentinel-filled storage.
     Returns (tensor, storage, pristine copy of storage)."""
-    import opgraph
     strides, acc = [], 1
     for n in reversed(shape):
         strides.append(acc)
@@ -291,7 +292,6 @@ def padded_out(shape, dtype, sentinel_byte: int = 0xA5, offset: int = 3):
 
 def to_tensors(case: Case, layouts: Optional[dict] = None, rng=None) -> list:
     """The eight input tensors (None for a NULL weight) in the given layouts."""
-    import opgraph
     layouts = layouts or {}
     out = []
     for n in NAMES:
@@ -307,7 +307,6 @@ def to_tensors(case: Case, layouts: Optional[dict] = None, rng=None) -> list:
 
 def run_op(inputs: list, grad_input_tensor, *, check: bool = True):
     """Phase 1 + phase 2; returns (status1, workspace size, executor, status2)."""
-    from opgraph import aclnn
     st, ws, ex = aclnn.aclnnBatchNormElemtBackwardGetWorkspaceSize(*inputs, grad_input_tensor)
     if st != 0:
         if check:
@@ -321,7 +320,6 @@ def run_op(inputs: list, grad_input_tensor, *, check: bool = True):
 
 def compute(case: Case, layouts: Optional[dict] = None) -> np.ndarray:
     """Run the op_api on ``case`` with a fresh contiguous gradInput; return gradInput."""
-    import opgraph
     out = np.zeros(case.input.shape, case.out_dtype)
     run_op(to_tensors(case, layouts), opgraph.tensor(out))
     return out

@@ -21,6 +21,7 @@ import opgraph
 from backends.ascend_sim import (AscendSimBackend, NotModelledError, TilingData, compute_tiling,
                                  run_kernel, simulate)
 from opgraph.aclnn import aclnnBatchNormElemtBackward, aclnnBatchNormElemtBackwardGetWorkspaceSize
+from opgraph.cli import main
 from opgraph.core.ir import Graph, TensorType
 
 F32, F16, BF16 = np.dtype(np.float32), np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)
@@ -336,7 +337,6 @@ def test_ascend910_uses_its_own_cores():
 
 # --- CLI -----------------------------------------------------------------------------------------
 def cli(capsys, *argv):
-    from opgraph.cli import main
     code = main(["tiling", *argv])
     out, err = capsys.readouterr()
     return code, out, err
@@ -375,7 +375,6 @@ def test_cli_unmodelled_platforms(capsys, soc, msg):
 
 
 def test_cli_run_trace(capsys):
-    from opgraph.cli import main
     code = main(["run", "aclnnBatchNormElemtBackward", "--shape", "2,3,1,4", "--dtype", "float16",
                  "--backend", "ascend-sim", "--level", "1", "--trace"])
     out = capsys.readouterr().out
@@ -385,7 +384,6 @@ def test_cli_run_trace(capsys):
 
 
 def test_cli_run_on_ascend_sim_defaults_to_what_cann_launches(capsys):
-    from opgraph.cli import main
     assert main(["run", "aclnnBatchNormElemtBackward", "--shape", "8,16,7,7",
                  "--backend", "ascend-sim", "--trace"]) == 0
     out = capsys.readouterr().out

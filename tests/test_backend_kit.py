@@ -9,6 +9,7 @@ import pytest
 import backends
 import opgraph
 from backends.native import build
+from backends.aclnn import lower_executor
 from backends.numpy_backend import NUMPY_LOWERINGS, NumpyBackend, NumpyExecutable
 from opgraph import aclnn
 from opgraph.testing import check_backend, compare
@@ -125,7 +126,6 @@ def test_numpy_executable_refuses_a_short_arena():
 
 @pytest.mark.parametrize("level", [0, 1, 2])
 def test_aclnn_plan_arena_is_exactly_what_phase1_reported(level):
-    from backends.aclnn import lower_executor
     ws, ex, _ = phase1(level=level)
     assert lower_executor(ex).workspace_size == ws
 

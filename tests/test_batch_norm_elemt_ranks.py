@@ -8,9 +8,13 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+import backends as B
+
 import opgraph
 from backends import native
+from backends.numpy_backend import NumpyExecutable
 from opgraph import ops
+from opgraph.aclnn import aclnnBatchNormElemt, aclnnBatchNormElemtGetWorkspaceSize
 
 BACKENDS = ["numpy"] + (["native"] if native.available() else [])
 
@@ -49,9 +53,6 @@ def test_large_rank2_and_rank3_inputs(shape, dtype, layout):
 def test_the_kernel_computes_into_the_callers_output(backend, monkeypatch):
     """The fused kernel's result is placed in the caller's output through the reshape back to
     [N,C,L]: its lowering computes there (``takes_out``), with no temporary to copy over."""
-    import backends as B
-    from backends.numpy_backend import NumpyExecutable
-    from opgraph.aclnn import aclnnBatchNormElemt, aclnnBatchNormElemtGetWorkspaceSize
 
     def no_copy(*args):
         raise AssertionError("a temporary was copied into its slot")

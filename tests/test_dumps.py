@@ -10,6 +10,7 @@ import subprocess
 import uuid
 
 import numpy as np
+import networkx as nx
 import pytest
 
 import l0ops
@@ -18,6 +19,11 @@ from opgraph import DataType, Graph, GraphError, TensorType
 from opgraph.passes import optimize
 from reference import BF16, F16, F32, assert_bits_equal, make_case
 from test_graph import check_structure, record, recorded
+
+try:  # optional: networkx reads DOT files through it
+    import pydot
+except ImportError:
+    pydot = None
 
 FLOAT = DataType.FLOAT
 
@@ -322,12 +328,7 @@ def test_dot_is_well_formed(kw, tmp_path):
     assert all(a in nodes and b in nodes for a, b in edges), "edge to an undeclared node"
     path = tmp_path / "g.dot"
     path.write_text(text)
-    try:
-        import pydot  # noqa: F401
-    except ImportError:
-        pass
-    else:
-        import networkx as nx
+    if pydot is not None:
         G = nx.drawing.nx_pydot.read_dot(str(path))
         assert G.number_of_edges() == len(edges)
     if shutil.which("dot"):
@@ -364,7 +365,6 @@ def test_dot_labels_ops_and_types():
 # networkx
 # --------------------------------------------------------------------------------------------
 def test_to_networkx_structure():
-    import networkx as nx
     g = recorded(weight=False)
     G = g.to_networkx()
     assert isinstance(G, nx.MultiDiGraph)

@@ -11,6 +11,8 @@ import argparse
 import numpy as np
 import pytest
 
+import backends as B
+
 from backends import native
 from native_limits import reduce_limits_at
 from opgraph.cli.cases import build_case, execute, record
@@ -61,7 +63,6 @@ def test_no_op_api_falls_back_to_numpy_on_native(name, shape, monkeypatch):
     """Every op_api at level 2 on native, both SoC families, three dtypes, ranks 2-5, with its
     C paths forced at these small sizes: no fused kernel is left to numpy (the backend counts
     each fallback with its reason)."""
-    import backends as B
     monkeypatch.setattr(native.NativeBackend, "min_fused_elements", 0)
     reduce_limits_at(monkeypatch, 0)
     nat = B.get("native")

@@ -3,10 +3,15 @@ around them become FusedReduce kernels with the bits of level 0 (graphs built fr
 the op_apis record them)."""
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import ml_dtypes
 import numpy as np
 import pytest
 
+import backends
 import opgraph
 from backends.numpy_backend import NumpyBackend
 from opgraph import passes
@@ -133,7 +138,6 @@ native = pytest.mark.skipif("native" not in __import__("backends").available(),
 @pytest.mark.parametrize("dt", [np.float32, np.float16, ml_dtypes.bfloat16])
 @pytest.mark.parametrize("shape", [(4, 3, 5, 6), (70, 3, 1000), (3, 2, 40000)])
 def test_native_fused_reduce_bits_equal_numpy(dt, shape):
-    import backends
     rng = np.random.default_rng(5)
     C = shape[1]
     arrays = {"gradOut": rng.standard_normal(shape).astype(dt), "input": rng.standard_normal(shape).astype(dt),
@@ -155,7 +159,6 @@ def test_native_fused_reduce_bits_equal_numpy(dt, shape):
 @native
 @pytest.mark.parametrize("regbase", [True, False])
 def test_native_stats_two_passes_bits_equal_numpy(regbase):
-    import backends
     shape = (8, 5, 33, 31)
     x = (np.random.default_rng(6).standard_normal(shape) * 3 + 2).astype(np.float32)
     g2 = passes.optimize(stats_graph(shape, regbase), 2)
@@ -187,9 +190,6 @@ sys.stdout.write(b"".join(a[k].tobytes() for k in ("sumDy", "sumDyXmu", "gradWei
 
 @native
 def test_native_reductions_are_the_same_for_any_thread_count():
-    import os
-    import subprocess
-    import sys
     tests = os.path.dirname(__file__)
     outs = []
     for n in ("1", "2", "3"):

@@ -2,6 +2,8 @@
 user-defined l0 ops. Dumps (JSON, DOT, networkx) are tested in test_dumps.py."""
 from __future__ import annotations
 
+import inspect
+
 import json
 import re
 import uuid
@@ -369,7 +371,6 @@ def test_user_op_api_two_phase(lvl):
 
 
 def test_user_op_api_is_registered_with_its_real_signature():
-    import inspect
     assert "aclnnTestAxpy" in aclnn.op_apis()
     spec = aclnn.get_op_api("aclnnTestAxpy")
     assert spec.get_workspace_size is axpy_api and [p.name for p in spec.tensor_params("output")] == ["out"]

@@ -2,6 +2,7 @@
 kernels cached on disk, clear errors without a compiler or on a compile failure."""
 from __future__ import annotations
 
+import ctypes
 import os
 import subprocess
 import sys
@@ -14,6 +15,8 @@ from hypothesis import strategies as st
 
 import backends
 import opgraph
+from opgraph import ops
+from opgraph.cli import main
 import reference as R
 from backends import native
 from native_limits import reduce_limits_at
@@ -187,7 +190,6 @@ def test_disk_cache_is_reused(tmp_path, monkeypatch):
 
 
 def ctypes_int64():
-    import ctypes
     return ctypes.c_int64
 
 
@@ -225,7 +227,6 @@ def test_a_named_compiler_that_is_missing_is_not_swapped_for_another(monkeypatch
 
 
 def test_emit_c_cli(capsys):
-    from opgraph.cli import main
     assert main(["emit-c", "aclnnBatchNormElemtBackward", "--shape", "2,3,4", "--dtype", "bf16",
                  "--platform", "Ascend950"]) == 0
     out = capsys.readouterr().out
@@ -296,7 +297,6 @@ def test_batch_norm_elemt_of_any_rank_runs_in_c(shape, dtype, soc, layout):
     runs on numpy, with the same bits."""
     nat = backends.get("native")
     nat.fallbacks.clear()
-    from opgraph import ops
     rng = np.random.default_rng(4)
     C = shape[1]
     x = rng.standard_normal((2,) + shape).astype(dtype)[1] if layout == "contiguous" else \
@@ -355,7 +355,6 @@ def test_rows_of_a_2d_input_run_several_at_a_time(shape, dtype, n, no_fallback):
     Fewer rows than 4, a claim's rows not a multiple of 4, channels not a multiple of the
     vector width, one and two threads: numpy's bits, for BatchNormElemtBackward and
     BatchNormElemt."""
-    from opgraph import ops
     before = team.threads()
     team.set_threads(n)
     try:

@@ -9,10 +9,14 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+import backends as B
+import opgraph
+
 from backends import native
 from backends.native import build, launch
 from l0ops.interpreter import run_fused
 from l0ops.primitives import FusedAttrs, Instr
+from opgraph.aclnn import aclnnBatchNormElemt, aclnnBatchNormElemtGetWorkspaceSize
 from opgraph.core.dtypes import DataType as D
 
 import reference as R
@@ -234,9 +238,6 @@ def test_elemt_on_the_950_runs_its_prologue_in_c(dt, monkeypatch):
     """Ascend950's BatchNormElemt refines 1/sqrt(var + eps) per channel with max, fma, eq and
     where: its direct launch renders that in C (one C call, no numpy hoisting), with numpy's
     bits — zero, Inf and NaN variances included."""
-    import backends as B
-    import opgraph
-    from opgraph.aclnn import aclnnBatchNormElemt, aclnnBatchNormElemtGetWorkspaceSize
     monkeypatch.setattr(native.NativeBackend, "min_fused_elements", 0)  # a small case, in C
     rng = np.random.default_rng(6)
     C = 12

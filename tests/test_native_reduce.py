@@ -26,6 +26,10 @@ from backends.native.reduce import collapse_reduced, plan_for
 from backends.native.reduce_run import run_fused_reduce_native, run_planned
 from forked import in_forked_child
 from l0ops.fused_reduce import FusedReduce, FusedReduceAttrs, Instr
+from opgraph.aclnn.batch_norm_gather_stats_with_counts import batch_norm_gather_stats_with_counts
+from opgraph.aclnn.batch_norm_reduce import batch_norm_reduce
+from opgraph.aclnn.batch_norm_reduce_backward import batch_norm_backward_reduce
+from opgraph.aclnn.batch_norm_stats import batch_norm_stats
 from opgraph.core.dtypes import DataType as D
 from opgraph.core.ir import Graph, TensorType
 
@@ -309,9 +313,6 @@ def test_the_same_bits_for_any_thread_count():
 
 # --- the family's op_apis at level 2: numpy vs native --------------------------------------
 def op_calls(x, dy):
-    from opgraph.aclnn.batch_norm_reduce import batch_norm_reduce
-    from opgraph.aclnn.batch_norm_reduce_backward import batch_norm_backward_reduce
-    from opgraph.aclnn.batch_norm_stats import batch_norm_stats
     C = x.shape[1]
     rng = np.random.default_rng(8)
     mean, invstd = rng.standard_normal(C).astype(np.float32), rng.uniform(0.5, 2, C).astype(np.float32)
@@ -357,7 +358,6 @@ def test_gather_with_counts_reads_the_counts_through_their_view(W, C, dt, monkey
     """BatchNormGatherStatsWithCounts views counts [W] as [W, 1] (after widening f16/bf16 counts
     to float32) over the [W, C] statistics: a pass reads the counts through that view (the load
     widens), so the C passes cover the body — numpy's bits, the running stats too."""
-    from opgraph.aclnn.batch_norm_gather_stats_with_counts import batch_norm_gather_stats_with_counts
     reduce_limits_at(monkeypatch, 0)  # the passes, not the serial call
     rng = np.random.default_rng(15)
     t = DTYPES[dt]

@@ -9,9 +9,10 @@ import pytest
 import opgraph
 import reference as R
 from backends import native
-from backends.native import small
+from backends.native import launch, reduce, reduce_run, small
 from backends.native.direct_reduce import DirectReduce
 from l0ops.fused_reduce import FusedReduce, FusedReduceAttrs, Instr
+from l0ops.primitives import FusedAttrs
 from opgraph.aclnn import batch_norm_gather_stats_with_counts as gather
 from opgraph.core import backend as backend_registry
 from opgraph.core.dtypes import DataType as D
@@ -90,8 +91,6 @@ def test_a_body_the_c_code_does_not_cover_is_planned_once(monkeypatch):
     """An Unsupported outcome is remembered per body and operand layouts (raised anew each call,
     with its reason), for the serial call, the reduction passes and the elementwise launch — a
     body that falls back to numpy is not planned again on every call."""
-    from backends.native import launch, reduce, reduce_run
-    from l0ops.primitives import FusedAttrs
     counts = {"small": 0, "passes": 0, "launch": 0}
 
     def counting(module, name, key):

@@ -9,12 +9,15 @@ import numpy as np
 import pytest
 
 import l0ops
+from l0ops.interpreter import CHUNK_ELEMS
+import backends
 import opgraph
 from backends import get as get_backend, native
 from opgraph import passes
 from opgraph.aclnn import aclnnBatchNormElemtBackward as run_phase2
 from opgraph.aclnn import aclnnBatchNormElemtBackwardGetWorkspaceSize as phase1
 from opgraph.aclnn.cache import EXECUTOR_CACHE
+from opgraph.cli import main
 from opgraph.core.dtypes import DataType
 from opgraph.core.ir import Graph, TensorType
 from opgraph.core.memory import plan_memory
@@ -45,7 +48,6 @@ def launched(g: Graph) -> list[str]:
 
 
 def run_graph(g: Graph, ex) -> None:
-    import backends
     backends.get("numpy").run(g, ex.bindings)
 
 
@@ -145,7 +147,6 @@ def test_mixed_variant_cast_folding_keeps_bits():
 @pytest.mark.parametrize("platform", ["Ascend910B", "Ascend950"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float16, "bfloat16"])
 def test_levels_bit_identical_with_strided_output(platform, dtype):
-    import ml_dtypes
     dt = ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype
     ex, arrays, _ = record(shape=(3, 4, 5, 6), dtype=dt, platform=platform)
     results = []
@@ -297,7 +298,6 @@ def test_executor_cache_is_thread_safe():
 
 # --- CLI -------------------------------------------------------------------------------------
 def test_cli_dump_stats_passes_and_dump_dir(capsys, tmp_path):
-    from opgraph.cli import main
     args = ["dump", "aclnnBatchNormElemtBackward", "--shape", "4,8,5,5", "--counter-dtype", "int32"]
     assert main(args + ["--stats"]) == 0
     rows = [line.split() for line in capsys.readouterr().out.splitlines()]
@@ -318,8 +318,6 @@ def test_cli_dump_stats_passes_and_dump_dir(capsys, tmp_path):
 def test_chunked_fused_execution_matches_level0_and_leaves_inputs_alone(dtype):
     """A shape several chunks large: the chunk loop, temporaries reused in place and the direct
     store into the output give level 0's bits and never write an input."""
-    import ml_dtypes
-    from l0ops.interpreter import CHUNK_ELEMS
     dt = ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype
     shape = (3, 5, 70, 130)
     assert np.prod(shape) > 3 * CHUNK_ELEMS

@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 
 import opgraph
+from l0ops import interpreter as P
 from opgraph.aclnn import aclnnBatchNormElemtBackwardGetWorkspaceSize as elemt_backward
 from opgraph.core.dtypes import DataType as D
-from opgraph.core.opdef import L0Error
+from opgraph.core.opdef import L0Error, get_op
 from l0ops.interpreter import FLAT_ELEMS, program, run_fused
 from l0ops.primitives import FusedAttrs, Instr, Sig, reg_types
 
@@ -135,8 +136,6 @@ def test_an_ops_numpy_semantics_compile_its_body_once(monkeypatch):
     call is kept with its memoised body (pydantic copies the body tuple, so a fresh attrs object
     per call missed every cache keyed by identity); and equal bodies are one object, so a new
     size renames the program made at another."""
-    from l0ops import interpreter as P
-    from opgraph.core.opdef import get_op
     built = []
     init = P.Program.__init__
     monkeypatch.setattr(P.Program, "__init__", lambda self, *a: (built.append(1), init(self, *a))[1])

@@ -4,6 +4,7 @@ status or AclnnError, and IEEE special values do not leak numpy warnings."""
 from __future__ import annotations
 
 import json
+import time
 import warnings
 
 import numpy as np
@@ -176,7 +177,6 @@ MALFORMED = {
 
 @pytest.mark.parametrize("label", sorted(MALFORMED))
 def test_malformed_json_is_a_graph_error_quickly(label):
-    import time
     t0 = time.perf_counter()
     with pytest.raises(GraphError):
         opgraph.Graph.from_json(MALFORMED[label])

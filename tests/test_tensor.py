@@ -16,6 +16,7 @@ import opgraph
 from opgraph import DataType, Format, Tensor, is_contiguous, promote_types
 from opgraph.core import foreign
 from opgraph.core.tensor import array_address
+from reference import make_case, run_op, to_tensors
 
 try:  # numpy 2
     from numpy.lib.array_utils import byte_bounds
@@ -364,7 +365,6 @@ def test_platform_is_thread_local():
 
 
 def test_executor_records_its_platform():
-    from reference import make_case, run_op, to_tensors
     c = make_case((2, 3), np.float32)
     with opgraph.platform("Ascend950"):
         _, _, ex, _ = run_op(to_tensors(c), opgraph.tensor(np.zeros((2, 3), np.float32)))
