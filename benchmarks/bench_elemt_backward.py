@@ -40,7 +40,9 @@ from typing import Callable
 import ml_dtypes
 import numpy as np
 
+import backends
 import opgraph
+from backends.native import build, launch, team
 from opgraph.aclnn import aclnnBatchNormElemtBackward as phase2
 from opgraph.aclnn import aclnnBatchNormElemtBackwardGetWorkspaceSize as phase1
 from opgraph.aclnn.cache import EXECUTOR_CACHE
@@ -164,7 +166,6 @@ def bench_shape(shape, dname, reps: int, only: "set[str] | None" = None) -> None
         others[f"opgraph L{level} numpy"] = opgraph_variant(level, "numpy", arrays, out)
     others["opgraph L2 numpy FM*"] = opgraph_variant(2, "numpy", arrays, out, True)
     others["naive numpy"] = naive_variant(arrays, out)
-    import backends
     if "native" in backends.available():
         others["opgraph L2 native"] = opgraph_variant(2, "native", arrays, out)
         others["opgraph L2 native FM*"] = opgraph_variant(2, "native", arrays, out, True)
@@ -281,7 +282,6 @@ def main() -> None:
         ap.error(f"--dtypes: unknown {', '.join(unknown)} (choose from {', '.join(DTYPES)})")
     print(f"machine: {host.machine()} {_cpu_name()} python {host.python_version()} "
           f"numpy {np.__version__}; opgraph {opgraph.__version__}")
-    from backends.native import build, launch, team
     if build.availability()[0]:
         team.set_threads(2)
         print(f"native: {build.describe()}; {launch.vector_isa()}; {team.threads()} threads")

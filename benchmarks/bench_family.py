@@ -26,7 +26,9 @@ from typing import Callable, Optional
 
 import numpy as np
 
+import backends
 import opgraph
+from backends.native import build, launch
 from opgraph.cli.cases import Case, execute, record
 from opgraph.core.dtypes import DataType
 from opgraph.core.opapi import InputConfig, get_op_api
@@ -121,10 +123,8 @@ def main() -> None:
     dnames = (args.dtypes or ("fp32" if args.quick else "fp32,fp16,bf16")).split(",")
     sizes = SIZES[:1] if args.quick else SIZES
     ops = [op for op in OPS if not args.ops or any(w in op for w in args.ops.split(","))]
-    import backends
     if "native" not in backends.available():
         raise SystemExit("opgraph: error: the native backend needs a C compiler")
-    from backends.native import build, launch
     print(f"opgraph {opgraph.__version__}, {host.machine()}, Python {host.python_version()}; "
           f"{build.describe()}; {launch.vector_isa()}; level 2, whole two-phase calls, {reps} interleaved repeats\n")
     rows = []
