@@ -156,7 +156,8 @@ SyncBatchNormBackwardElemt = define_op(
     doc="The element-wise SyncBatchNorm input gradient kernel (7 same-shape inputs).")
 
 
-def elemt_backward(go, x, mean, invstd, weight, mdy, mdyx, *, arch: int = 2201) -> np.ndarray:
+def elemt_backward(go: np.ndarray, x: np.ndarray, mean: np.ndarray, invstd: np.ndarray,
+                   weight: np.ndarray, mdy: np.ndarray, mdyx: np.ndarray, *, arch: int = 2201) -> np.ndarray:
     """The kernel's numpy semantics on broadcastable arrays (what the op computes per element)."""
     ops = [np.asarray(a) for a in (go, x, mean, invstd, weight, mdy, mdyx)]
     shape = np.broadcast_shapes(*(a.shape for a in ops))

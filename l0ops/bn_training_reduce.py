@@ -25,6 +25,7 @@ import numpy as np
 
 from opgraph.core.dtypes import DataType, Format
 from opgraph.core.opdef import Fidelity, OpAttrs, require
+from opgraph.core.types import TensorType
 from .define import define_op
 from .expansion import expansion_compute
 
@@ -46,7 +47,7 @@ def out_shape(shape: tuple[int, ...], fmt: Format) -> tuple[int, ...]:
 SMALL_R = (1, 3, 10, 17)  # IsFirstRoundSmallR: the H·W the small-R template takes
 
 
-def small_r(t) -> bool:
+def small_r(t: TensorType) -> bool:
     """Whether the 950 tiling runs its small-R template on x's TensorType ``t``
     (bn_training_reduce_tiling_arch35.cpp:49-68, tried first: TryBuildSmallRConfig): NCHW,
     N = 1 and H·W in {1, 3, 10, 17}."""

@@ -4,7 +4,9 @@ arch35 kernel source), plus ConvertToTensor, the host-side constant tensor an op
 ``executor->ConvertToTensor(scalar, dtype)`` (no kernel). BNInfer and BatchNormV3 are defined by
 their expansion, so level 2 fuses them; the per-channel part (rstd) is hoisted, computed once.
 
-    >>> import numpy as np
+    >>> from typing import Callable
+
+import numpy as np
     >>> x = np.float32([[[[1.0]], [[3.0]]]])                       # [1, 2, 1, 1]
     >>> c = lambda *v: np.float32(v).reshape(1, 2, 1, 1)
     >>> BNInfer.compute([x, c(1, 1), c(0, 0), c(1, 1), c(3, 3)], BNInfer.make_attrs(eps=1.0))[0].ravel()
@@ -15,6 +17,8 @@ their expansion, so level 2 fuses them; the per-channel part (rstd) is hoisted, 
     array([0., 1.], dtype=float32)
 """
 from __future__ import annotations
+
+from typing import Callable
 
 import numpy as np
 
@@ -76,7 +80,7 @@ class V3Attrs(OpAttrs):
     channel_axis: int = 1  # v3_channel_axis(x): the numpy semantics see arrays, not formats
 
 
-def rstd_newton_raphson(emit, var: str, eps: float) -> str:
+def rstd_newton_raphson(emit: Callable[..., str], var: str, eps: float) -> str:
     """ComputeRstdNewtonRaphsonReg (ops-nn norm_common reduce_common_regbase.h), in float32:
     v = max(var + eps, −99.99); r = 1/v; y = sqrt(r); t = (v·−0.5)·y; rstd = y·(t·y + 1.5);
     s = (v·−1)·r + 1; r = (rstd·−1)·rstd + r; s = (v·r + s)·rstd; rstd = s·0.5 + rstd
@@ -99,7 +103,7 @@ def rstd_newton_raphson(emit, var: str, eps: float) -> str:
     return emit("where", [emit("eq", [v, c(0.0)], DataType.BOOL), c(POS_INF), rstd], F32)
 
 
-def v3_channel_axis(x) -> int:
+def v3_channel_axis(x: TensorType) -> int:
     """The dim BatchNormV3's inference tilings take as the channel: the last for a 4-D NHWC or
     5-D NDHWC storage format (the infer template takes only ND, NCHW and NCDHW; the
     last-channel one reads C from dim 3 / dim 4: batch_norm_v3_tiling_infer_arch35.cpp:185-227,

@@ -19,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from opgraph.core.collective import get_group
+from opgraph.core.ir import Node
 from opgraph.core.opdef import Fidelity, L0Error, OpAttrs, require
 from opgraph.core.types import TensorType
 from .define import define_op
@@ -89,6 +90,6 @@ AllReduce = define_op(
 COLLECTIVES = ("AllGather", "AllReduce")
 
 
-def is_collective(node) -> bool:
+def is_collective(node: Node) -> bool:
     """True for an AllGather / AllReduce node."""
     return node.op in COLLECTIVES

@@ -44,8 +44,9 @@ class BodyBuilder:
     def __init__(self) -> None:
         self.body: list[Instr] = []
 
-    def emit(self, op: str, args: Sequence[str], dtype: DataType, shape=None, value=None,
-             over=None) -> str:
+    def emit(self, op: str, args: Sequence[str], dtype: DataType,
+             shape: "tuple[int, ...] | None" = None, value: "float | None" = None,
+             over: "tuple[int, ...] | None" = None) -> str:
         self.body.append(Instr(op=op, args=tuple(args), dtype=dtype, shape=shape, value=value,
                                over=over))
         return f"t{len(self.body) - 1}"

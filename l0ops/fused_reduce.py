@@ -59,7 +59,7 @@ def _broadcasts(src, shape) -> bool:
         return False
 
 
-def as_output(v: np.ndarray, shape) -> np.ndarray:
+def as_output(v: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     """A result register as its output: reshaped (a view of [1,C,1,1] as [C]) or broadcast."""
     return v.reshape(shape) if v.size == math.prod(shape) else np.array(np.broadcast_to(v, shape))
 

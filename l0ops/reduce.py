@@ -15,11 +15,13 @@ op order around it follows the public sources where there are any.
 from __future__ import annotations
 
 import math
+from typing import Sequence
 
 import numpy as np
 
 from opgraph.core.dtypes import DataType
 from opgraph.core.opdef import Fidelity, OpAttrs, require
+from opgraph.core.types import TensorType
 from .basic import _norm_axes
 from .define import define_op
 from .expansion import expansion_compute
@@ -34,7 +36,8 @@ class ReduceAttrs(OpAttrs):
     keepdims: bool = False
 
 
-def reduced_type(t, axes, keepdims: bool, op: str, dtype=None):
+def reduced_type(t: TensorType, axes: Sequence[int], keepdims: bool, op: str,
+                 dtype: "DataType | None" = None) -> TensorType:
     """The TensorType of ``t`` reduced over ``axes``."""
     ax = _norm_axes(op, axes, t.rank)
     shape = tuple(1 if i in ax else n for i, n in enumerate(t.shape) if keepdims or i not in ax)

@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Mapping, Optional
+from typing import Iterable, Mapping, Optional
 
 import numpy as np
 
 from opgraph.core.opapi import op_api_specs
-from .plan import Arg, Call, CallPlan, TensorDesc, dtype_from_acl
+from .plan import Arg, Call, CallPlan, TensorDesc, UserBuffer, dtype_from_acl
 
 HEADERS = {
     "aclnnCast": "aclnn_cast.h", "aclnnReduceSum": "aclnn_reduce_sum.h", "aclnnDiv": "aclnn_div.h",
@@ -142,11 +142,11 @@ class Spelling:
         return got
 
 
-def ints(values) -> str:
+def ints(values: Iterable[int]) -> str:
     return "{" + ", ".join(str(int(v)) for v in values) + "}"
 
 
-def literal(v, ctype: str) -> str:
+def literal(v: float, ctype: str) -> str:
     """One element of an embedded array as a valid, exact C++ literal of ``ctype``: float32 as
     ``%.9g`` with a dot (reads back to the same float), double as its shortest repr, ±inf via
     ``std::numeric_limits`` and NaN from its bit pattern (sign and payload kept).
@@ -201,7 +201,7 @@ class Emitter:
     def check(self, cond: str, what: str, ret: str = "ret") -> None:
         self.w(f'CHECK_RET({cond}, LOG_PRINT("{what} failed. ERROR: %d\\n", {ret}); return {ret});')
 
-    def user(self, u) -> None:
+    def user(self, u: UserBuffer) -> None:
         ctype = C_TYPES[dtype_from_acl(u.dtype).name]
         name = self.label(u.name)
         host, dev = f"host_{name}", f"dev_{name}"
@@ -283,7 +283,7 @@ class Emitter:
         self.w(f"ret = {c.api}(workspaceAddr, workspaceSize, executor, stream);")
         self.check("ret == ACL_SUCCESS", f"{c.api} (call {i})")
 
-    def result(self, u) -> None:
+    def result(self, u: UserBuffer) -> None:
         d = dtype_from_acl(u.dtype)
         name = self.label(u.name)
         ctype, host = C_TYPES[d.name], f"host_{name}"

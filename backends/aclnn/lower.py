@@ -18,11 +18,11 @@ the public API of the op_api that recorded it (``graph.call``; its spec's ``acln
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
 from opgraph.core.backend import LoweringTable
 from opgraph.core.dtypes import DataType
-from opgraph.core.ir import Graph, Node
+from opgraph.core.ir import Graph, Node, Value
 from opgraph.core.memory import MemoryPlan, plan_memory
 from opgraph.core.opapi import get_op_api
 from opgraph.core.tensor import row_major_strides
@@ -40,7 +40,7 @@ def t_arg(name: str, tid: Optional[str]) -> Arg:
     return Arg(kind="tensor", name=name, tensor=tid)
 
 
-def ints_arg(name: str, values) -> Arg:
+def ints_arg(name: str, values: Iterable[int]) -> Arg:
     return Arg(kind="int_array", name=name, ints=[int(v) for v in values])
 
 
@@ -78,20 +78,21 @@ class Lowerer:
             self.tid[value] = desc.id
         return desc.id
 
-    def scratch(self, tid: str, shape, dtype: DataType) -> str:
+    def scratch(self, tid: str, shape: Sequence[int], dtype: DataType) -> str:
         """A contiguous tensor in a buffer the plan owns (outside the workspace arena)."""
         self.plan_buffers.append(PlanBuffer(name=tid, nbytes=max(math.prod(shape) * DataType(dtype).itemsize, 1)))
         return self._add(TensorDesc(id=tid, dtype=acl_dtype(dtype), dims=list(shape),
                                     strides=list(row_major_strides(shape)),
                                     storage_dims=list(shape), buffer="plan", user=tid))
 
-    def view(self, base: str, tid: str, shape, strides, dtype: Optional[DataType] = None) -> str:
+    def view(self, base: str, tid: str, shape: Sequence[int], strides: Sequence[int],
+             dtype: Optional[DataType] = None) -> str:
         """A new aclTensor over ``base``'s memory with other dims/strides (no call)."""
         b = self.tensors[base]
         return self._add(b.model_copy(update={"id": tid, "dims": list(shape), "strides": list(strides),
                                               "dtype": acl_dtype(dtype) if dtype else b.dtype}))
 
-    def new_value(self, v) -> str:
+    def new_value(self, v: Value) -> str:
         """The tensor of a node output that owns a buffer (workspace, or a redirected user tensor)."""
         if v.name in self.mem.placed_in:
             dst = self.tensors[self.tid[self.mem.placed_in[v.name]]]
@@ -109,17 +110,17 @@ class Lowerer:
         self.tid[v.name] = tid
         return tid
 
-    def of(self, v) -> str:
+    def of(self, v: Value) -> str:
         return self.tid[v.name]
 
     def of_input(self, name: str) -> str:
         """The tensor id of graph input ``%name``."""
         return self.tid[name]
 
-    def call(self, api: str, node, *args: Arg) -> None:
+    def call(self, api: str, node: Node, *args: Arg) -> None:
         self.calls.append(Call(api=api, args=list(args), source=dump_line(node)))
 
-    def mark_written(self, v) -> None:
+    def mark_written(self, v: Value) -> None:
         u = self.tensors[self.of(v)].user
         if u:
             self.written.add(u)
@@ -161,7 +162,7 @@ def lower_executor(executor: Any) -> CallPlan:
 
 
 # --- the lowering table -----------------------------------------------------------------------
-def lower_free(L: Lowerer, node) -> None:
+def lower_free(L: Lowerer, node: Node) -> None:
     """A node that launches nothing: its output is a view over its input's memory."""
     src, out = L.tensors[L.of(node.inputs[0])], node.outputs[0]
     if node.op == "UnsqueezeNd":
@@ -174,7 +175,8 @@ def lower_free(L: Lowerer, node) -> None:
     L.tid[out.name] = out.name
 
 
-def unsqueeze_strides(dims, strides, out_shape) -> list[int]:
+def unsqueeze_strides(dims: Sequence[int], strides: Sequence[int],
+                      out_shape: Sequence[int]) -> list[int]:
     """Strides of ``out_shape`` (``dims`` with size-1 dims inserted) over the same memory.
 
     >>> unsqueeze_strides([3], [1], (1, 3, 1, 1))
@@ -190,13 +192,13 @@ def unsqueeze_strides(dims, strides, out_shape) -> list[int]:
     return out
 
 
-def lower_cast(L: Lowerer, node) -> None:
+def lower_cast(L: Lowerer, node: Node) -> None:
     out = L.new_value(node.outputs[0])
     L.call("aclnnCast", node, t_arg("self", L.of(node.inputs[0])),
            Arg(kind="dtype", name="dtype", dtype=acl_dtype(node.attrs.to)), t_arg("out", out))
 
 
-def lower_reduce_sum(L: Lowerer, node) -> None:
+def lower_reduce_sum(L: Lowerer, node: Node) -> None:
     x, v = node.inputs[0], node.outputs[0]
     out = L.new_value(v)
     axes = [a % max(x.type.rank, 1) for a in node.attrs.axes]
@@ -205,19 +207,19 @@ def lower_reduce_sum(L: Lowerer, node) -> None:
            Arg(kind="dtype", name="dtype", dtype=acl_dtype(v.type.dtype)), t_arg("out", out))
 
 
-def lower_div(L: Lowerer, node) -> None:
+def lower_div(L: Lowerer, node: Node) -> None:
     out = L.new_value(node.outputs[0])
     L.call("aclnnDiv", node, t_arg("self", L.of(node.inputs[0])), t_arg("other", L.of(node.inputs[1])),
            t_arg("out", out))
 
 
-def lower_broadcast(L: Lowerer, node) -> None:
+def lower_broadcast(L: Lowerer, node: Node) -> None:
     out = L.new_value(node.outputs[0])
     L.call("aclnnExpand", node, t_arg("self", L.of(node.inputs[0])), ints_arg("size", node.attrs.shape),
            t_arg("out", out))
 
 
-def lower_fill(L: Lowerer, node) -> None:
+def lower_fill(L: Lowerer, node: Node) -> None:
     out = L.new_value(node.outputs[0])
     if node.attrs.value == 1:
         L.call("aclnnInplaceOne", node, t_arg("selfRef", out))
@@ -226,7 +228,7 @@ def lower_fill(L: Lowerer, node) -> None:
                Arg(kind="scalar", name="value", value=node.attrs.value, dtype=acl_dtype(node.attrs.dtype)))
 
 
-def lower_copy(L: Lowerer, node) -> None:
+def lower_copy(L: Lowerer, node: Node) -> None:
     """Contiguous (a strided input) → copy into a workspace tensor; ViewCopy → copy into the user
     tensor, or nothing when redirected (the producer already wrote the user's memory)."""
     if node.op == "ViewCopy":
@@ -240,7 +242,7 @@ def lower_copy(L: Lowerer, node) -> None:
     L.call("aclnnInplaceCopy", node, t_arg("selfRef", dst), t_arg("src", L.of(node.inputs[0])))
 
 
-def channel_param(L: Lowerer, v, node) -> str:
+def channel_param(L: Lowerer, v: Value, node: Node) -> str:
     """A [C] tensor holding the per-channel parameter that reaches the kernel broadcast as ``v``.
 
     Walks back through BroadcastTo / UnsqueezeNd (and a Cast applied after the broadcast) to the
@@ -273,7 +275,7 @@ def channel_param(L: Lowerer, v, node) -> str:
                         f"aclnnBatchNormElemtBackward: {dump_line(node)}")
 
 
-def counter_one(L: Lowerer, node) -> str:
+def counter_one(L: Lowerer, node: Node) -> str:
     """The FLOAT [1] counter holding total count 1 (filled by aclnnInplaceOne once)."""
     if COUNTER_ID not in L.tensors:
         L.scratch(COUNTER_ID, (1,), DataType.FLOAT)
@@ -285,7 +287,7 @@ ELEMT_ARGS = ("gradOut", "input", "mean", "invstd", "weight", "sumDy", "sumDyXmu
               "gradInput")
 
 
-def lower_elemt(L: Lowerer, node) -> None:
+def lower_elemt(L: Lowerer, node: Node) -> None:
     """The l0 kernel → the public op with per-channel params, sumDy := meanDy,
     sumDyXmu := meanDyXmu and a counter of total 1 (so the means pass through unchanged)."""
     go, x, mean, invstd, weight, md, mdx = node.inputs

@@ -20,7 +20,7 @@ import ctypes
 import os
 from ctypes import (POINTER, byref, c_bool, c_char_p, c_double, c_float, c_int, c_int32, c_int64,
                     c_size_t, c_uint64, c_void_p)
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -96,7 +96,7 @@ class AclnnRuntime:
         self.check("aclrtCreateStream", self.fn("aclrtCreateStream", [POINTER(c_void_p)])(byref(stream)))
         self._stream = stream
 
-    def fn(self, name: str, argtypes: list, restype: Any = c_int):
+    def fn(self, name: str, argtypes: list, restype: Any = c_int) -> Callable[..., Any]:
         """The C function ``name`` from the first library exporting it."""
         for lib in self._libs:
             f = getattr(lib, name, None)

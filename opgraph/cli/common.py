@@ -13,7 +13,7 @@ import os
 import re
 import sys
 import tempfile
-from typing import Callable, Sequence
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 
@@ -40,7 +40,9 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
         self.exit(2, f"opgraph: error: {message} (see '{self.prog} --help')\n")
 
-    def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
+    def parse_known_args(self, args: Optional[Sequence[str]] = None,  # type: ignore[override]
+                         namespace: Optional[argparse.Namespace] = None
+                         ) -> tuple[argparse.Namespace, list[str]]:
         """Unknown arguments are rejected by the (sub)command that got them (argparse leaves
         that to the top-level parser, whose help does not list the subcommand's options)."""
         ns, extras = super().parse_known_args(args, namespace)

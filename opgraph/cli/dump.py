@@ -151,10 +151,10 @@ class _Recorder(Instrument):
     def __init__(self, hits: list[dict[str, list[str]]]):
         self.hits, self.steps, self._before = hits, [], None
 
-    def before(self, index, p, graph):
+    def before(self, index: int, p: Pass, graph: Graph) -> None:
         self._before = graph.copy()
 
-    def after(self, index, p, graph, stats):
+    def after(self, index: int, p: Pass, graph: Graph, stats: PassStats) -> None:
         after = graph.copy()
         self.steps.append(PassStep(index + 1, p.name, stats, self._before, after, self.hits[index],
                                    diff_nodes(self._before, after)))

@@ -13,11 +13,13 @@ import argparse
 from typing import Any
 
 from backends.aclnn.lower import LoweringError, lower_executor
-from .cases import add_op_subparsers, build_case, recorded_executor
+from backends.aclnn.plan import CallPlan
+from opgraph.core.executor import Executor
+from .cases import Case, add_op_subparsers, build_case, recorded_executor
 from .common import CliError, write_output
 
 
-def case_plan(args: argparse.Namespace):
+def case_plan(args: argparse.Namespace) -> tuple[Case, Executor, CallPlan]:
     """``(case, executor, plan)`` for the op options (phase 1, then the lowering)."""
     case = build_case(args)
     ex = recorded_executor(case)

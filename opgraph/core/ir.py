@@ -19,7 +19,7 @@ networkx) are functions in :mod:`opgraph.core.serialize` that the ``Graph.to_*``
 """
 from __future__ import annotations
 
-from typing import Any, Iterable, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Optional, Sequence
 
 from pydantic import BaseModel
 
@@ -27,6 +27,9 @@ from . import html, onnx_export, serialize
 from .dtypes import DataType
 from .opdef import L0Error, OpDef, get_op
 from .types import GraphError, RecordedCall, TensorType, format_attr
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 __all__ = ["Graph", "GraphError", "Node", "TensorType", "Value"]
 
@@ -282,7 +285,7 @@ class Graph:
     def to_dot(self) -> str:
         return serialize.to_dot(self)
 
-    def to_networkx(self):
+    def to_networkx(self) -> "nx.MultiDiGraph":
         return serialize.to_networkx(self)
 
     def to_html(self, times: "dict[str, float] | None" = None, engine: Optional[str] = None) -> str:

@@ -40,7 +40,7 @@ class MemoryPlan:
         return self.aliases.get(name, name)
 
 
-def buffer_root(node) -> "int | None":
+def buffer_root(node: Any) -> "int | None":
     """Index of the operand whose memory ``node``'s output reuses, or None for a new buffer:
     free nodes (identities and views) alias operand 0, writers alias their destination."""
     opdef = node.opdef

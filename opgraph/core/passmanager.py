@@ -138,7 +138,7 @@ class Instrument:
 class VerifyInstrument(Instrument):
     """``graph.verify()`` after every pass; a failure names the pass."""
 
-    def after(self, index, p, graph, stats):
+    def after(self, index: int, p: Pass, graph: Graph, stats: PassStats) -> None:
         try:
             graph.verify()
         except GraphError as e:
@@ -151,7 +151,7 @@ class PrintInstrument(Instrument):
     def __init__(self, stream: Optional[TextIO] = None):
         self.stream = stream
 
-    def after(self, index, p, graph, stats):
+    def after(self, index: int, p: Pass, graph: Graph, stats: PassStats) -> None:
         out = self.stream or sys.stdout
         print(f"// after pass {index:02d} {stats}", file=out)
         print(graph, file=out)
@@ -185,11 +185,11 @@ class DumpInstrument(Instrument):
         """``00-input``: the graph before the first pass (a pipeline with none calls no hook)."""
         self._write("00-input", graph)
 
-    def before(self, index, p, graph):
+    def before(self, index: int, p: Pass, graph: Graph) -> None:
         if index == 0:
             self.write_input(graph)
 
-    def after(self, index, p, graph, stats):
+    def after(self, index: int, p: Pass, graph: Graph, stats: PassStats) -> None:
         self._write(f"{index + 1:02d}-{p.name}", graph)
 
 
@@ -205,7 +205,7 @@ class TimingInstrument(Instrument):
     def __init__(self):
         self.times: list[tuple[str, float]] = []
 
-    def after(self, index, p, graph, stats):
+    def after(self, index: int, p: Pass, graph: Graph, stats: PassStats) -> None:
         self.times.append((p.name, stats.seconds))
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from opgraph.core.ir import Graph, Node
 from opgraph.core.memory import plan_memory
 
 
@@ -24,12 +25,12 @@ class GraphStats:
 
 
 
-def node_traffic(node) -> int:
+def node_traffic(node: Node) -> int:
     """Bytes a launched node reads and writes (broadcast operands count at their real size)."""
     return sum(v.type.nbytes for v in node.inputs) + sum(v.type.nbytes for v in node.outputs)
 
 
-def graph_stats(graph) -> GraphStats:
+def graph_stats(graph: Graph) -> GraphStats:
     """Launches are nodes CANN would run a kernel for (free identities/views excluded)."""
     launched = [n for n in graph.nodes if not n.opdef.is_free(n)]
     return GraphStats(nodes=len(graph.nodes), launches=len(launched),
