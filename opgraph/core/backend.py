@@ -48,9 +48,11 @@ class Addressed(Protocol):
     wrapper of another library's tensor of the recorded layout)."""
 
     @property
-    def data_address(self) -> int: ...
+    def data_address(self) -> int:
+        """The address of the first element (the view's offset included), as an int."""
 
-    def view(self) -> Any: ...
+    def view(self) -> Any:
+        """A numpy array over the elements, in the recorded shape and strides (writes reach them)."""
 
 
 def data_addresses(bindings: Mapping[str, Addressed], names: Sequence[str]) -> list[int]:
@@ -84,6 +86,8 @@ class Executable:
     direct_without_workspace = False
 
     def run(self, bindings: Mapping[str, Tensor], workspace: Any = None) -> Any:
+        """Run the program once on ``bindings`` and ``workspace``, as the class describes; what it
+        returns is the backend's (the numpy family: the graph outputs by value name)."""
         raise NotImplementedError
 
     def run_direct(self, bindings: Mapping[str, Addressed]) -> bool:
@@ -126,6 +130,9 @@ class Backend:
         return True, ""
 
     def compile(self, graph: Graph, memory_plan: MemoryPlan, platform: Platform) -> Executable:
+        """An :class:`Executable` of ``graph`` (already optimised) for ``platform``, its
+        intermediates laid out by ``memory_plan``; called once per program, through
+        :meth:`compile_checked`."""
         raise NotImplementedError
 
     def compile_checked(self, graph: Graph, memory_plan: MemoryPlan, platform: Platform) -> Executable:
@@ -176,6 +183,8 @@ class LoweringTable:
         return fn
 
     def extend(self, entries: Mapping[str, Lowering]) -> "LoweringTable":
+        """A new table: these entries plus ``entries`` (``entries`` win), with the same fallback;
+        this table is not changed."""
         return LoweringTable({**self.entries, **entries}, fallback=self.fallback)
 
     def lookup(self, op: str) -> Optional[Lowering]:

@@ -36,9 +36,11 @@ class LocalGroup:
     world_size = 1
 
     def all_gather(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """See :meth:`CollectiveGroup.all_gather`; each array as a copy with a rank axis of 1."""
         return [np.array(a)[None] for a in arrays]
 
     def all_reduce(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """See :meth:`CollectiveGroup.all_reduce`; a copy of each array (the sum over one rank)."""
         return [np.array(a) for a in arrays]
 
 

@@ -85,6 +85,7 @@ def check_level(n: int) -> int:
 
 
 def get_opt_level() -> int:
+    """The level phase 1 compiles at in this context: 0, 1 or 2 (default 2, fused)."""
     return _level.get()
 
 
@@ -95,6 +96,15 @@ def set_opt_level(n: int) -> None:
 
 @contextlib.contextmanager
 def opt_level(n: int) -> Iterator[int]:
+    """``with opgraph.opt_level(n): ...`` compiles the op_api calls of the block at level ``n``
+    (ValueError unless 0, 1 or 2); the level before it comes back on leaving.
+
+        >>> with opt_level(1):
+        ...     with opt_level(0):
+        ...         inner = get_opt_level()
+        ...     inner, get_opt_level()
+        (0, 1)
+    """
     token = _level.set(check_level(n))
     try:
         yield n

@@ -61,6 +61,11 @@ class DataType(enum.IntEnum):
 
     @property
     def itemsize(self) -> int:
+        """Bytes per element (of :attr:`np`; TypeError for types numpy cannot hold).
+
+            >>> DataType.BF16.itemsize, DataType.INT64.itemsize
+            (2, 8)
+        """
         return self.np.itemsize
 
     @property

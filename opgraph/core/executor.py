@@ -67,6 +67,7 @@ class CompiledProgram:
 
     @property
     def workspace_size(self) -> int:
+        """Bytes of workspace phase 2 needs: the memory plan's size (0 when none)."""
         return self.memory_plan.size
 
     def executable(self, backend: Backend) -> Executable:
@@ -152,6 +153,7 @@ class Executor:
 
     @property
     def name(self) -> str:
+        """The op_api that recorded the graph (the graph's name), e.g. ``aclnnBatchNormStats``."""
         return self.graph.name
 
     @property
@@ -161,14 +163,17 @@ class Executor:
 
     @property
     def memory_plan(self) -> Optional[MemoryPlan]:
+        """The compiled graph's memory plan (None before phase 1 compiled it)."""
         return None if self.program is None else self.program.memory_plan
 
     @property
     def workspace_size(self) -> int:
+        """Bytes phase 1 reports as the workspace (0 before it compiled, or when none is needed)."""
         return 0 if self.program is None else self.program.workspace_size
 
     @property
     def opt_level(self) -> int:
+        """The level the program was compiled at (0 before phase 1 compiled it)."""
         return 0 if self.program is None else self.program.opt_level
 
     @property
@@ -184,6 +189,7 @@ class Executor:
         return v
 
     def output(self, *values: Value) -> None:
+        """Make ``values`` the graph's outputs, in order (replacing any set before)."""
         self.graph.outputs = list(values)
 
     @property

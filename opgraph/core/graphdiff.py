@@ -47,6 +47,7 @@ class NodeDiff:
 
     @property
     def changed(self) -> bool:
+        """True when any node was added, removed, rewritten or rewired."""
         return bool(self.added or self.removed or self.rewritten or self.rewired)
 
     def marks_before(self) -> dict[str, str]:

@@ -44,10 +44,12 @@ class Value:
 
     @property
     def shape(self) -> tuple[int, ...]:
+        """The value's shape (of its :class:`TensorType`)."""
         return self.type.shape
 
     @property
     def dtype(self) -> DataType:
+        """The value's element type (of its :class:`TensorType`)."""
         return self.type.dtype
 
     def __repr__(self) -> str:
@@ -66,6 +68,7 @@ class Node:
 
     @property
     def opdef(self) -> OpDef:
+        """The registered definition of :attr:`op` (KeyError for an op not registered)."""
         return get_op(self.op)
 
     def attr_items(self) -> list[tuple[str, Any]]:
@@ -118,6 +121,8 @@ class Graph:
         return v
 
     def fresh_name(self) -> str:
+        """The next unused numeric value name (``"0"``, ``"1"`` ...), past any number given as an
+        input's name; add_node names outputs with it when no names are given."""
         name = str(self._next)
         self._next += 1
         return name
@@ -193,6 +198,7 @@ class Graph:
         node.inputs, node.outputs = [], []  # detached: passes iterating a snapshot skip it
 
     def values(self) -> Iterable[Value]:
+        """Every value: the inputs, then each node's outputs in node order."""
         yield from self.inputs
         for n in self.nodes:
             yield from n.outputs
@@ -272,9 +278,12 @@ class Graph:
         return f"<Graph {self.name}: {len(self.inputs)} inputs, {len(self.nodes)} nodes>"
 
     def to_dict(self) -> dict:
+        """The graph as plain JSON data (:func:`opgraph.core.serialize.graph_to_dict`)."""
         return serialize.graph_to_dict(self)
 
     def to_json(self, indent: "int | None" = 1) -> str:
+        """The schema-versioned JSON dump (:func:`opgraph.core.serialize.to_json`; non-finite floats
+        as strings); ``indent=None`` writes one line."""
         return serialize.to_json(self, indent)
 
     @classmethod
@@ -283,9 +292,12 @@ class Graph:
         return serialize.from_json(text, cls)
 
     def to_dot(self) -> str:
+        """Graphviz DOT text (:func:`opgraph.core.serialize.to_dot`); nodes that write in place are shaded."""
         return serialize.to_dot(self)
 
     def to_networkx(self) -> "nx.MultiDiGraph":
+        """A ``networkx.MultiDiGraph`` of the graph (:func:`opgraph.core.serialize.to_networkx`;
+        needs networkx)."""
         return serialize.to_networkx(self)
 
     def to_html(self, times: "dict[str, float] | None" = None, engine: Optional[str] = None) -> str:

@@ -22,6 +22,11 @@ ALIGN = 512
 
 
 def align_up(n: int, a: int = ALIGN) -> int:
+    """``n`` rounded up to a multiple of ``a`` (default 512, the workspace alignment).
+
+        >>> align_up(0), align_up(1), align_up(512), align_up(10, 8)
+        (0, 512, 512, 16)
+    """
     return (n + a - 1) // a * a
 
 

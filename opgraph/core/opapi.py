@@ -55,6 +55,7 @@ class Option:
 
     @property
     def flag(self) -> str:
+        """The CLI spelling: ``no_weight`` → ``--no-weight``."""
         return "--" + self.name.replace("_", "-")
 
 
@@ -68,6 +69,7 @@ class InputConfig:
     options: Mapping[str, Any] = field(default_factory=dict)
 
     def option(self, name: str) -> Any:
+        """The value of the op's option ``name`` (KeyError when the config does not set it)."""
         return self.options[name]
 
 
@@ -133,6 +135,7 @@ class OpApiSpec:
             object.__setattr__(self, "aclnn_header", f"aclnn_{snake}.h")
 
     def param(self, name: str) -> Param:
+        """The parameter called ``name`` (StopIteration when the op_api has none)."""
         return next(p for p in self.params if p.name == name)
 
     def tensor_params(self, *roles: str) -> list[Param]:
@@ -144,6 +147,7 @@ class OpApiSpec:
         return self.input_bytes(cfg) if self.input_bytes is not None else _full_size_bytes(self, cfg)
 
     def supports(self, platform: Platform) -> bool:
+        """True when ``platform``'s SoC is one of :attr:`platforms` (the op_api has kernels there)."""
         return platform.soc in self.platforms
 
     def args_of(self, arrays: Arrays, wrap: Callable[[Any, str], Any], cfg: InputConfig) -> list[Any]:

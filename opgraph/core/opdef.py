@@ -174,6 +174,8 @@ class OpDef:
         return L0Error(f"{self.name}: invalid attributes: {msgs}")
 
     def infer_types(self, types: Sequence[TensorType], attrs: OpAttrs) -> list[TensorType]:
+        """The output types of a call on operands of ``types`` with ``attrs``; L0Error when the
+        operand count is not :attr:`num_inputs`, and whatever the op's own check raises."""
         if self.num_inputs is not None and len(types) != self.num_inputs:
             raise L0Error(f"{self.name} takes {self.num_inputs} inputs, got {len(types)}")
         return list(self.infer(list(types), attrs))
@@ -192,6 +194,7 @@ class OpDef:
 
     @property
     def has_effects(self) -> bool:
+        """True when the op writes an operand in place (a user tensor), so it is never swept as dead."""
         return bool(self.writes) or self.writes_fn is not None
 
     def can_expand(self, node: Node) -> bool:

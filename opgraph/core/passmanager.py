@@ -40,6 +40,7 @@ class PassStats:
 
     @property
     def changed(self) -> bool:
+        """True when any count is non-zero (the pass changed the graph)."""
         return any(self.counts.values())
 
     def __str__(self) -> str:
@@ -55,6 +56,8 @@ class Pass:
     bit_exact = True
 
     def run(self, graph: Graph) -> tuple[Graph, PassStats]:
+        """``(new graph, stats)``: :meth:`apply` on a copy; ``graph`` is not changed. Stats carry no
+        time here: :class:`PassManager` measures it."""
         g = graph.copy()
         counts = self.apply(g)
         return g, PassStats(self.name, counts)
@@ -71,6 +74,7 @@ class FunctionPass(Pass):
         self.name, self.fn, self.bit_exact = name, fn, bit_exact
 
     def apply(self, graph: Graph) -> dict[str, int]:
+        """See :meth:`Pass.apply`; returns what ``fn`` returns."""
         return self.fn(graph)
 
 
@@ -103,6 +107,8 @@ class RewritePass(Pass):
         self.sweep_only_free = sweep_only_free
 
     def apply(self, graph: Graph) -> dict[str, int]:
+        """See :meth:`Pass.apply`; hits per rule name (every rule listed, 0 if it never fired).
+        PassError if the rules still fire after ``max_rounds`` rounds."""
         counts = {r.name: 0 for r in self.rules}
         generic = [r for r in self.rules if r.op is None]
         by_op: dict = {}
@@ -131,14 +137,18 @@ class RewritePass(Pass):
 class Instrument:
     """Hooks around every pass of a pipeline."""
 
-    def before(self, index: int, p: Pass, graph: Graph) -> None: ...
-    def after(self, index: int, p: Pass, graph: Graph, stats: PassStats) -> None: ...
+    def before(self, index: int, p: Pass, graph: Graph) -> None:
+        """Called before pass ``p``, number ``index`` from 0, runs on ``graph``; does nothing."""
+
+    def after(self, index: int, p: Pass, graph: Graph, stats: PassStats) -> None:
+        """Called after pass ``p`` made ``graph``, with its ``stats`` (time included); does nothing."""
 
 
 class VerifyInstrument(Instrument):
     """``graph.verify()`` after every pass; a failure names the pass."""
 
     def after(self, index: int, p: Pass, graph: Graph, stats: PassStats) -> None:
+        """See :meth:`Instrument.after`; PassError naming pass ``index`` if the graph is invalid."""
         try:
             graph.verify()
         except GraphError as e:
@@ -152,6 +162,7 @@ class PrintInstrument(Instrument):
         self.stream = stream
 
     def after(self, index: int, p: Pass, graph: Graph, stats: PassStats) -> None:
+        """See :meth:`Instrument.after`; the stats line, then the graph, to ``stream`` (stdout)."""
         out = self.stream or sys.stdout
         print(f"// after pass {index:02d} {stats}", file=out)
         print(graph, file=out)
@@ -186,10 +197,12 @@ class DumpInstrument(Instrument):
         self._write("00-input", graph)
 
     def before(self, index: int, p: Pass, graph: Graph) -> None:
+        """See :meth:`Instrument.before`; before the first pass, dumps ``00-input``."""
         if index == 0:
             self.write_input(graph)
 
     def after(self, index: int, p: Pass, graph: Graph, stats: PassStats) -> None:
+        """See :meth:`Instrument.after`; dumps ``NN-<pass name>``, numbered from 01."""
         self._write(f"{index + 1:02d}-{p.name}", graph)
 
 
@@ -206,6 +219,7 @@ class TimingInstrument(Instrument):
         self.times: list[tuple[str, float]] = []
 
     def after(self, index: int, p: Pass, graph: Graph, stats: PassStats) -> None:
+        """See :meth:`Instrument.after`; appends ``(pass name, seconds)`` to :attr:`times`."""
         self.times.append((p.name, stats.seconds))
 
 

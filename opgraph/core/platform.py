@@ -43,6 +43,11 @@ class Platform:
 
     @property
     def arch_name(self) -> str:
+        """The arch's name as CANN spells it, e.g. for the Ascend950:
+
+            >>> PRESETS["Ascend950"].arch_name
+            'DAV_3510'
+        """
         return f"DAV_{self.npu_arch}"
 
     @property
@@ -52,6 +57,11 @@ class Platform:
 
     @property
     def core_count(self) -> int:
+        """The AI Vector cores the tilings split work over (:attr:`vector_cores`).
+
+            >>> PRESETS["Ascend910B"].core_count
+            40
+        """
         return self.vector_cores
 
 

@@ -70,6 +70,9 @@ class _Strict(BaseModel):
 
 
 class ValueModel(_Strict):
+    """One value of the JSON dump: name, shape, dtype and format names, strides (user tensors
+    only); validated on load (rank ≤ MAX_RANK, dims and strides in [0, 2**63))."""
+
     name: str
     shape: list[int]
     dtype: str
@@ -112,17 +115,22 @@ class ValueModel(_Strict):
         return self
 
     def to_type(self) -> TensorType:
+        """The :class:`TensorType` this model describes."""
         return TensorType(tuple(self.shape), dtype_of(self.dtype), format_of(self.format),
                           None if self.strides is None else tuple(self.strides))
 
     @classmethod
     def of(cls, v: Value) -> "ValueModel":
+        """The model of value ``v`` (a graph input or a node output)."""
         t = v.type
         return cls(name=v.name, shape=list(t.shape), dtype=t.dtype.name, format=t.format.name,
                    strides=None if t.strides is None else list(t.strides))
 
 
 class NodeModel(_Strict):
+    """One node of the JSON dump: op, operand value names, attrs (JSON values, checked by the op's
+    model on load), output values, and the source line that recorded it (or None)."""
+
     op: str
     inputs: list[str]
     attrs: dict[str, Any] = {}
@@ -188,6 +196,8 @@ class CallArgModel(_Strict):
 
 
 class CallModel(_Strict):
+    """The recorded op_api call in the JSON dump (:class:`RecordedCall`): api name and arguments."""
+
     api: str
     args: list[CallArgModel]
 
@@ -197,12 +207,16 @@ class CallModel(_Strict):
         return _name_field(v, "call api")
 
     def to_call(self) -> RecordedCall:
+        """The :class:`RecordedCall`; ``"inf"``, ``"-inf"`` and ``"nan"`` become floats again."""
         return RecordedCall(self.api, tuple(
             (a.name, a.kind, float(a.value) if a.kind in ("double", "float") and a.value in NON_FINITE
              else a.value) for a in self.args))
 
 
 class GraphModel(_Strict):
+    """The whole JSON dump: ``schema`` and ``version``, the graph's name, the recorded call (or
+    None), inputs, nodes in order, output value names."""
+
     schema_: str = SCHEMA
     version: int = SCHEMA_VERSION
     name: str

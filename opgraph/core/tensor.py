@@ -186,20 +186,24 @@ class Tensor(_Slots):
     # --- metadata -------------------------------------------------------------------------
     @property
     def ndim(self) -> int:
+        """The number of dims (0 for a scalar tensor); ``dim`` is the same."""
         return len(self.shape)
 
     dim = ndim
 
     @property
     def numel(self) -> int:
+        """The number of elements (1 for a scalar tensor, 0 when a dim is 0)."""
         return math.prod(self.shape)
 
     @property
     def is_empty(self) -> bool:
+        """True when a dim is 0 (no elements)."""
         return self.numel == 0
 
     @property
     def is_contiguous(self) -> bool:
+        """``op::IsContiguous`` of the view (:func:`is_contiguous`; the offset is ignored)."""
         return is_contiguous(self.shape, self.strides, self.format)
 
     @property

@@ -52,18 +52,22 @@ class TensorType:
 
     @property
     def numel(self) -> int:
+        """The number of elements (1 for rank 0)."""
         return math.prod(self.shape)
 
     @property
     def nbytes(self) -> int:
+        """Bytes of the elements, densely packed (strides ignored)."""
         return self.numel * self.dtype.itemsize
 
     @property
     def rank(self) -> int:
+        """The number of dims."""
         return len(self.shape)
 
     @property
     def is_contiguous(self) -> bool:
+        """True for a value without strides (an intermediate), else :func:`is_contiguous`."""
         return self.strides is None or is_contiguous(self.shape, self.strides, self.format)
 
     def with_(self, shape: "tuple[int, ...] | None" = None, dtype: "DataType | None" = None,
@@ -118,9 +122,11 @@ class RecordedCall:
     args: tuple[tuple[str, str, Any], ...]
 
     def value(self, name: str) -> Any:
+        """The value of argument ``name`` (StopIteration when the call has none)."""
         return next(v for n, _, v in self.args if n == name)
 
     def kinds(self) -> tuple[str, ...]:
+        """Each argument's kind, in prototype order."""
         return tuple(k for _, k, _ in self.args)
 
 
