@@ -18,28 +18,31 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 RESULT = re.compile(r"^result\[(\d+)\] is: (\S+)$", re.M)
 
 
-def run_example(name: str) -> str:
-    p = subprocess.run([sys.executable, str(EXAMPLES / name)], capture_output=True, text=True,
+def run_example(name: str, *args: str) -> str:
+    p = subprocess.run([sys.executable, str(EXAMPLES / name), *args], capture_output=True, text=True,
                        timeout=300, cwd=EXAMPLES.parent)
     assert p.returncode == 0, p.stdout + p.stderr
     return p.stdout
 
 
-@pytest.mark.parametrize("name,values", [
+@pytest.mark.parametrize("args,values", [
     # FLOAT: 0.9 * i; FLOAT16 computes in half; BF16 computes in float, rounds to bf16
-    ("batch_norm_elemt_backward.py",
-     [0.0, 0.9, 1.8, 2.7, 3.6, 4.5, 5.4, 6.3]),
-    ("batch_norm_elemt_backward_half.py",
-     [0.0, 0.899902, 1.799805, 2.699219, 3.599609, 4.5, 5.398438, 6.300781]),
-    ("batch_norm_elemt_backward_bfloat16.py",
-     [0.0, 0.898438, 1.796875, 2.703125, 3.59375, 4.5, 5.40625, 6.3125]),
-])
-def test_article_examples(name, values):
-    out = run_example(name)
+    ((), [0.0, 0.9, 1.8, 2.7, 3.6, 4.5, 5.4, 6.3]),
+    (("--dtype", "float16"), [0.0, 0.899902, 1.799805, 2.699219, 3.599609, 4.5, 5.398438, 6.300781]),
+    (("--dtype", "bfloat16"), [0.0, 0.898438, 1.796875, 2.703125, 3.59375, 4.5, 5.40625, 6.3125]),
+], ids=["float", "float16", "bfloat16"])
+def test_article_examples(args, values):
+    out = run_example("batch_norm_elemt_backward.py", *args)
     got = [(int(i), float(v)) for i, v in RESULT.findall(out)]
     assert [i for i, _ in got] == list(range(8))
     assert [v for _, v in got] == pytest.approx(values, abs=1e-6)
     assert "workspaceSize = " in out
+
+
+def test_article_example_refuses_an_unknown_dtype():
+    p = subprocess.run([sys.executable, str(EXAMPLES / "batch_norm_elemt_backward.py"), "--dtype", "int8"],
+                       capture_output=True, text=True, timeout=300, cwd=EXAMPLES.parent)
+    assert p.returncode == 2 and "invalid choice: 'int8'" in p.stderr and "result[" not in p.stdout
 
 
 def test_compose_your_own_op():
