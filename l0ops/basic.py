@@ -41,6 +41,8 @@ Contiguous = define_op(
 
 
 class CastAttrs(OpAttrs):
+    """Cast's attributes: ``to``, the dtype to convert to (a DataType or its name)."""
+
     to: DType
 
 
@@ -79,6 +81,9 @@ RealDiv = define_op(
 
 
 class UnsqueezeAttrs(OpAttrs):
+    """UnsqueezeNd's attributes: ``dims``, the positions of the new size-1 dims in the output
+    (negative counts from the output's end; no repeats)."""
+
     dims: tuple[int, ...]
 
 
@@ -108,6 +113,8 @@ UnsqueezeNd = define_op(
 
 
 class ShapeAttrs(OpAttrs):
+    """BroadcastTo's attributes: ``shape``, the target shape, to which the input must broadcast."""
+
     shape: tuple[int, ...]
 
 
@@ -129,6 +136,9 @@ BroadcastTo = define_op(
 
 
 class FillAttrs(OpAttrs):
+    """Fill's attributes: the new tensor's ``shape``, its ``dtype`` (default float32) and the
+    ``value`` every element holds (into an integer dtype: truncated, its integer part must fit)."""
+
     shape: tuple[int, ...]
     value: float
     dtype: DType = DataType.FLOAT
@@ -166,6 +176,9 @@ def _viewcopy_compute(xs, a):
 
 
 class ViewCopyAttrs(OpAttrs):
+    """ViewCopy's attributes: ``redirect``, set by level-1 pruning when the producer of x writes
+    straight into y (y contiguous, x an intermediate): then no copy runs."""
+
     redirect: bool = False  # set by level-1 pruning: the producer writes straight into y
 
 

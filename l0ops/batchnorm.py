@@ -29,6 +29,9 @@ OP = "SyncBatchNormBackwardElemt"
 
 
 class ElemtAttrs(OpAttrs):
+    """SyncBatchNormBackwardElemt's attributes: ``arch``, the NpuArch whose kernel numerics apply
+    (2201 and 1001: the eight in-order steps; 3510: the regbase DAG); any other is an L0Error."""
+
     arch: int  # NpuArch whose kernel numerics apply (2201, 1001 or 3510); always printed
 
 

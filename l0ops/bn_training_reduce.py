@@ -55,6 +55,10 @@ def small_r(t: TensorType) -> bool:
 
 
 class OutShapeAttrs(OpAttrs):
+    """BNTrainingReduce's attributes: ``shape``, the outputs' shape ([1,C,1,1] for NCHW, [1,1,1,C]
+    for NHWC: :func:`out_shape` of x); ``sequential``, the 950's small-R template (in-order
+    sums; only where :func:`small_r` holds)."""
+
     shape: tuple[int, ...]
     sequential: bool = False  # the 950's small-R template (set where small_r(x) on Ascend950)
 

@@ -34,6 +34,8 @@ POS_INF = float("inf")  # the kernel's POS_INF literal, 3.40282366920938E+38, ro
 
 
 class EpsAttrs(OpAttrs):
+    """BNInfer's attributes: ``eps``, added to var before the square root (rounded to float32)."""
+
     eps: float
 
 
@@ -74,6 +76,10 @@ BNInfer = define_op(
 
 
 class V3Attrs(OpAttrs):
+    """BatchNormV3's attributes: ``eps`` (added to var, as float32); ``momentum``, kept for the
+    call but unused in inference; ``training``, must be False; ``channel_axis``, the channel
+    dim (:func:`v3_channel_axis` of x: 1, or the last for NHWC / NDHWC)."""
+
     eps: float
     momentum: float = 0.0
     training: bool = False
@@ -163,6 +169,9 @@ BatchNormV3 = define_op(
 
 
 class ConstAttrs(OpAttrs):
+    """ConvertToTensor's attributes: ``value``, rounded to float32 then (RNE) to ``dtype``, the
+    0-d tensor's dtype."""
+
     value: float  # the float32 scalar
     dtype: DType
 

@@ -28,11 +28,18 @@ __all__ = ["AllGather", "AllReduce", "COLLECTIVES", "CollectiveAttrs", "GatherAt
 
 
 class CollectiveAttrs(OpAttrs):
+    """AllReduce's attributes (and AllGather's, with ``world``): ``group``, the name of a
+    registered :class:`~opgraph.core.collective.CollectiveGroup`; ``seq``, the collective's
+    number in its capture."""
+
     group: str   # the name a CollectiveGroup is registered under
     seq: int = 0  # the collective's number in its capture (keeps distinct calls distinct)
 
 
 class GatherAttrs(CollectiveAttrs):
+    """AllGather's attributes: those of :class:`CollectiveAttrs` and ``world``, the group's rank
+    count (≥ 1; must equal the registered group's world_size at run time)."""
+
     world: int   # ranks in the group: the size of the new leading axis
 
 

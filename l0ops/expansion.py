@@ -47,6 +47,8 @@ class BodyBuilder:
     def emit(self, op: str, args: Sequence[str], dtype: DataType,
              shape: "tuple[int, ...] | None" = None, value: "float | None" = None,
              over: "tuple[int, ...] | None" = None) -> str:
+        """Append one instruction (``op`` on registers ``args``, result ``dtype``; ``shape``,
+        ``value``, ``over`` as :class:`Instr` reads them) and return its register, ``t<index>``."""
         self.body.append(Instr(op=op, args=tuple(args), dtype=dtype, shape=shape, value=value,
                                over=over))
         return f"t{len(self.body) - 1}"

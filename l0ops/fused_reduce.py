@@ -31,6 +31,11 @@ __all__ = ["FusedReduce", "FusedReduceAttrs", "Instr", "as_output"]
 
 
 class FusedReduceAttrs(OpAttrs):
+    """FusedReduce's attributes: ``body``, the primitive instructions (registers ``in<k>`` are the
+    operands); ``results``, the registers returned, one per output; ``out_shapes``, each
+    result's output shape (a view or a broadcast of it); ``out_formats``, their format tags
+    (empty: all ND)."""
+
     body: tuple[Instr, ...]
     results: tuple[str, ...]
     out_shapes: tuple[tuple[int, ...], ...]  # each result is viewed as this shape
@@ -85,6 +90,7 @@ def _inline(emit, args, a: FusedReduceAttrs, ts):
 
 
 def body_lines(a: FusedReduceAttrs) -> list[str]:
+    """The body as the dump prints it: one line per instruction, then ``return <results>``."""
     return [i.render(f"t{k}") for k, i in enumerate(a.body)] + ["return " + ", ".join(a.results)]
 
 

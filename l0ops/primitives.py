@@ -149,6 +149,12 @@ class Instr(OpAttrs):
         return v
 
     def render(self, dst: str) -> str:
+        """The instruction's dump line with destination register ``dst``.
+
+            >>> i = Instr(op="sum", args=("t0",), dtype=DataType.FLOAT, shape=(1, 3), over=(2, 3))
+            >>> i.render("t1")
+            't1: f32[1,3] = sum(t0) over [2,3]'
+        """
         shape = "" if self.shape is None else "[" + ",".join(map(str, self.shape)) + "]"
         args = ", ".join(self.args) if self.op != "fill" else repr(self.value)
         over = "" if self.over is None else " over [" + ",".join(map(str, self.over)) + "]"
@@ -156,6 +162,11 @@ class Instr(OpAttrs):
 
 
 class FusedAttrs(OpAttrs):
+    """FusedElementwise's attributes: ``shape``, the iteration space (the output's shape);
+    ``body``, the instructions (operands are registers ``in<k>``); ``result``, the register
+    written out, of dtype ``out_dtype``; ``store``, the last operand is the user tensor the
+    result is stored into; ``out_format``, the output's format tag."""
+
     shape: tuple[int, ...]
     body: tuple[Instr, ...]
     result: str
@@ -165,6 +176,8 @@ class FusedAttrs(OpAttrs):
 
 
 def body_lines(a: FusedAttrs) -> list[str]:
+    """The body as the dump prints it: one line per instruction, then ``return`` (or ``store``)
+    and the result."""
     lines = [i.render(f"t{k}") for k, i in enumerate(a.body)]
     lines.append(("store " if a.store else "return ") + a.result)
     return lines

@@ -32,6 +32,9 @@ ORDER = "float32 sums in opgraph's fixed order (l0ops.ordered): the vendor's ord
 
 
 class ReduceAttrs(OpAttrs):
+    """ReduceSum's, ReduceMean's and ReduceMeanWithCount's attributes: ``axes``, the dims reduced
+    (negative counts from the end; no repeats); ``keepdims``, keep them as size 1."""
+
     axes: tuple[int, ...]
     keepdims: bool = False
 
@@ -144,6 +147,9 @@ ReduceMean = define_op(
 
 
 class VarAttrs(OpAttrs):
+    """ReduceVar's attributes: ``axes`` and ``keepdims`` as :class:`ReduceAttrs`; ``correction``,
+    subtracted from the element count in the divisor (0: biased, 1: unbiased)."""
+
     axes: tuple[int, ...]
     correction: int = 0
     keepdims: bool = False
@@ -200,6 +206,10 @@ ReduceMeanWithCount = define_op(
 
 
 class StdAttrs(OpAttrs):
+    """ReduceStdWithMean's attributes: ``axes``, ``keepdims`` and ``correction`` as
+    :class:`VarAttrs`; ``eps``, added to the variance; ``invert``, return 1/sqrt(var + eps)
+    (computed as sqrt(1/(var + eps))) rather than sqrt(var + eps)."""
+
     axes: tuple[int, ...]
     correction: int = 0
     keepdims: bool = False

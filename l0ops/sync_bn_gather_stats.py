@@ -44,6 +44,10 @@ UB_RESERVED = 96     # bytes the full-load tiling keeps back
 
 
 class GatherStatsAttrs(OpAttrs):
+    """SyncBatchNormGatherStats's attributes: ``momentum``, the batch statistics' weight in the
+    running update; ``eps``, added to the variance; ``arch``, the kernel's NpuArch (3510 or
+    2201); ``cores`` and ``ub_size`` (bytes), what the 950 tiling splits C over and sizes for."""
+
     momentum: float
     eps: float
     arch: int

@@ -27,6 +27,10 @@ f32 = np.float32
 
 
 class MomentumEpsAttrs(OpAttrs):
+    """SyncBatchNormGatherStatsWithCounts's attributes: ``momentum``, the batch variance's weight
+    in the running variance; ``epsilon``, added to the variance (subtracted back from each
+    rank's 1/invstd²)."""
+
     momentum: float
     epsilon: float
 
@@ -77,6 +81,9 @@ SyncBatchNormGatherStatsWithCounts = define_op(
 
 
 class MomentumAttrs(OpAttrs):
+    """SyncBNTrainingUpdate's attributes: ``momentum``, the batch mean's weight m in
+    mean·m + (rm − rm·m)."""
+
     momentum: float
 
 
@@ -102,6 +109,10 @@ SyncBNTrainingUpdate = define_op(
 
 # --- 950 ----------------------------------------------------------------------------------------
 class FusedStatsAttrs(OpAttrs):
+    """SyncBatchNormGatherStatsFused's attributes: ``momentum``, the batch statistics' weight in
+    the running ones; ``eps``, added to the variance; ``cores``, the AIV cores (≥ 1) the sums
+    over ranks are split by (only when W > 255 and W > C)."""
+
     momentum: float
     eps: float
     cores: int  # the AIV core count the kernel's row split follows (the platform's)

@@ -27,6 +27,9 @@ FORMAT_RANK = {Format.NCHW: 4, Format.NHWC: 4, Format.HWCN: 4, Format.NCDHW: 5, 
 
 
 class ShapeAttrs(OpAttrs):
+    """Reshape's attributes: ``shape``, the new shape, with at most one -1 (inferred from the
+    element count)."""
+
     shape: tuple[int, ...]
 
 
@@ -65,6 +68,9 @@ class _T:
 
 
 class DimsAttrs(OpAttrs):
+    """SqueezeNd's attributes: ``dims``, the dims to remove where their size is 1 (others stay);
+    empty: every size-1 dim."""
+
     dims: tuple[int, ...] = ()
 
 
@@ -89,6 +95,9 @@ SqueezeNd = define_op(
 
 
 class FormatAttrs(OpAttrs):
+    """ReFormat's attributes: ``format``, the new format tag (a Format, its name or number); a tag
+    with a fixed rank (NCHW: 4, NCDHW: 5 ...) needs that rank."""
+
     format: Annotated[Format, BeforeValidator(format_of)]  # a Format, its name or its number
 
 
