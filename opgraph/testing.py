@@ -73,6 +73,7 @@ class BackendReport:
 
     @property
     def ok(self) -> bool:
+        """True when no case failed (op_apis skipped for want of an input generator do not count)."""
         return not self.failures
 
     def __str__(self) -> str:

@@ -34,6 +34,8 @@ def op_rewrites() -> RewritePass:
 
 
 def expandable(n: Node) -> bool:
+    """Whether a fused kernel may take ``n`` in: it writes no user tensor and its op can be
+    written as primitives here (:meth:`~opgraph.core.opdef.OpDef.can_expand`)."""
     return not n.opdef.written(n) and n.opdef.can_expand(n)
 
 

@@ -18,6 +18,9 @@ from opgraph.core.memory import plan_memory
 
 @dataclass(frozen=True)
 class GraphStats:
+    """What :func:`graph_stats` counts: ``nodes``, ``launches`` (nodes that run a kernel),
+    ``bytes_moved`` (bytes the launched nodes read and write) and ``workspace`` (planned bytes)."""
+
     nodes: int
     launches: int
     bytes_moved: int
