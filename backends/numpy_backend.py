@@ -290,6 +290,8 @@ class NumpyBackend(Backend):
     lowerings = NUMPY_LOWERINGS
 
     def compile(self, graph: Graph, memory_plan: MemoryPlan, platform: Platform) -> NumpyExecutable:
+        """See :meth:`Backend.compile`; looks up every node's lowering now (a node without one is a
+        NotImplementedError here, not at run time); each run interprets the steps on numpy."""
         return NumpyExecutable(self, graph, memory_plan, platform, self.lowerings)
 
     def evaluate(self, graph: Graph, bindings: Mapping[str, Tensor]) -> dict[str, np.ndarray]:

@@ -143,6 +143,11 @@ class Spelling:
 
 
 def ints(values: Iterable[int]) -> str:
+    """A C++ braced initialiser of ``values`` (each as an int).
+
+        >>> ints([2, 3, 1]), ints([])
+        ('{2, 3, 1}', '{}')
+    """
     return "{" + ", ".join(str(int(v)) for v in values) + "}"
 
 
@@ -196,12 +201,17 @@ class Emitter:
         self.tensor_name = Spelling()  # a tensor (t_ variables)
 
     def w(self, line: str = "", indent: int = 1) -> None:
+        """Append ``line`` at ``indent`` levels of four spaces (an empty line without them)."""
         self.out.append("    " * indent + line if line else "")
 
     def check(self, cond: str, what: str, ret: str = "ret") -> None:
+        """A ``CHECK_RET`` of ``cond`` that logs ``<what> failed`` with the value of ``ret`` and
+        returns it from main."""
         self.w(f'CHECK_RET({cond}, LOG_PRINT("{what} failed. ERROR: %d\\n", {ret}); return {ret});')
 
     def user(self, u: UserBuffer) -> None:
+        """Host vector and device buffer of user buffer ``u``: its data embedded (or all zeros), or
+        read from ``<name>.bin`` above ``embed_limit`` elements; copied to the device."""
         ctype = C_TYPES[dtype_from_acl(u.dtype).name]
         name = self.label(u.name)
         host, dev = f"host_{name}", f"dev_{name}"
@@ -228,6 +238,8 @@ class Emitter:
         self.meta.append(("aclrtFree", dev))
 
     def tensor(self, t: TensorDesc) -> None:
+        """The ``aclCreateTensor`` of ``t`` over its user or plan buffer or at its arena offset
+        (nullptr when there is no workspace), destroyed at cleanup."""
         v = "t_" + self.tensor_name(t.id)
         addr = (f"dev_{self.label(t.user)}" if t.buffer in ("user", "plan")
                 else f"static_cast<char *>(arena) + {t.ws_offset}" if self.plan.workspace_size
@@ -241,6 +253,8 @@ class Emitter:
         self.meta.append(("aclDestroyTensor", v))
 
     def arg(self, a: Arg, i: int) -> str:
+        """The C++ expression of argument ``a`` of call ``i``; an aclIntArray or aclScalar is created
+        first (its variable named ``call<i>_<name>``) and destroyed at cleanup."""
         if a.kind == "tensor":
             return "t_" + self.tensor_name(a.tensor) if a.tensor else "nullptr"
         if a.kind == "dtype":
@@ -269,6 +283,8 @@ class Emitter:
         return name
 
     def call(self, c: Call, i: int) -> None:
+        """Call ``i`` in the two-phase pattern: ``GetWorkspaceSize``, a workspace allocated when its
+        size is not 0 (freed at cleanup), then the API on the stream; each status checked."""
         self.w(f"// [{i}] {c.api}: {c.source}")
         args = [self.arg(a, i) for a in c.args]
         self.w(f"ret = {c.phase1}({', '.join(args)}, &workspaceSize, &executor);")
@@ -284,6 +300,8 @@ class Emitter:
         self.check("ret == ACL_SUCCESS", f"{c.api} (call {i})")
 
     def result(self, u: UserBuffer) -> None:
+        """Copy user buffer ``u`` back to the host and print it: one ``result[i] is: v`` line per
+        element."""
         d = dtype_from_acl(u.dtype)
         name = self.label(u.name)
         ctype, host = C_TYPES[d.name], f"host_{name}"
@@ -299,6 +317,8 @@ class Emitter:
         self.w("}")
 
     def program(self) -> str:
+        """The whole program's text: includes, ACL init, buffers, tensors, calls, stream sync,
+        results of the written buffers, cleanup. ValueError for an API with no known header."""
         p = self.plan
         headers = {c.api: header_for(c.api) for c in p.calls}
         includes = "\n".join(f'#include "aclnnop/{h}"' for h in sorted(set(headers.values()) - {None}))

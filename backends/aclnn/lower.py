@@ -37,10 +37,12 @@ class LoweringError(ValueError):
 
 # --- argument helpers (used by the lowering table) ----------------------------------------------
 def t_arg(name: str, tid: Optional[str]) -> Arg:
+    """A tensor argument called ``name`` of tensor id ``tid`` (None: a NULL aclTensor)."""
     return Arg(kind="tensor", name=name, tensor=tid)
 
 
 def ints_arg(name: str, values: Iterable[int]) -> Arg:
+    """An aclIntArray argument called ``name`` holding ``values``."""
     return Arg(kind="int_array", name=name, ints=[int(v) for v in values])
 
 
@@ -111,6 +113,7 @@ class Lowerer:
         return tid
 
     def of(self, v: Value) -> str:
+        """The tensor id of value ``v`` (KeyError until its producer was lowered)."""
         return self.tid[v.name]
 
     def of_input(self, name: str) -> str:
@@ -118,15 +121,19 @@ class Lowerer:
         return self.tid[name]
 
     def call(self, api: str, node: Node, *args: Arg) -> None:
+        """Append a call of ``api`` with ``args``, its source the dump line of ``node``."""
         self.calls.append(Call(api=api, args=list(args), source=dump_line(node)))
 
     def mark_written(self, v: Value) -> None:
+        """Record that the user buffer under ``v``'s tensor is written (none: nothing to record)."""
         u = self.tensors[self.of(v)].user
         if u:
             self.written.add(u)
 
     # -- driver --
     def run(self, level: Optional[int]) -> CallPlan:
+        """Lower every node through the table into a :class:`CallPlan` tagged ``level``; if any node
+        has no lowering, the whole graph becomes one call of its op_api's public API."""
         steps = [(node, lowering_of(node)) for node in self.graph.nodes]
         if all(fn is not None for _, fn in steps):
             for node, fn in steps:
@@ -193,12 +200,14 @@ def unsqueeze_strides(dims: Sequence[int], strides: Sequence[int],
 
 
 def lower_cast(L: Lowerer, node: Node) -> None:
+    """Cast → ``aclnnCast(self, dtype, out)``."""
     out = L.new_value(node.outputs[0])
     L.call("aclnnCast", node, t_arg("self", L.of(node.inputs[0])),
            Arg(kind="dtype", name="dtype", dtype=acl_dtype(node.attrs.to)), t_arg("out", out))
 
 
 def lower_reduce_sum(L: Lowerer, node: Node) -> None:
+    """ReduceSum → ``aclnnReduceSum(self, dims, keepDims, dtype, out)``, negative axes made positive."""
     x, v = node.inputs[0], node.outputs[0]
     out = L.new_value(v)
     axes = [a % max(x.type.rank, 1) for a in node.attrs.axes]
@@ -208,18 +217,22 @@ def lower_reduce_sum(L: Lowerer, node: Node) -> None:
 
 
 def lower_div(L: Lowerer, node: Node) -> None:
+    """RealDiv → ``aclnnDiv(self, other, out)``."""
     out = L.new_value(node.outputs[0])
     L.call("aclnnDiv", node, t_arg("self", L.of(node.inputs[0])), t_arg("other", L.of(node.inputs[1])),
            t_arg("out", out))
 
 
 def lower_broadcast(L: Lowerer, node: Node) -> None:
+    """BroadcastTo → ``aclnnExpand(self, size, out)``."""
     out = L.new_value(node.outputs[0])
     L.call("aclnnExpand", node, t_arg("self", L.of(node.inputs[0])), ints_arg("size", node.attrs.shape),
            t_arg("out", out))
 
 
 def lower_fill(L: Lowerer, node: Node) -> None:
+    """Fill → ``aclnnInplaceOne(selfRef)`` for the value 1, else
+    ``aclnnInplaceFillScalar(selfRef, value)`` with an aclScalar of the fill's dtype."""
     out = L.new_value(node.outputs[0])
     if node.attrs.value == 1:
         L.call("aclnnInplaceOne", node, t_arg("selfRef", out))

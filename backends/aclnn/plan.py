@@ -76,6 +76,7 @@ class Call(BaseModel):
 
     @property
     def phase1(self) -> str:
+        """The phase-1 API's name: ``<api>GetWorkspaceSize``."""
         return self.api + "GetWorkspaceSize"
 
 
@@ -91,13 +92,16 @@ class CallPlan(BaseModel):
     calls: list[Call]
 
     def to_json(self, indent: Optional[int] = 1) -> str:
+        """The plan as JSON (pydantic's dump); ``indent=None`` writes one line."""
         return self.model_dump_json(indent=indent)
 
     @classmethod
     def from_json(cls, text: "str | bytes") -> "CallPlan":
+        """A plan from :meth:`to_json` output (validated)."""
         return cls.model_validate_json(text)
 
     def tensor(self, tid: str) -> TensorDesc:
+        """The tensor description of id ``tid`` (StopIteration when there is none)."""
         return next(t for t in self.tensors if t.id == tid)
 
     def listing(self) -> str:
@@ -131,6 +135,11 @@ def fmt_arg(a: Arg) -> str:
 
 
 def acl_dtype(d: DataType) -> str:
+    """The aclDataType enumerator of ``d`` (a DataType or its number).
+
+        >>> acl_dtype(DataType.BF16), acl_dtype(DataType.FLOAT)
+        ('ACL_BF16', 'ACL_FLOAT')
+    """
     return DataType(d).acl_name
 
 

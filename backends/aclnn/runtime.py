@@ -76,6 +76,8 @@ class AclnnRuntime:
         self._stream: Optional[c_void_p] = None
 
     def availability(self) -> tuple[bool, str]:
+        """``(True, "")`` when every library file exists, else ``(False, why)`` naming where it
+        looked; loads nothing."""
         if self.paths is None:
             return False, ("CANN runtime not found: set ASCEND_HOME_PATH or ASCEND_TOOLKIT_HOME to "
                            f"a CANN install (looked for {', '.join(LIB_NAMES)} in "
@@ -106,6 +108,8 @@ class AclnnRuntime:
         raise AclnnRuntimeError(f"symbol {name} not found in {', '.join(self.paths or ())}")
 
     def check(self, what: str, status: int) -> None:
+        """Raise AclnnRuntimeError naming ``what``, ``status`` and aclGetRecentErrMsg unless
+        ``status`` is 0."""
         if status != 0:
             msg = ""
             try:
@@ -115,12 +119,15 @@ class AclnnRuntime:
             raise AclnnRuntimeError(f"{what} failed with status {status}" + (f": {msg}" if msg else ""))
 
     def malloc(self, nbytes: int) -> c_void_p:
+        """``aclrtMalloc`` of ``nbytes`` bytes (at least 1), checked; the caller frees it."""
         p = c_void_p()
         self.check("aclrtMalloc", self.fn("aclrtMalloc", [POINTER(c_void_p), c_size_t, c_int])(
             byref(p), max(nbytes, 1), MALLOC_HUGE_FIRST))
         return p
 
     def memcpy(self, dst: Any, src: Any, nbytes: int, kind: int) -> None:
+        """``aclrtMemcpy`` of ``nbytes`` bytes in direction ``kind`` (MEMCPY_H2D or MEMCPY_D2H),
+        checked; none for 0 bytes."""
         if nbytes:
             self.check("aclrtMemcpy", self.fn("aclrtMemcpy", [c_void_p, c_size_t, c_void_p, c_size_t, c_int])(
                 dst, nbytes, src, nbytes, kind))
@@ -228,6 +235,8 @@ class AclnnExecutable(Executable):
         self.plans: dict[tuple, CallPlan] = {}
 
     def plan_for(self, bindings: Mapping[str, Any]) -> CallPlan:
+        """The call plan for ``bindings``' layout (each tensor's offset and storage size), lowered on
+        first use and kept."""
         key = tuple((k, t.offset, t.storage.size) for k, t in sorted(bindings.items()))
         plan = self.plans.get(key)
         if plan is None:
@@ -250,7 +259,10 @@ class AclnnBackend(Backend):
         self.runtime = AclnnRuntime(libs, device)
 
     def availability(self) -> tuple[bool, str]:
+        """See :meth:`Backend.availability`; whether the CANN libraries were found."""
         return self.runtime.availability()
 
     def compile(self, graph: Graph, memory_plan: MemoryPlan, platform: Platform) -> AclnnExecutable:
+        """See :meth:`Backend.compile`; nothing is lowered yet: each layout of the user tensors is
+        lowered at its first run (:meth:`AclnnExecutable.plan_for`)."""
         return AclnnExecutable(self.runtime, graph, memory_plan)

@@ -62,6 +62,7 @@ class AscendSimBackend(NumpyBackend):
 
     @traces.setter
     def traces(self, value: list[KernelTrace]) -> None:
+        """Set by :meth:`SimExecutable.run`, for this thread only."""
         self._runs.traces = value
 
     @property
@@ -71,6 +72,7 @@ class AscendSimBackend(NumpyBackend):
 
     @last_trace.setter
     def last_trace(self, value: Optional[KernelTrace]) -> None:
+        """Set by :meth:`SimExecutable.run`, for this thread only."""
         self._runs.last_trace = value
 
     def platform_for(self, arch: int, current: Optional[Platform] = None) -> Platform:
@@ -111,6 +113,8 @@ class SimExecutable(NumpyExecutable):
     """Runs like numpy; ``backend.traces`` / ``last_trace`` describe the last run."""
 
     def run(self, bindings: Mapping[str, Any], workspace: Any = None) -> dict[str, np.ndarray]:
+        """See :meth:`Executable.run`; also sets this thread's ``backend.traces`` (every simulated
+        launch, emptied first) and ``backend.last_trace``."""
         self.backend.traces, self.backend.last_trace = [], None
         outputs = super().run(bindings, workspace)
         self.backend.last_trace = self.backend.traces[-1] if self.backend.traces else None

@@ -98,6 +98,7 @@ class KernelTrace:
 
     @property
     def peak_ub(self) -> int:
+        """The most UB bytes any core reserved (0 when no core ran)."""
         return max((c.peak_ub for c in self.cores), default=0)
 
     def __str__(self) -> str:
@@ -196,6 +197,8 @@ class UnifiedBuffer:
         self.buffers: list[tuple[str, int]] = []
 
     def init_buffer(self, name: str, num: int, nbytes: int) -> None:
+        """Record ``pipe.InitBuffer``: ``num`` slots of ``nbytes`` bytes named ``name`` (the overflow
+        check against ``size`` is :func:`simulate`'s, a finding, not an error)."""
         self.buffers.append((name, num * nbytes))
         self.reserved += num * nbytes
 
@@ -225,6 +228,8 @@ class CoreKernel:
             self.copy_out(offset, result, count, i)
 
     def copy_in(self, offset: int, count: int, tile: int) -> list[Optional[np.ndarray]]:
+        """CopyIn of tile ``tile``: ``count`` elements from ``offset`` of every input (zeros past an
+        end, recorded as a finding; None in a dry run), counted in ``bytes_in``."""
         out = [g.read(offset, count, self.range.core, tile) for g in self.inputs]
         self.trace.bytes_in += count * sum(g.dtype.itemsize for g in self.inputs)
         return out
@@ -240,6 +245,8 @@ class CoreKernel:
         return elemt_backward(*tmp, arch=self.arch).astype(operands[0].dtype)
 
     def copy_out(self, offset: int, values: Optional[np.ndarray], count: int, tile: int) -> None:
+        """CopyOut of tile ``tile``: ``count`` elements of ``values`` to the output at ``offset``
+        (writes past its end dropped and recorded), counted in ``bytes_out``."""
         self.output.write(offset, values, count, self.range.core, tile)
         self.trace.bytes_out += count * self.output.dtype.itemsize
 

@@ -41,10 +41,20 @@ class NotModelledError(ValueError):
 
 
 def ceil_div(a: int, b: int) -> int:
+    """``a / b`` rounded up, in integers (for ``b`` > 0).
+
+        >>> ceil_div(10, 4), ceil_div(8, 4), ceil_div(0, 4)
+        (3, 2, 0)
+    """
     return -(-a // b)
 
 
 def round_up(a: int, b: int) -> int:
+    """``a`` rounded up to a multiple of ``b`` (e.g. elements to whole 512-byte blocks).
+
+        >>> round_up(1000, 128), round_up(1024, 128), round_up(0, 128)
+        (1024, 1024, 0)
+    """
     return ceil_div(a, b) * b
 
 
@@ -86,6 +96,7 @@ class CoreRange(NamedTuple):
 
     @property
     def stop(self) -> int:
+        """The GM element after the core's last one (``start + elements``)."""
         return self.start + self.elements
 
 
@@ -109,6 +120,7 @@ class TilingData:
         return 2 if self.usedDb else 1
 
     def as_tuple(self) -> tuple[int, ...]:
+        """The field values in TilingData order (the order the kernel reads them)."""
         return astuple(self)
 
     def items(self) -> list[tuple[str, int]]:
@@ -140,6 +152,7 @@ class UBBuffer(NamedTuple):
 
     @property
     def total(self) -> int:
+        """Bytes reserved: ``num × nbytes``."""
         return self.num * self.nbytes
 
 
@@ -165,9 +178,11 @@ class Tiling:
 
     @property
     def path(self) -> str:
+        """'direct' or 'float': the kernel's template for (T, T1) (:func:`kernel_path`)."""
         return kernel_path(self.dtype, self.param_dtype)
 
     def cores(self) -> list[CoreRange]:
+        """The range of each of the ``block_dim`` launched cores, in block order."""
         return [self.data.core(i) for i in range(self.block_dim)]
 
     def ub_plan(self) -> list[UBBuffer]:
