@@ -7,6 +7,14 @@ SyncBatchNorm training step (forward + backward, two collectives).
     opgraph capture examples/capture_syncbn.py --format stats
     opgraph capture examples/capture_syncbn.py --format json -o step.json
     opgraph capture examples/capture_syncbn.py --format html -o step.html
+
+The command's parser alone (nothing is imported or run until ``run``):
+
+    >>> import argparse
+    >>> p = add_parser(argparse.ArgumentParser(prog="opgraph").add_subparsers())
+    >>> a = p.parse_args(["examples/capture_syncbn.py", "--shape", "2,3,4", "--format", "stats"])
+    >>> a.file, a.shape, a.dtype.name, a.level, a.format, a.func is run
+    ('examples/capture_syncbn.py', (2, 3, 4), 'FLOAT', None, 'stats', True)
 """
 from __future__ import annotations
 
@@ -95,6 +103,9 @@ def _kind(n: Any) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    """``opgraph capture``: capture FILE's step at ``--level`` and write the program in
+    ``--format`` (``stats``: every level's counts, nothing replayed); returns 0, or raises
+    CliError (a bad shape, FILE or step: one line)."""
     if args.format == "stats" and args.run:
         raise conflict("--format stats", "--run", "the stats table counts launches and bytes, it "
                        "replays nothing")
@@ -160,6 +171,7 @@ def _replay(prog: Program, backend: str) -> None:
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register ``opgraph capture FILE`` and its options on ``subparsers``; returns its parser."""
     p = subparsers.add_parser(
         "capture", help="capture the op_api calls of a Python file's step() as one program",
         description="Imports FILE, runs its step(shape, dtype) inside opgraph.capture() and "

@@ -130,6 +130,8 @@ class Case:
 
 
 def input_config(args: argparse.Namespace, spec: OpApiSpec) -> InputConfig:
+    """The :class:`InputConfig` of the parsed options: ``--shape``, ``--dtype`` and the op's own
+    options (by :class:`Option` name)."""
     return InputConfig(tuple(args.shape), args.dtype,
                        {o.name: getattr(args, o.name) for o in spec.options})
 

@@ -38,6 +38,8 @@ class Parser(argparse.ArgumentParser):
     failing to write (a full disk) is an OSError, not a silent exit 0."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
+        """Exit with status 2 after ONE line on stderr naming this (sub)command's ``--help`` (not
+        argparse's usage block)."""
         self.exit(2, f"opgraph: error: {message} (see '{self.prog} --help')\n")
 
     def parse_known_args(self, args: Optional[Sequence[str]] = None,  # type: ignore[override]

@@ -101,6 +101,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register ``opgraph demo`` (``--dtype``, repeatable; ``--platform``; ``--no-graph``) on
+    ``subparsers``; returns its parser."""
     p = subparsers.add_parser(
         "demo", help="run the article's example (FLOAT, FLOAT16, BFLOAT16) end to end",
         description="The article's example program: gradOut = input = 0..7 (shape 1,2,4), "

@@ -123,10 +123,12 @@ class PassStep:
 
     @property
     def stem(self) -> str:
+        """The file stem ``--dump-dir`` gives the graph after this pass, e.g. ``01-prune-identities``."""
         return f"{self.index:02d}-{self.name}"
 
     @property
     def changed(self) -> bool:
+        """True when the pass counted a change or a node differs (added, removed, rewritten, rewired)."""
         return self.stats.changed or self.diff.changed
 
     def text_diff(self, before_stem: str) -> list[str]:
@@ -326,6 +328,8 @@ def _report(graph: Graph, args: argparse.Namespace, level: int, earlier: Sequenc
 
 
 def run(args: argparse.Namespace) -> int:
+    """``opgraph dump OP``: the recorded graph (or, at ``--level`` 1 or 2, the optimised one) in
+    ``--format``; with ``--stats``, ``--passes`` or ``--dump-dir`` the report instead. Returns 0."""
     for other, given in (("--passes", args.passes), ("--dump-dir", args.dump_dir is not None)):
         if args.stats and given:
             raise conflict("--stats", other, "--stats compares levels 0-2, "
@@ -368,6 +372,7 @@ def _options(p: argparse.ArgumentParser) -> None:
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register ``opgraph dump`` on ``subparsers``, one sub-parser per op_api; returns it."""
     p = subparsers.add_parser(
         "dump", help="record an op_api and dump its graph (text, json, dot, table, onnx)",
         description="Record OP on random tensors of --shape/--dtype (phase 1 only) and print "

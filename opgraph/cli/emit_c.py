@@ -22,6 +22,8 @@ LEVEL = 2
 
 
 def run(args: argparse.Namespace) -> int:
+    """``opgraph emit-c OP``: the C of every FusedElementwise node at ``--level`` (one the native
+    backend cannot render: a comment saying why); CliError when there is none. Returns 0."""
     case = build_case(args)
     graph = optimize(recorded_executor(case).graph, case.level)
     chunks = []
@@ -46,6 +48,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register ``opgraph emit-c`` on ``subparsers``, one sub-parser per op_api; returns it."""
     p = subparsers.add_parser(
         "emit-c", help="print the C of the FusedElementwise kernels the native backend "
                   "compiles for an op_api",

@@ -31,6 +31,8 @@ EMBED_BYTES = 128  # memory an embedded element takes while the program text is 
 
 
 def run(args: argparse.Namespace) -> int:
+    """``opgraph emit-cpp OP``: the host program of the op's call plan, and beside it the
+    ``.bin`` files of inputs over ``--embed-limit`` elements, written all or none. Returns 0."""
     _, ex, plan = case_plan(args)
     data = {k: t.storage for k, t in ex.bindings.items() if t is not None}
     embedded = sum(a.size for a in data.values() if a.size <= args.embed_limit)
@@ -59,6 +61,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register ``opgraph emit-cpp`` on ``subparsers``, one sub-parser per op_api; returns it."""
     p = subparsers.add_parser(
         "emit-cpp", help="emit a C++ host program calling the real aclnn API",
         description="Record OP, optimise at --level, lower it to aclnn calls and write a complete "

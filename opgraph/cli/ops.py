@@ -35,6 +35,8 @@ def describe_op_api(name: str) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    """``opgraph ops``: print every op_api (``-v``: with parameters, platforms, dtypes) and every
+    l0 op with its fidelity; returns 0."""
     print("op_apis:")
     for name in sorted(op_api_specs()):
         print("\n".join(describe_op_api(name)) if args.verbose else
@@ -48,6 +50,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register ``opgraph ops`` (``-v/--verbose``) on ``subparsers``; returns its parser."""
     p = subparsers.add_parser(
         "ops", help="list the op_apis and l0 ops (with the fidelity of their numerics)",
         description="The registered op_apis (built-in, from entry points and --load) and every "

@@ -30,12 +30,14 @@ def case_plan(args: argparse.Namespace) -> tuple[Case, Executor, CallPlan]:
 
 
 def run(args: argparse.Namespace) -> int:
+    """``opgraph plan OP``: the op's call plan as a listing or JSON (``--format``); returns 0."""
     _, _, plan = case_plan(args)
     text = plan.to_json() if args.format == "json" else plan.listing()
     return write_output(text + "\n", args.output)
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register ``opgraph plan`` on ``subparsers``, one sub-parser per op_api; returns it."""
     p = subparsers.add_parser(
         "plan", help="print the aclnn call plan of an op_api (json or listing)",
         description="Record OP on random tensors, optimise at --level and lower the graph to "

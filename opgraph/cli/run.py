@@ -137,6 +137,8 @@ def errors(out: np.ndarray, ref: np.ndarray) -> tuple[float, float]:
 
 
 def run(args: argparse.Namespace) -> int:
+    """``opgraph run OP``: both phases on random inputs, a summary and each output's error against
+    the float64 formula; returns 0, or raises CliError when a phase's status is not success."""
     if args.trace_json is not None and (args.trace_json == "" or names_stdout(args.trace_json)):
         raise CliError("--trace-json: expected a file name (the summary goes to stdout)", code=2)
     check_output(args.trace_json, "--trace-json")
@@ -203,6 +205,7 @@ def _options(p: argparse.ArgumentParser) -> None:
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register ``opgraph run`` on ``subparsers``, one sub-parser per op_api; returns it."""
     p = subparsers.add_parser(
         "run", help="run an op_api on random inputs and check it against float64",
         description="Random valid inputs, phase 1 + phase 2 on --backend, a summary, and the max "

@@ -4,6 +4,14 @@ the whole batch. Needs torch (``pip install 'opgraph[torch]'``); without it, one
 
     opgraph syncbn --ranks 2 --shape 8,16,14,14 --dtype float16
     opgraph syncbn --ranks 3 --dtype bfloat16 --backend native   # on Ascend950's op_apis
+
+The command's parser alone (no process starts until ``run``):
+
+    >>> import argparse
+    >>> p = add_parser(argparse.ArgumentParser(prog="opgraph").add_subparsers())
+    >>> a = p.parse_args(["--ranks", "3", "--dtype", "bfloat16"])
+    >>> a.ranks, a.dtype, a.shape, a.platform, a.timeout, a.func is run
+    (3, 'bfloat16', (8, 16, 14, 14), None, 120, True)
 """
 from __future__ import annotations
 
@@ -33,6 +41,9 @@ def _check_module() -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
+    """``opgraph syncbn``: spawn ``--ranks`` processes, run SyncBatchNorm on them and print the
+    errors against single-process batch norm; returns 0, or raises CliError (no torch, a bad
+    shape, a rank that failed or timed out)."""
     shape = args.shape
     if len(shape) < 2 or shape[0] < 1 or shape[1] < 1 or math.prod(shape) == 0:
         raise CliError(f"--shape {','.join(map(str, shape))}: expected N,C[,...] with every dim "
@@ -63,6 +74,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register ``opgraph syncbn`` and its options on ``subparsers``; returns its parser."""
     p = subparsers.add_parser(
         "syncbn", help="SyncBatchNorm across N CPU processes vs single-process batch norm",
         description="Spawns N processes in a gloo group on 127.0.0.1, splits the batch over them "

@@ -28,6 +28,8 @@ COUNTER_BYTES = 4  # the dry run counts the writes to every output element in an
 
 
 def run(args: argparse.Namespace) -> int:
+    """``opgraph tiling``: print the tiling for ``--shape`` and the findings of a dry run;
+    returns 0, or raises CliError (an unmodelled platform, an unsupported dtype, 0 elements)."""
     p = lookup(args.platform)
     try:
         check_modelled(p)
@@ -65,6 +67,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register ``opgraph tiling`` and its options on ``subparsers``; returns its parser."""
     p = subparsers.add_parser(
         "tiling", help="print the 910B kernel's tiling of SyncBatchNormBackwardElemt for a shape",
         description="The DAV_2201 SyncBatchNormBackwardElemt kernel's tiling (as ascend-sim "

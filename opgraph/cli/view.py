@@ -132,6 +132,8 @@ def serve_in_netron(netron: Any, path: str, say: TextIO) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    """``opgraph view OP``: write the HTML page (and with ``--netron`` the ONNX file, both or
+    none, then serve it until Ctrl+C); returns 0."""
     check_output(args.output)
     netron = netron_module() if args.netron else None  # before anything is written
     case = build_case(args)
@@ -171,6 +173,7 @@ def _options(p: argparse.ArgumentParser) -> None:
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register ``opgraph view`` on ``subparsers``, one sub-parser per op_api; returns it."""
     p = subparsers.add_parser(
         "view", help="an offline HTML page of an op_api's graph: levels 0-2, each pass, times",
         description="Record OP on random tensors and write one self-contained HTML page (no "
