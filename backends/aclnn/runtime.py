@@ -251,7 +251,8 @@ class AclnnExecutable(Executable):
 
 
 class AclnnBackend(Backend):
-    """Backend ``"aclnn"``: lower the graph to a call plan once and run it on the CANN libraries."""
+    """Backend ``"aclnn"``: lower the graph to a call plan (once per layout of the user tensors)
+    and run it on the CANN libraries."""
 
     name = "aclnn"
 
