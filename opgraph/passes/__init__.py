@@ -17,16 +17,17 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
-from opgraph.core.config import OPT_LEVELS, check_level
+from opgraph.core.config import OPT_LEVELS
 from opgraph.core.ir import Graph
 from opgraph.core.passmanager import (DumpInstrument, FunctionPass, Instrument, Pass, PassError,
                                       PassManager, PassStats, PrintInstrument, RewritePass,
                                       TimingInstrument, VerifyInstrument, sweep_dead)
 from opgraph.core.rules import Rule
-from .prune import CLEANUP, LEVEL1, constant_fold, cse, dce, identities, viewcopy_redirect
+from .prune import constant_fold, cse, dce, identities, viewcopy_redirect
 from .fuse import fuse_elementwise, fuse_store, op_rewrites
 from .fuse_reduce import fuse_reductions
 from .fastmath import fast_math_applied, fast_math_pass
+from .levels import level_passes, run_passes
 from .stats import GraphStats, graph_stats
 
 LEVELS = OPT_LEVELS
@@ -40,13 +41,7 @@ def pipeline(level: int, fast_math: bool = False) -> list[Pass]:
     redirected into a contiguous output; every kernel CANN runs stays. Level 2 fuses right after
     dropping identities, then folds constants, merges duplicates (CSE), drops dead nodes (DCE)
     and redirects copies on what fusion leaves."""
-    check_level(level)
-    if level == 0:
-        return []
-    if level == 1:
-        return list(LEVEL1)
-    fm = [fast_math_pass()] if fast_math else []
-    return [identities] + fm + [op_rewrites(), fuse_elementwise, fuse_reductions, fuse_store] + CLEANUP
+    return level_passes(level, fast_math)
 
 
 def optimize(graph: Graph, level: int, *, fast_math: bool = False,
@@ -55,16 +50,8 @@ def optimize(graph: Graph, level: int, *, fast_math: bool = False,
     """A new graph optimised at ``level`` (the input graph is never modified). With
     ``verify_each=False`` (phase 1's hot path) only the final graph is verified; ``stats``
     (a list) receives what each pass did."""
-    out, done = PassManager(pipeline(level, fast_math=fast_math), instruments,
-                            verify=verify_each).run(graph)
-    if stats is not None:
-        stats.extend(done)
-    if not verify_each:
-        try:
-            out.verify()
-        except Exception as e:
-            raise PassError(f"level {level} pipeline produced an invalid graph: {e}") from None
-    return out
+    return run_passes(graph, pipeline(level, fast_math=fast_math), f"level {level} pipeline",
+                      instruments=instruments, verify_each=verify_each, stats=stats)
 
 
 __all__ = ["optimize", "pipeline", "LEVELS", "Pass", "PassStats", "PassManager", "PassError",

@@ -21,16 +21,13 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
-from opgraph.core.config import check_level
 from opgraph.core.dtypes import DataType as D
 from opgraph.core.ir import Graph, Node
 from opgraph.core.memory import memory_of, writes_any
-from opgraph.core.passmanager import Instrument, Pass, PassError, PassManager, PassStats, RewritePass
+from opgraph.core.passmanager import Instrument, Pass, PassStats, RewritePass
 from opgraph.core.rules import Rule
-from .fastmath import fast_math_pass
-from .fuse import fuse_elementwise, fuse_store, op_rewrites
 from .fuse_reduce import fuse_reductions_program
-from .prune import CLEANUP, LEVEL1, identities
+from .levels import level_passes, run_passes
 
 # (narrow, wide): every value of ``narrow`` is exactly a value of ``wide``, so casting up and
 # back down gives the same bits
@@ -67,14 +64,8 @@ cast_round_trip = RewritePass("cast-round-trip", [Rule("widen-narrow", "Cast", _
 def program_pipeline(level: int, fast_math: bool = False) -> list[Pass]:
     """The passes of ``level`` for a program graph (see the module docstring); ``fast_math``
     adds the opt-in bit-changing rewrites to level 2, as :func:`~opgraph.passes.pipeline` does."""
-    check_level(level)
-    if level == 0:
-        return []
-    if level == 1:
-        return list(LEVEL1)
-    fm = [fast_math_pass()] if fast_math else []
-    return [identities] + fm + [op_rewrites(), cast_round_trip, fuse_elementwise,
-                                fuse_reductions_program, fuse_store] + CLEANUP
+    return level_passes(level, fast_math, before_fusion=[cast_round_trip],
+                        reductions=fuse_reductions_program)
 
 
 def optimize_program(graph: Graph, level: int, *, fast_math: bool = False,
@@ -82,15 +73,8 @@ def optimize_program(graph: Graph, level: int, *, fast_math: bool = False,
                      stats: Optional[list[PassStats]] = None) -> Graph:
     """A new program graph optimised at ``level`` (the input graph is never modified);
     ``stats`` (a list) receives what each pass did."""
-    out, done = PassManager(program_pipeline(level, fast_math), instruments,
-                            verify=verify_each).run(graph)
-    if stats is not None:
-        stats.extend(done)
-    try:
-        out.verify()
-    except Exception as e:
-        raise PassError(f"level {level} program pipeline produced an invalid graph: {e}") from None
-    return out
+    return run_passes(graph, program_pipeline(level, fast_math), f"level {level} program pipeline",
+                      instruments=instruments, verify_each=verify_each, stats=stats)
 
 
 __all__ = ["EXACT_WIDENINGS", "cast_round_trip", "optimize_program", "program_pipeline"]
