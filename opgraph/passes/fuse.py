@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 
+from l0ops.expansion import BodyBuilder
 from l0ops.fused import FusedAttrs, Instr
 from l0ops.primitives import instr_shape
 from opgraph.core.ir import Graph, Node, Value
@@ -103,7 +104,7 @@ def body_of(nodes: list[Node]) -> tuple[list[Value], list[Instr], dict[str, str]
     """Externals, primitive body and the register of every value for a group in graph order."""
     externals: list[Value] = []
     regs: dict[str, str] = {}
-    body: list[Instr] = []
+    builder = BodyBuilder()
 
     def reg(v: Value) -> str:
         if v.name not in regs:
@@ -111,16 +112,12 @@ def body_of(nodes: list[Node]) -> tuple[list[Value], list[Instr], dict[str, str]
             externals.append(v)
         return regs[v.name]
 
-    def emit(op, args, dtype, shape=None, value=None, over=None) -> str:
-        body.append(Instr(op=op, args=tuple(args), dtype=dtype, shape=shape, value=value, over=over))
-        return f"t{len(body) - 1}"
-
     for n in nodes:
         args = [reg(v) for v in n.inputs]
-        res = n.opdef.expand(emit, args, n.attrs, [v.type for v in n.inputs])
+        res = n.opdef.expand(builder.emit, args, n.attrs, [v.type for v in n.inputs])
         for v, r in zip(n.outputs, res if isinstance(res, tuple) else (res,)):
             regs[v.name] = r
-    return externals, body, regs
+    return externals, builder.body, regs
 
 
 def register_shapes(body: Sequence[Instr], externals: Sequence[Value]) -> dict[str, tuple[int, ...]]:
