@@ -45,8 +45,15 @@ def _step(g: Graph, rng: np.random.Generator, live: list[Value], users: dict[str
           shape: tuple[int, int, int]) -> None:
     """Add one drawn node over the live values (an invalid draw adds nothing)."""
     pick = lambda: live[int(rng.integers(len(live)))]  # noqa: E731
-    kind = rng.choice(["binary"] * 5 + ["cast", "reduce", "view", "fill", "copy", "contiguous"])
-    if kind == "binary":
+    kind = rng.choice(["binary"] * 5 + ["cast", "reduce", "view", "fill", "contiguous"]
+                      + ["copy", "repeat"] * 2)
+    if kind == "repeat":  # the same call again: CSE may merge the two only if no write is between
+        done = [n for n in g.nodes if n.op != "ViewCopy"]
+        if not done:
+            return
+        again = done[int(rng.integers(len(done)))]
+        node = g.add_node(again.op, list(again.inputs), again.attrs)
+    elif kind == "binary":
         node = g.add_node(str(rng.choice(BINARY)), [pick(), pick()])
     elif kind == "cast":
         node = g.add_node("Cast", [pick()], to=FLOATS[int(rng.integers(3))])
