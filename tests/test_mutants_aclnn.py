@@ -266,3 +266,33 @@ def test_pythonic_a_ragged_list_is_161002_naming_the_argument():
     with pytest.raises(opgraph.AclnnError) as e:
         opgraph.ops.batch_norm_stats([[1.0, 2.0], [3.0]], 1e-5)
     assert e.value.status == INVALID and "input: cannot be used as a tensor" in str(e.value)
+
+
+_C = np.ones(3, F32)
+NULL_CALLS = {  # Pythonic call, the op_api's phase 1 on the same arguments (outputs NULL)
+    "batch_norm_backward_elemt": (
+        lambda: opgraph.ops.batch_norm_backward_elemt(None, None, *[_C] * 6),
+        lambda: aclnn.aclnnBatchNormElemtBackwardGetWorkspaceSize(None, None, *[t(_C)] * 6, None)),
+    "sync_batch_norm_gather_stats": (
+        lambda: opgraph.ops.sync_batch_norm_gather_stats(None, None, None, None, None, 0.1, 1e-5),
+        lambda: aclnn.aclnnSyncBatchNormGatherStatsGetWorkspaceSize(
+            None, None, None, None, None, 0.1, 1e-5, None, None)),
+    "batch_norm_elemt": (
+        lambda: opgraph.ops.batch_norm_elemt(None, None, None, _C, _C, 1e-5),
+        lambda: aclnn.aclnnBatchNormElemtGetWorkspaceSize(None, None, None, t(_C), t(_C), 1e-5, None)),
+}
+
+
+@pytest.mark.parametrize("name", list(NULL_CALLS))
+def test_pythonic_null_inputs_fail_with_the_op_api_s_status_and_message(name):
+    """README: "The Pythonic API raises AclnnError with the same status and message" as the
+    op_api: with several required tensors NULL it names the one the op_api names first (its
+    NULL order: gradOut before input, totalSum before mean, [API] §5.4, [F] §6.4), in the
+    op_api's own words (BatchNormElemt's note on its 161002 for NULL, [F] §2.4 step 1)."""
+    pythonic, phase1 = NULL_CALLS[name]
+    st, _, ex = phase1()
+    assert ex is None and st in (NULLPTR, INVALID)
+    want = aclnn.aclGetRecentErrMsg()
+    with pytest.raises(opgraph.AclnnError) as e:
+        pythonic()
+    assert e.value.status == st and str(e.value) == want

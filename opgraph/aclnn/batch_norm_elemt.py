@@ -56,7 +56,7 @@ from opgraph.core.tensor import Tensor, tensor
 from .common import (F32, MAX_RANK, check_dtype, check_not_private, check_rank, float_dtypes,
                      invalid, require_kernel)
 from .direct import NUMPY_CALLS
-from .pythonic import as_tensor, refuse_masked, result, run_op_api
+from .pythonic import as_tensor, refuse_masked, refuse_null, result, run_op_api
 from .twophase import op_api, run_executor
 
 PLATFORMS = ("Ascend910B", "Ascend910_93", "Ascend950", "Ascend910")  # the doc's A2, A3, 910 + 950
@@ -261,8 +261,8 @@ def _batch_norm_elemt(input: Any, weight: Any, bias: Any, mean: Any, invstd: Any
     args = [as_tensor(n, a) for n, a in zip(("input", "weight", "bias", "mean", "invstd"),
                                              (input, weight, bias, mean, invstd))]
     x = args[0]
-    if x is None:
-        raise AclnnError(Status.ACLNN_ERR_PARAM_INVALID, "input: must not be NULL")
+    if x is None:  # no shape for out: the op_api's own refusal (161002, its words)
+        refuse_null(aclnnBatchNormElemtGetWorkspaceSize, aclnnBatchNormElemt, *args, eps, None)
     if out is None:
         out = np.empty(x.shape, dtype=x.dtype.np)
     out_t = out if isinstance(out, Tensor) else _as_output(out, x.format)

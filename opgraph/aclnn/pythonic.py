@@ -13,7 +13,7 @@ them.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from typing import Any, Callable, NoReturn, Optional
 
 import numpy as np
 
@@ -81,6 +81,15 @@ def run_op_api(get_workspace_size: Callable[..., Any], run: Callable[..., Any], 
         status = run(bytearray(ws) if ws else None, ws, ex)
     if status != Status.ACLNN_SUCCESS:
         raise recent_error() or AclnnError(status, "failed without a message")
+
+
+def refuse_null(get_workspace_size: Callable[..., Any], run: Callable[..., Any],
+                *args: Any) -> NoReturn:
+    """Phase 1 on ``args`` where a required tensor an output's shape comes from is NULL (that
+    output passed as NULL too): the op_api's own AclnnError, naming the first NULL in its own
+    order, in its own words."""
+    run_op_api(get_workspace_size, run, *args)
+    raise AssertionError(f"{get_workspace_size.__name__} accepted a NULL required tensor")
 
 
 def require_input(name: str, t: Optional[Tensor]) -> Tensor:
