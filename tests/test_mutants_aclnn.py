@@ -201,6 +201,29 @@ def test_batch_norm_elemt_950_weight_type_other_than_the_input_s_is_float(data, 
     bn = next(n for n in ex.graph.nodes if n.op == "BatchNormV3")
     assert [v.dtype.np for v in bn.inputs[1:3]] == [np.dtype(F32)] * 2
 
+
+def test_batch_norm_elemt_a_channel_parameter_shorter_than_c_is_refused():
+    """BatchNormElemt: weight, bias, mean and invstd of a size other than C are 161002 ([F]
+    §2.4 step 4.8), a smaller size as much as a larger one."""
+    c, short = t(np.ones(3, F32)), t(np.ones(2, F32))
+    st, _, ex = aclnn.aclnnBatchNormElemtGetWorkspaceSize(
+        t(np.ones((2, 3), F32)), c, c, short, c, 1e-5, t(np.zeros((2, 3), F32)))
+    assert (st, ex) == (INVALID, None)
+    refused(st, "mean", "must be [C] = [3]")
+
+
+# --- aclnnBatchNormReduceBackward ---------------------------------------------------------------
+def test_batch_norm_reduce_backward_private_inputs_come_before_private_outputs():
+    """ReduceBackward's format checks: any of the 4 inputs private, then any enabled output
+    private ([F] §4.4 step 6): a private mean beside a private sumDy is 161002 naming mean."""
+    x, c = t(np.ones((2, 3), F32)), t(np.ones(3, F32))
+    nc1 = t(np.ones(3, F32), format="NC1HWC0")
+    outs = [t(np.zeros(3, F32), format="NC1HWC0")] + [t(np.zeros(3, F32)) for _ in range(3)]
+    st, _, ex = aclnn.aclnnBatchNormReduceBackwardGetWorkspaceSize(
+        x, x, nc1, c, None, True, True, True, *outs)
+    assert (st, ex) == (INVALID, None)
+    refused(st, "mean", "private")
+
 # --- aclnnBatchNormElemtBackward --------------------------------------------------------------
 def test_batch_norm_elemt_backward_input_rank_2_comes_before_rank_8():
     """ElemtBackward's shape checks start with input rank < 2, then rank > 8 of input, gradOut,
@@ -245,6 +268,19 @@ def test_gather_stats_with_counts_950_a_null_running_mean_is_zeros_in_input_dtyp
     assert (st, ex) == (Status.ACLNN_ERR_INNER_TILING_ERROR, None)
     refused(st, "input", "runningMean is NULL, so it is zeros in input's dtype")
 
+
+
+def test_gather_stats_with_counts_an_empty_mean_of_zero_channels_only_fills():
+    """GatherStatsWithCounts tests mean->IsEmpty() alone, and an empty mean records only the
+    fills of meanAll (0) and invstdAll (NaN): Fill, ReFormat, ViewCopy each ([F] §3.3 step 7),
+    for W ranks of C = 0 channels as for W = 0."""
+    e = lambda *s: t(np.zeros(s, F32))  # noqa: E731
+    a = _gather_args(C=0, runningMean=None, runningVar=None, input=e(2, 0, 5), mean=e(2, 0),
+                     invstd=e(2, 0), meanAll=e(0), invstdAll=e(0))
+    with opgraph.opt_level(0):
+        st, _, ex = aclnn.aclnnBatchNormGatherStatsWithCountsGetWorkspaceSize(*a.values())
+    assert st == SUCCESS, aclnn.aclGetRecentErrMsg()
+    assert [n.op for n in ex.graph.nodes] == ["Fill", "ReFormat", "ViewCopy"] * 2
 
 # --- aclnnSyncBatchNormGatherStats --------------------------------------------------------------
 def test_sync_gather_stats_no_ranks_comes_before_no_channels():
