@@ -224,6 +224,18 @@ def test_batch_norm_reduce_backward_private_inputs_come_before_private_outputs()
     assert (st, ex) == (INVALID, None)
     refused(st, "mean", "private")
 
+
+def test_batch_norm_elemt_rank_above_5_is_retagged_nd_on_the_way_back():
+    """BatchNormElemt, rank > 5: the result is reshaped to the input's shape and re-tagged ND
+    ([F] §2.5 step 11), whatever the input's own tag."""
+    x = np.ones((2, 3, 1, 2, 1, 2), F32)
+    with opgraph.opt_level(0):
+        st, _, ex = _elemt(t(x, format="NCHW"), t(np.zeros_like(x), format="NCHW"))
+    assert st == SUCCESS, aclnn.aclGetRecentErrMsg()
+    *_, reshape, reformat, copy = ex.graph.nodes
+    assert [reshape.op, reformat.op, copy.op] == ["Reshape", "ReFormat", "ViewCopy"]
+    assert reformat.attrs.format.name == "ND" and reformat.outputs[0].shape == x.shape
+
 # --- aclnnBatchNormElemtBackward --------------------------------------------------------------
 def test_batch_norm_elemt_backward_input_rank_2_comes_before_rank_8():
     """ElemtBackward's shape checks start with input rank < 2, then rank > 8 of input, gradOut,
@@ -332,3 +344,15 @@ def test_pythonic_null_inputs_fail_with_the_op_api_s_status_and_message(name):
     with pytest.raises(opgraph.AclnnError) as e:
         pythonic()
     assert e.value.status == st and str(e.value) == want
+
+
+def test_pythonic_an_opgraph_tensor_out_gives_back_a_numpy_array():
+    """The Pythonic API is numpy out (opgraph.ops): with an opgraph.Tensor as ``out`` the
+    function writes the tensor's memory and returns its values as a numpy array (the README
+    example's values, 0.9·x)."""
+    x = np.arange(8, dtype=F32).reshape(1, 2, 4)
+    c = lambda *v: np.float32(v)  # noqa: E731
+    out = np.zeros_like(x)
+    y = opgraph.ops.batch_norm_backward_elemt(x, x, c(0, 0), c(1, 1), c(1, 1), c(0, 0), c(1, 1),
+                                              c(5, 5), out=t(out))
+    assert isinstance(y, np.ndarray) and np.allclose(y, 0.9 * x) and np.allclose(out, 0.9 * x)
