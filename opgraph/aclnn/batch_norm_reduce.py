@@ -46,7 +46,7 @@ from opgraph.core.status import AclnnError, Status
 from opgraph.core.tensor import Tensor, tensor
 from .common import BF16, F16, F32, check_dtype, invalid, require_kernel
 from .direct import NUMPY_CALLS
-from .pythonic import as_tensor, require_input, result, run_op_api
+from .pythonic import as_tensor, refuse_null, result, run_op_api
 from .twophase import check_not_null, op_api, run_executor
 
 PLATFORMS = ("Ascend910B", "Ascend910_93", "Ascend950")  # the doc: 950, A3, A2 (not 910/310)
@@ -187,7 +187,9 @@ def batch_norm_reduce(input: Any) -> tuple[np.ndarray, np.ndarray]:
 
 def _batch_norm_reduce(input: Any) -> tuple[np.ndarray, np.ndarray]:
     """The usual two-phase call of :func:`batch_norm_reduce`."""
-    t = require_input("input", as_tensor("input", input))
+    t = as_tensor("input", input)
+    if t is None:  # no C for the outputs: the op_api's own refusal, naming x
+        refuse_null(aclnnBatchNormReduceGetWorkspaceSize, aclnnBatchNormReduce, None, None, None)
     if not isinstance(input, Tensor):  # numpy data: tag it NCHW
         t = Tensor(t.storage, t.shape, t.strides, t.offset, Format.NCHW, t.storage_shape,
                    copied=t.copied)
