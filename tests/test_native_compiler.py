@@ -8,6 +8,7 @@ from __future__ import annotations
 import ctypes
 import os
 import shlex
+from pathlib import Path
 
 import pytest
 
@@ -161,6 +162,34 @@ def test_cache_key_follows_the_extra_flags_the_compiler_and_the_cpu(monkeypatch)
     monkeypatch.undo()
     monkeypatch.setattr(build, "_cpu_tag", lambda: "another|cpu|0000000000000000")
     assert build.cache_key(FLAGGED_SOURCE, cc) != key
+
+
+def _program(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    path.chmod(0o755)
+    return path
+
+
+def test_identity_names_the_compiler_behind_a_launcher_and_its_build(tmp_path, monkeypatch):
+    """The cache key's compiler identity: with ``CC="launcher gcc"`` another ``gcc`` on PATH is
+    another identity (the launcher alone named the same one for both); so is the same path
+    reinstalled (size or modification time); flags and words that name no program stay as
+    written."""
+    launcher = _program(tmp_path / "bin" / "launcher", "#!/bin/sh\n")
+    first = _program(tmp_path / "a" / "gcc", "#!/bin/sh\n# one\n")
+    _program(tmp_path / "b" / "gcc", "#!/bin/sh\n# the other one\n")
+    words = [str(launcher), "gcc", "-m64", "no-such-program"]
+    monkeypatch.setenv("PATH", str(tmp_path / "a"))
+    one = compiler.identity(words)
+    assert str(first) in one and one.endswith(" -m64 no-such-program")
+    assert compiler.identity(words) == one
+    monkeypatch.setenv("PATH", str(tmp_path / "b"))
+    assert compiler.identity(words) != one
+    monkeypatch.setenv("PATH", str(tmp_path / "a"))
+    st = first.stat()
+    os.utime(first, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+    assert compiler.identity(words) != one
 
 
 def test_in_process_memo_tells_extra_flags_apart(cache):

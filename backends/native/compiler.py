@@ -129,8 +129,29 @@ def describe() -> str:
 
 
 def identity(cc: Sequence[str]) -> str:
-    """What a cache key records of ``cc``: its program's real path, then its other words."""
-    return " ".join([os.path.realpath(cc[0]), *cc[1:]])
+    """What a cache key records of ``cc``: each word, where a word names a program (the first
+    always; a launcher's compiler, ``gcc`` in ``ccache gcc``, found on PATH) its real path with
+    its size and modification time, so that another or a reinstalled compiler — behind a launcher
+    too — builds its own kernels.
+
+        >>> identity(["/bin/sh", "-m64"]).endswith(" -m64")
+        True
+    """
+    return " ".join([_program(cc[0]), *(w if w.startswith("-") else _program(w, w) for w in cc[1:])])
+
+
+def _program(word: str, default: Optional[str] = None) -> str:
+    """``word``'s program as ``realpath|size|mtime_ns`` when it is one on PATH (or a path to
+    one), else ``default`` (``word``'s real path when None)."""
+    path = shutil.which(word)
+    if path is None:
+        return os.path.realpath(word) if default is None else default
+    real = os.path.realpath(path)
+    try:
+        st = os.stat(real)
+    except OSError:
+        return real
+    return f"{real}|{st.st_size}|{st.st_mtime_ns}"
 
 
 def forget() -> None:
