@@ -62,12 +62,12 @@ class TorchArrays(Arrays):
     address = staticmethod(address_of)
 
     def metadata(self, a: Any) -> Optional[Hashable]:
-        """A torch tensor's or numpy array's dtype, shape and strides (None: a torch tensor off
-        the CPU, not strided (sparse, MKL-DNN), with its negative bit set or a ZeroTensor —
-        memory that does not hold its values; a conjugate view is of a complex dtype, never
-        learnt)."""
-        if type(a) is np.ndarray:
-            return a.dtype, a.shape, a.strides
+        """A torch tensor's or numpy array's dtype, shape and strides (None: a subclass of
+        ndarray, as in :class:`~opgraph.aclnn.direct.Arrays`; a torch tensor off the CPU, not
+        strided (sparse, MKL-DNN), with its negative bit set or a ZeroTensor — memory that
+        does not hold its values; a conjugate view is of a complex dtype, never learnt)."""
+        if isinstance(a, np.ndarray):  # (a subclass has no is_cpu: it raised AttributeError)
+            return (a.dtype, a.shape, a.strides) if type(a) is np.ndarray else None
         if not a.is_cpu or a.layout is not _STRIDED or a.is_neg() or a._is_zerotensor():
             return None
         return a.dtype, a.shape, a.stride()
