@@ -3,10 +3,11 @@ out the view of a tensor that is gone; a numpy subclass argument takes the usual
 AttributeError); a torch tensor's span is its byte bounds; a meta tensor is refused even after a
 CPU call of its layout; one value per channel on one rank is refused as torch does, and ranks
 with one value per channel count when another rank is empty; the gather's counts are rounded
-to half-precision running stats; a captured step with a frozen bias writes the weight gradient
-only; eval mode uses running stats kept after tracking is switched off, as torch's
-BatchNorm; registering the aten kernels again changes their platform; run_ranks returns results in
-rank order whichever rank finishes first."""
+to half-precision running stats, eagerly and captured; a captured step with a frozen bias writes
+the weight gradient only; a backward outside its forward's fast-math block keeps fast-math;
+eval mode uses running stats kept after tracking is switched off, as torch's BatchNorm;
+registering the aten kernels again changes their platform; the syncbn check refuses an empty
+shape at once; run_ranks returns results in rank order whichever rank finishes first."""
 from __future__ import annotations
 
 import time
@@ -19,7 +20,7 @@ torch = pytest.importorskip("torch", reason="torch is not installed (pip install
 
 import opgraph  # noqa: E402
 import opgraph.torch as ot  # noqa: E402
-from opgraph.torch import kernels as K  # noqa: E402
+from opgraph.torch import check, kernels as K  # noqa: E402
 from opgraph.torch.direct import TORCH  # noqa: E402
 
 
@@ -90,19 +91,23 @@ def test_one_value_per_channel_ranks_count_when_another_rank_is_empty():
 
 def test_the_gathers_counts_are_rounded_to_half_precision_running_stats(monkeypatch):
     """torch's SyncBatchNorm hands the gather its counts in the running stats' dtype (PTF): a
-    float16 model's 2049 values per channel count as float16(2049) = 2048 there."""
+    float16 model's 2049 values per channel count as float16(2049) = 2048 there, eagerly and
+    in a capture."""
     seen = []
     gather = K.batch_norm_gather_stats_with_counts
 
     def spy(*args, **kwargs):
-        seen.append(np.asarray(args[7]))
+        seen.append(args[7])
         return gather(*args, **kwargs)
     monkeypatch.setattr(K, "batch_norm_gather_stats_with_counts", spy)
     x = torch.linspace(-1, 1, 2049, dtype=torch.float16).reshape(2049, 1).requires_grad_()
     rm, rv = torch.zeros(1, dtype=torch.float16), torch.ones(1, dtype=torch.float16)
     ot.SyncBatchNormFunction.apply(x, None, None, rm, rv, 1e-5, 0.1, None, 1, {})
-    [counts] = seen
-    assert counts.dtype == np.float16 and counts.tolist() == [2048.0]
+    with opgraph.capture():  # (one rank: no process group)
+        ot.SyncBatchNormFunction.apply(x, None, None, rm, rv, 1e-5, 0.1, None, 1, {})
+    for counts in seen:  # eager, captured
+        assert np.asarray(counts).dtype == np.float16 and np.asarray(counts).tolist() == [2048.0]
+    assert len(seen) == 2
 
 
 def test_a_captured_step_with_a_frozen_bias_writes_the_weight_gradient_only():
@@ -151,13 +156,30 @@ def test_eval_mode_uses_the_running_stats_kept_after_tracking_is_switched_off():
     torch.testing.assert_close(ours(x), (x - 0.5) / torch.sqrt(torch.tensor(4.0 + 1e-5)))
 
 
+def test_a_backward_outside_the_fast_math_block_of_its_forward_keeps_fast_math(monkeypatch):
+    """The layer's backward keeps its forward's opgraph.fast_math() setting (loss.backward()
+    may run after the block ends): its op_apis are called with fast-math on."""
+    seen = []
+    reduce = K.batch_norm_backward_reduce
+
+    def spy(*args, **kwargs):
+        seen.append(opgraph.get_fast_math())
+        return reduce(*args, **kwargs)
+    monkeypatch.setattr(K, "batch_norm_backward_reduce", spy)
+    x = torch.randn(4, 3, 2, 2, generator=torch.Generator().manual_seed(4)).requires_grad_()
+    with opgraph.fast_math():
+        y = ot.SyncBatchNormFunction.apply(x, None, None, None, None, 1e-5, 0.1, None, 1, {})
+    y.backward(torch.ones_like(y))
+    assert seen == [True] and not opgraph.get_fast_math()
+
+
 def test_a_meta_tensor_is_refused_even_after_a_cpu_call_of_its_layout():
     """A learnt call's metadata does not cover a tensor off the CPU (a meta tensor has no
     memory): the call is the op_api's, which names the device, not a direct run from address 0."""
     x = torch.arange(24.).reshape(2, 3, 4)
     for _ in range(2):  # learnt, then direct
         K.batch_norm_stats(x, 1e-5)
-    with pytest.raises(opgraph.AclnnError, match="input: cannot be used as a tensor .*device 'meta'"):
+    with pytest.raises(opgraph.AclnnError, match="input: cannot be used .*device 'meta'"):
         K.batch_norm_stats(torch.empty(2, 3, 4, device="meta"), 1e-5)
 
 
@@ -190,6 +212,13 @@ def test_a_torch_tensors_span_is_its_byte_bounds(make):
     t = make(torch.zeros(64))
     lo, hi = TORCH.span(t)
     assert (lo, hi) == byte_bounds(t.numpy()) if t.numel() else lo == hi  # empty: no bytes
+
+
+@pytest.mark.parametrize("shape", [(0, 3), (2, 0), (2, 3, 0)])
+def test_the_syncbn_check_refuses_an_empty_shape_before_starting_ranks(shape):
+    """opgraph syncbn's compare() wants N >= 1 and C >= 1 and some elements: said at once."""
+    with pytest.raises(ValueError, match=r"expected N,C,\.\.\. with N >= 1 and C >= 1"):
+        check.compare(2, shape, timeout=30.0)
 
 
 def test_results_come_back_in_rank_order_whichever_rank_finishes_first():
