@@ -14,7 +14,11 @@ import time
 
 import numpy as np
 import pytest
-from numpy.lib.array_utils import byte_bounds
+
+try:  # numpy 2
+    from numpy.lib.array_utils import byte_bounds
+except ImportError:  # numpy 1.x (pyproject allows >= 1.24)
+    from numpy import byte_bounds  # type: ignore[attr-defined,no-redef]
 
 torch = pytest.importorskip("torch", reason="torch is not installed (pip install 'opgraph[torch]')")
 
