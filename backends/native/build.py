@@ -389,7 +389,9 @@ def evict(limit: Optional[int] = None, directory: Optional[Path] = None) -> list
 def load(source: str, extra: Sequence[str] = (), symbol: str = SYMBOL) -> Kernel:
     """The kernel ``symbol`` of ``source``: from memory, else the disk cache, else compiled now
     (then the disk cache is trimmed to :func:`cache_limit`)."""
-    front = (source, tuple(extra), symbol, os.environ.get("OPGRAPH_CACHE_DIR"))
+    env = os.environ
+    # the settings a load depends on: a kernel built by another compiler is not this one's
+    front = (source, tuple(extra), symbol, env.get("OPGRAPH_CACHE_DIR"), env.get("CC"), env.get("PATH"))
     hit = _BY_SOURCE.get(front)  # this process already loaded this exact source: no work at all
     if hit is not None:
         stats["memory_hits"] += 1
