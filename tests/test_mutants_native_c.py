@@ -16,12 +16,13 @@ import pytest
 from backends import native
 from backends.native import compiler, launch
 from backends.native.launch import run_fused_native
+from backends.native.reduce import plan_for
 from backends.native.reduce_run import run_fused_reduce_native
-from l0ops.fused_reduce import FusedReduce
+from l0ops.fused_reduce import FusedReduce, FusedReduceAttrs
 from l0ops.interpreter import run_fused
 from l0ops.primitives import FusedAttrs, Instr
 from opgraph.core.dtypes import DataType as D
-from test_native_reduce import stats_body
+from test_native_reduce import passes_of, stats_body
 
 pytestmark = pytest.mark.skipif(not native.available(), reason=native.availability()[1])
 F32, F16, BF16 = D.FLOAT, D.FLOAT16, D.BF16
@@ -110,3 +111,80 @@ def test_a_kernel_loaded_under_another_cc_is_that_compilers(monkeypatch):
     assert launch.vector_isa() == "scalar C"
     monkeypatch.undo()
     assert launch.vector_isa() == before
+
+
+def channels_last(shape, seed: int = 5, dtype=np.float32):
+    """An NC... array in channels_last memory (C innermost), values of mixed magnitude (a change
+    of summation order changes the bits)."""
+    order = (0,) + tuple(range(2, len(shape))) + (1,)
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(tuple(shape[d] for d in order)).astype(np.float32)
+    x.reshape(-1)[::7] *= 1e4
+    return x.astype(dtype).transpose(np.argsort(order))
+
+
+@pytest.mark.parametrize("shape", [(1, 70, 5, 7), (1, 20, 3, 1)], ids=["35-rows", "3-rows"])
+def test_channels_last_sums_over_an_odd_count_of_rows_under_64(shape):
+    """A channels_last pass over fewer rows than 64 lanes, an odd count: each kept index's lanes
+    fold by the tree of l0ops.ordered (n = ceil(m/2)), whose odd step (opg_fold_cols) only such a
+    block takes, over exactly the rows' lanes (channel 0 is all -0.0, whose sum stays -0.0 only
+    if no other lane is added)."""
+    x = channels_last(shape)
+    x[:, 0] = -0.0
+    a = stats_body(shape)
+    assert [p.cols for p in passes_of(a, [x])] == [True, True]
+    check_reduce(a, [x])
+    assert np.signbit(run_fused_reduce_native(a, [x])[0][0])
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_lane_groups_fold_only_the_lanes_of_a_short_last_block(n, threads):
+    """A parallel channels_last pass of fewer than 8 items over two blocks splits each block's
+    lanes into groups and folds them afterwards (opg_fold_blocks): a last block of 3 rows folds
+    its 3 lanes only, not lanes no item wrote. Channel 0 is all -0.0 (an unwritten lane, zero or
+    not, would change its sum's bits)."""
+    threads(n)
+    x = np.random.default_rng(2).standard_normal((32768 + 3, 2)).astype(np.float32)
+    x[:, 0] = -0.0
+    a = stats_body(x.shape)
+    assert [p.cols for p in passes_of(a, [x])] == [True, True]
+    check_reduce(a, [x])
+    assert np.signbit(run_fused_reduce_native(a, [x])[0][0])
+
+
+def test_channels_last_chunk_just_above_the_widest():
+    """From 8 MiB of data a channels_last item takes up to OPG_KC_MAX = 256 kept indices (its
+    accumulators are sized for that); 257 of them are chunks of 64: the reference's bits."""
+    x = channels_last((1, 257, 8192, 1), seed=9)
+    assert x.nbytes >= 8 << 20
+    check_reduce(stats_body(x.shape), [x])
+
+
+def narrow_mean_body(shape, half: D):
+    """Two passes with a mean rounded to ``half`` between them (Σx·(1/N) cast to ``half``), then
+    Σ(x − mean)²: a per-index instruction between the passes that rounds."""
+    k = tuple(n if d == 1 else 1 for d, n in enumerate(shape))
+    n = float(np.float32(1.0 / (np.prod(shape) // shape[1])))
+    body = (Instr(op="sum", args=("in0",), dtype=F32, shape=k, over=tuple(shape)),
+            Instr(op="fill", dtype=F32, value=n),
+            Instr(op="mul", args=("t0", "t1"), dtype=F32),
+            Instr(op="cast", args=("t2",), dtype=half),
+            Instr(op="cast", args=("t3",), dtype=F32),
+            Instr(op="sub", args=("in0", "t4"), dtype=F32),
+            Instr(op="mul", args=("t5", "t5"), dtype=F32),
+            Instr(op="sum", args=("t6",), dtype=F32, shape=k, over=tuple(shape)))
+    return FusedReduceAttrs(body=body, results=("t3", "t7"), out_shapes=((shape[1],),) * 2)
+
+
+@pytest.mark.parametrize("half", [F16, BF16], ids=["f16", "bf16"])
+@pytest.mark.parametrize("layout", ["channel-major", "channels-last"])
+def test_a_rounding_between_two_passes_run_as_one_call(layout, half):
+    """The instructions between a blocked pair's passes (pair_c) round to their dtype: a mean
+    cast to f16/bf16 there is the rounded value pass b reads and the result, as the reference's."""
+    shape = (2, 9, 5, 7)
+    rng = np.random.default_rng(4)
+    x = (rng.standard_normal(shape).astype(np.float32) + 1 / 3) if layout == "channel-major" \
+        else channels_last(shape, seed=4) * np.float32(1e-4) + np.float32(1 / 3)
+    a = narrow_mean_body(shape, half)
+    assert [st[0] for st in plan_for(a, [x]).steps if st[0] != "instr"] == ["blocked"]
+    check_reduce(a, [x])
