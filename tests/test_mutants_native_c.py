@@ -188,3 +188,19 @@ def test_a_rounding_between_two_passes_run_as_one_call(layout, half):
     a = narrow_mean_body(shape, half)
     assert [st[0] for st in plan_for(a, [x]).steps if st[0] != "instr"] == ["blocked"]
     check_reduce(a, [x])
+
+
+@pytest.mark.parametrize("dt", [BF16, F16], ids=["bf16", "f16"])
+@pytest.mark.parametrize("shape", [(2, 3, 600), (6, 120)], ids=["rows-of-600", "2d-120-channels"])
+def test_a_rows_last_vector_stores_only_its_tail_lanes_in_place(shape, dt):
+    """Past the vector loops a row's last lanes are computed as the row's last whole vector, of
+    which only those lanes are stored (simd.vector_tail): with the output the data input itself,
+    storing the vector's other lanes too would write them a second time, computed from the
+    output (rows longer than simd.SHORT_ROW, and a 2-d [N, C] input's rows, both 8 lanes past
+    their last vector, as the reference computes them from the input)."""
+    inputs = affine_inputs(shape, dt, seed=7)
+    a = affine(shape, dt)
+    want = run_fused(a, [x.copy() for x in inputs])
+    got = run_fused_native(a, inputs, out=inputs[0])
+    assert got is inputs[0] or np.shares_memory(got, inputs[0])
+    assert same_bits(inputs[0], want)
