@@ -204,3 +204,32 @@ def test_a_rows_last_vector_stores_only_its_tail_lanes_in_place(shape, dt):
     got = run_fused_native(a, inputs, out=inputs[0])
     assert got is inputs[0] or np.shares_memory(got, inputs[0])
     assert same_bits(inputs[0], want)
+
+
+@pytest.mark.parametrize("n", [7, 5])
+def test_rows_of_a_2d_input_stop_at_the_claims_last_row(n):
+    """A 2-d [N, C] input's rows go four at a time (render.ROWS) while four are left in the
+    claim, the rest one by one: with 7 or 5 rows nothing is written past the output (a row of
+    sentinels right after it) and every row has the reference's bits."""
+    shape = (n, 96)
+    inputs = affine_inputs(shape, BF16, seed=n)
+    a = affine(shape, BF16)
+    buf = np.full((n + 1, 96), 7, np.uint16).view(ml_dtypes.bfloat16)
+    run_fused_native(a, inputs, out=buf[:n])
+    assert same_bits(buf[:n], run_fused(a, inputs))
+    assert (buf[n].view(np.uint16) == 7).all()
+
+
+@pytest.mark.parametrize("dt", [F32, BF16], ids=["f32", "bf16"])
+def test_an_output_strided_in_its_last_dim_from_dense_inputs(dt):
+    """Dense inputs and an output every other element of a buffer (stride 2 in its last dim):
+    the rows take the strided loop, not the dense one (whose stores would be contiguous), and
+    the elements between are left alone."""
+    shape = (2, 3, 40)
+    inputs = affine_inputs(shape, dt, seed=3)
+    a = affine(shape, dt)
+    buf = np.full(shape[:-1] + (2 * shape[-1],), 7, np.uint32 if dt == F32 else np.uint16)
+    buf = buf.view(NP[dt])
+    run_fused_native(a, inputs, out=buf[..., ::2])
+    assert same_bits(buf[..., ::2], run_fused(a, inputs))
+    assert (buf[..., 1::2].view(np.uint32 if dt == F32 else np.uint16) == 7).all()
