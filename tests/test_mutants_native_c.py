@@ -35,6 +35,17 @@ def same_bits(got, want) -> bool:
         np.array_equal(got.view(np.uint8), want.view(np.uint8))
 
 
+def same_bits_nan_anywhere(got, want) -> bool:
+    """NaNs where ``want`` has NaNs, whatever their payload or sign (README: "Bit-identical"
+    covers every non-NaN result), and every other element's bits."""
+    got, want = np.ascontiguousarray(got), np.ascontiguousarray(want)
+    nan = np.isnan(want.astype(np.float32))
+    if got.dtype != want.dtype or got.shape != want.shape or \
+            not np.array_equal(np.isnan(got.astype(np.float32)), nan):
+        return False
+    return same_bits(got[~nan], want[~nan])
+
+
 def affine(shape, out: D) -> FusedAttrs:
     """(f32(x) − m)·s cast to ``out``: ``in0`` full-size, ``in1`` and ``in2`` per channel."""
     body = (Instr(op="cast", args=("in0",), dtype=F32), Instr(op="sub", args=("t0", "in1"), dtype=F32),
@@ -234,3 +245,56 @@ def test_an_output_strided_in_its_last_dim_from_dense_inputs(dt):
     run_fused_native(a, inputs, out=buf[..., ::2])
     assert same_bits(buf[..., ::2], run_fused(a, inputs))
     assert (buf[..., 1::2].view(np.uint32 if dt == F32 else np.uint16) == 7).all()
+
+
+# float32 values at the f16/bf16 roundings' edges: f16's overflow threshold 65520 and just
+# below, its smallest normal and subnormal steps (ties included), bf16 ties, infinities, NaNs
+EDGES = np.array([65519.0, 65520.0, 65535.99, -65520.0, 6.1035156e-05, 6.1e-05, 2.9802322e-08,
+                  8.940697e-08, 1.0e-09, 1.00390625, 1.01171875, -1.00390625, np.inf, -np.inf,
+                  np.nan, -0.0, 3.0e38, 1.0], np.float32)
+EDGES = np.concatenate([EDGES, np.array([0x7F800001, 0xFFA00000], np.uint32).view(np.float32)])  # sNaNs
+
+
+@pytest.mark.parametrize("strided", [False, True], ids=["dense", "strided-out"])
+@pytest.mark.parametrize("dt", [F16, BF16], ids=["f16", "bf16"])
+def test_roundings_at_the_half_types_edges(dt, strided):
+    """f32 values rounded to f16/bf16 at every edge of the scalar helpers (c_text.HELPERS:
+    opg_rnd_f16's overflow to infinity from 65520 and its subnormal steps, opg_st_bf16's ties
+    and quiet NaN) and of the vector ones, and those f16/bf16 values loaded back (opg_ld_f16 of
+    infinities, NaNs, subnormals) into f32: the reference's bits. A strided output takes the
+    scalar loop for every element. NaNs must be where the reference's are (a signalling NaN
+    must not come out infinite); their payloads are left open."""
+    x = np.tile(EDGES, (2, 3, 2))
+    shape = x.shape
+    ones, zeros = np.ones((1, 3, 1), np.float32), np.zeros((1, 3, 1), np.float32)
+    with np.errstate(over="ignore", invalid="ignore"):  # 3e38 and 65520 overflow f16; sNaNs
+        narrow = x.astype(NP[dt])
+        for a, ins in ((affine(shape, dt), [x, zeros, ones]), (affine(shape, F32), [narrow, zeros, ones])):
+            buf = np.zeros(shape[:-1] + (2 * shape[-1],), NP[a.out_dtype])
+            out = buf[..., ::2] if strided else buf[..., :shape[-1]]
+            run_fused_native(a, ins, out=out)
+            assert same_bits_nan_anywhere(out, run_fused(a, ins))
+
+
+def round_trip(shape, half: D) -> FusedAttrs:
+    """in0 (f32) rounded to ``half``, widened and multiplied by in1 (per channel): an f16/bf16
+    rounding whose value later f32 arithmetic reads, not a store."""
+    body = (Instr(op="cast", args=("in0",), dtype=half), Instr(op="cast", args=("t0",), dtype=F32),
+            Instr(op="mul", args=("t1", "in1"), dtype=F32))
+    return FusedAttrs(shape=tuple(shape), body=body, result="t2", out_dtype=F32)
+
+
+@pytest.mark.parametrize("strided", [False, True], ids=["dense", "strided-out"])
+@pytest.mark.parametrize("dt", [F16, BF16], ids=["f16", "bf16"])
+def test_a_half_rounding_read_by_later_arithmetic(dt, strided):
+    """An f16/bf16 rounding inside a body (opg_rnd_f16 / opg_rnd_bf16, and the vector ones)
+    gives the half value itself: 65520 rounds to f16 infinity (not 65536, which a store would
+    still make infinity), a signalling NaN to a quiet one (not infinity), as the reference's."""
+    x = np.tile(EDGES, (2, 3, 2))
+    half = np.full((1, 3, 1), 0.5, np.float32)
+    a = round_trip(x.shape, dt)
+    buf = np.zeros(x.shape[:-1] + (2 * x.shape[-1],), np.float32)
+    out = buf[..., ::2] if strided else buf[..., :x.shape[-1]]
+    with np.errstate(over="ignore", invalid="ignore"):
+        run_fused_native(a, [x, half], out=out)
+        assert same_bits_nan_anywhere(out, run_fused(a, [x, half]))
