@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from backends import native
-from backends.native import compiler, launch
+from backends.native import compiler, launch, render
 from backends.native.launch import run_fused_native
 from backends.native.reduce import plan_for
 from backends.native.reduce_run import run_fused_reduce_native
@@ -298,3 +298,21 @@ def test_a_half_rounding_read_by_later_arithmetic(dt, strided):
     with np.errstate(over="ignore", invalid="ignore"):
         run_fused_native(a, [x, half], out=out)
         assert same_bits_nan_anywhere(out, run_fused(a, [x, half]))
+
+
+@pytest.mark.parametrize("dt", [BF16, F16], ids=["bf16", "f16"])
+def test_streamed_rows_longer_than_short_rows_peel_a_vector_at_most(dt):
+    """An output of render.STREAM_BYTES in rows of 600 f16/bf16 elements (longer than
+    simd.SHORT_ROW, so each row takes the streamed loop, 1200 bytes: rows start at every 16
+    bytes of a cache line): the peel up to the first line boundary stores up to a vector's
+    lanes at a time, however far the boundary (up to 32 elements), and the rows are the
+    reference's bits, nothing written past the output."""
+    rows = -(-render.STREAM_BYTES // (600 * 2))
+    shape = (-(-rows // 8), 8, 600)
+    inputs = affine_inputs(shape, dt, seed=12)
+    a = affine(shape, dt)
+    buf = np.full(int(np.prod(shape)) + 64, 7, np.uint16)
+    out = buf[3:3 + int(np.prod(shape))].view(NP[dt]).reshape(shape)  # rows start mid-line
+    run_fused_native(a, inputs, out=out)
+    assert same_bits(out, run_fused(a, inputs))
+    assert (buf[:3] == 7).all() and (buf[3 + int(np.prod(shape)):] == 7).all()
