@@ -316,3 +316,15 @@ def test_streamed_rows_longer_than_short_rows_peel_a_vector_at_most(dt):
     run_fused_native(a, inputs, out=out)
     assert same_bits(out, run_fused(a, inputs))
     assert (buf[:3] == 7).all() and (buf[3 + int(np.prod(shape)):] == 7).all()
+
+
+@pytest.mark.parametrize("shape", [(4, 3, 5), (7, 2, 3), (3, 5, 11)], ids=lambda s: "x".join(map(str, s)))
+def test_rows_shorter_than_a_vector_from_any_lane(shape):
+    """A channel-major pass over rows shorter than a vector: a row starting mid-vector takes
+    one masked vector of exactly its elements up to the next aligned lane (reduce_c's head),
+    not the next row's first element too."""
+    x = np.random.default_rng(8).standard_normal(shape).astype(np.float32)
+    x.reshape(-1)[::5] *= 1e4
+    a = stats_body(shape)
+    assert [p.cols for p in passes_of(a, [x])] == [False, False]
+    check_reduce(a, [x])
