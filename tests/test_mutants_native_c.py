@@ -18,6 +18,7 @@ from backends.native import compiler, launch, render
 from backends.native.launch import run_fused_native
 from backends.native.reduce import plan_for
 from backends.native.reduce_run import run_fused_reduce_native
+from backends.native.unsupported import Unsupported
 from l0ops.fused_reduce import FusedReduce, FusedReduceAttrs
 from l0ops.interpreter import run_fused
 from l0ops.primitives import FusedAttrs, Instr
@@ -328,3 +329,17 @@ def test_rows_shorter_than_a_vector_from_any_lane(shape):
     a = stats_body(shape)
     assert [p.cols for p in passes_of(a, [x])] == [False, False]
     check_reduce(a, [x])
+
+
+def test_a_pass_does_not_read_a_narrowed_input_through_a_view():
+    """A view of an input's exact widening is read as the input (the load widens), but a view
+    of its narrowing to f16 is not: such a body is not one the passes cover (Unsupported: the
+    backend falls back to numpy), never the input's unrounded values."""
+    x = (np.random.default_rng(6).standard_normal((4, 6)) * 1e3 + 1 / 3).astype(np.float32)
+    k = dict(dtype=F32, shape=(1, 3, 1), over=(4, 3, 2))
+    body = (Instr(op="cast", args=("in0",), dtype=F16), Instr(op="cast", args=("t0",), dtype=F32),
+            Instr(op="view", args=("t1",), dtype=F32, shape=(4, 3, 2)),
+            Instr(op="sum", args=("t2",), **k))
+    a = FusedReduceAttrs(body=body, results=("t3",), out_shapes=((3,),))
+    with pytest.raises(Unsupported, match="per element"):
+        run_fused_reduce_native(a, [x])
