@@ -77,4 +77,12 @@ def steps_of(a: FusedReduceAttrs, inputs: list) -> list[str]:
     return [st[0] for st in plan_for(a, inputs).steps if st[0] != "instr"]
 
 
-__all__ = ["BF16", "DTYPES", "F16", "F32", "backward_body", "bits", "check_same", "keep", "stats_body", "steps_of"]
+
+def passes_of(a: FusedReduceAttrs, inputs: list) -> list:
+    """The plan's passes for ``a`` on ``inputs``, a blocked pair's two included."""
+    steps = plan_for(a, inputs).steps
+    return [p for st in steps if st[0] in ("pass", "blocked")
+            for p in ((st[1],) if st[0] == "pass" else (st[1].a, st[1].b))]
+
+
+__all__ = ["BF16", "DTYPES", "F16", "F32", "backward_body", "bits", "check_same", "keep", "passes_of", "stats_body", "steps_of"]

@@ -23,7 +23,7 @@ from l0ops.fused_reduce import FusedReduce, FusedReduceAttrs
 from l0ops.interpreter import run_fused
 from l0ops.primitives import FusedAttrs, Instr
 from opgraph.core.dtypes import DataType as D
-from test_native_reduce import passes_of, stats_body
+from reduce_bodies import passes_of, stats_body
 
 pytestmark = pytest.mark.skipif(not native.available(), reason=native.availability()[1])
 F32, F16, BF16 = D.FLOAT, D.FLOAT16, D.BF16

@@ -15,10 +15,10 @@ import pytest
 from backends import native
 from backends.native import build
 from backends.native import reduce as native_reduce
-from backends.native.reduce import collapse_reduced, plan_for
+from backends.native.reduce import collapse_reduced
 from backends.native.reduce_run import run_fused_reduce_native
 from l0ops.fused_reduce import FusedReduceAttrs, Instr
-from reduce_bodies import BF16, DTYPES, F16, F32, backward_body, bits, check_same, keep, stats_body, steps_of
+from reduce_bodies import BF16, DTYPES, F16, F32, backward_body, bits, check_same, keep, passes_of, stats_body, steps_of
 
 pytestmark = pytest.mark.skipif(not native.available(), reason=native.availability()[1])
 
@@ -49,13 +49,6 @@ def test_two_pass_statistics_bits_equal_numpy(shape, dt, half):
     axes = tuple(d for d in range(len(shape)) if d != 1)
     assert np.allclose(mean, x.astype(np.float64).mean(axes), rtol=1e-5, atol=1e-5)
     assert np.allclose(var, x.astype(np.float64).var(axes), rtol=1e-2 if half else 1e-5)
-
-
-def passes_of(a, inputs):
-    """The plan's passes, a blocked pair's two included."""
-    steps = plan_for(a, inputs).steps
-    return [p for st in steps if st[0] in ("pass", "blocked")
-            for p in ((st[1],) if st[0] == "pass" else (st[1].a, st[1].b))]
 
 
 @pytest.mark.parametrize("half", [None, F16, BF16], ids=["f32", "f16-diff", "bf16-diff"])
