@@ -273,6 +273,8 @@ class NativeExecutable(NumpyExecutable):
         return kernels, {v.name: (home[v.name], v.type.shape) for v in self.graph.outputs}
 
     def run(self, bindings: Mapping[str, Tensor], workspace: Any = None) -> dict[str, np.ndarray]:
+        """See :meth:`Executable.run`; a layout the executable learnt runs its C kernels directly,
+        anything else node by node, each through its lowering (fused kernels in C)."""
         if not self._direct(bindings):
             return super().run(bindings, workspace)
         if self.launches is not None:
@@ -432,6 +434,8 @@ class NativeBackend(NumpyBackend):
     lowerings = NATIVE_LOWERINGS
 
     def compile(self, graph: Graph, memory_plan: MemoryPlan, platform: Platform) -> NativeExecutable:
+        """See :meth:`Backend.compile`; kernels are compiled (or found in the cache) at a node's
+        first run."""
         return NativeExecutable(self, graph, memory_plan, platform, self.lowerings)
 
     def __init__(self) -> None:
@@ -439,6 +443,7 @@ class NativeBackend(NumpyBackend):
         self.small = 0
 
     def availability(self) -> tuple[bool, str]:
+        """See :meth:`Backend.availability`; whether a C compiler is on PATH."""
         return availability()
 
     def limits(self) -> tuple[int, int, int]:

@@ -185,10 +185,12 @@ def _masked(big, live, sums, at: str, acc: str, pre: Sequence[str] = ()) -> list
 
 
 def elem_bytes(big: Sequence[tuple[str, DataType]]) -> int:
+    """The bytes one reduced element reads: an element of every big input."""
     return sum(d.np.itemsize for _, d in big)  # a reduced element's bytes, every big input
 
 
-def render_cols_items(big, kept, live, sums, eb: int) -> list[str]:
+def render_cols_items(big: Sequence[tuple[str, DataType]], kept: Sequence[str],
+                      live: Sequence[tuple[str, Instr]], sums: Sequence[str], eb: int) -> list[str]:
     """The work items of a pass whose kept indices are contiguous in every big input (and the
     reduced dims strided: channels_last): item (block, chunk of ``opg_kc`` kept indices)
     walks the block's rows in order; each row adds ``OPG_W`` kept indices at a time to their own

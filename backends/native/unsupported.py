@@ -26,6 +26,7 @@ class Refused:
         self.reason, self.attrs = reason, attrs
 
     def raise_(self) -> NoReturn:
+        """Raise the remembered :class:`Unsupported` again, with its reason."""
         raise Unsupported(self.reason)
 
 

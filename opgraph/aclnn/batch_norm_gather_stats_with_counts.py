@@ -157,6 +157,7 @@ def copy_mean_invstd(ex: Executor, mean_all: Value, invstd_all: Value, v: dict[s
 
 
 def running_var_crash() -> AclnnError:
+    """161001 for a runningMean given without runningVar, where the vendor op_api crashes."""
     return AclnnError(Status.ACLNN_ERR_PARAM_NULLPTR,
                       "runningVar: must not be NULL when runningMean is given (pass both or neither; "
                       "the vendor op_api dereferences the NULL runningVar here and crashes)")

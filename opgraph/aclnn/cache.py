@@ -89,6 +89,8 @@ class CachedOp:
 
     @classmethod
     def of(cls, ex: Executor, args: tuple) -> "CachedOp":
+        """The entry for ``ex``'s compiled program: each bound tensor's position among ``args``, and
+        the positions of those the graph writes."""
         pos = tuple((name, next(i for i, a in enumerate(args) if a is t))
                     for name, t in ex.bindings.items())
         assert ex.program is not None
@@ -139,6 +141,7 @@ class ExecutorCache(Generic[Entry]):
         link[0], link[1] = last, root
 
     def get(self, key: tuple) -> Optional[Entry]:
+        """The entry for ``key`` (now the most recently used), or None (a miss, counted)."""
         with self._lock:
             link = self._items.get(key)
             if link is None:
@@ -151,6 +154,8 @@ class ExecutorCache(Generic[Entry]):
             return link[3]
 
     def put(self, key: tuple, item: Entry) -> None:
+        """Store ``item`` under ``key`` as the most recently used; the least recently used go past
+        :attr:`capacity`."""
         with self._lock:
             link = self._items.get(key)
             if link is not None:  # a new entry for a known key: unlinked, then as a new one
@@ -165,6 +170,7 @@ class ExecutorCache(Generic[Entry]):
                 del self._items[oldest[2]]
 
     def clear(self) -> None:
+        """Drop every entry and zero the hit and miss counts."""
         with self._lock:
             self._items.clear()
             self._root[:] = [self._root, self._root, None, None]

@@ -56,9 +56,11 @@ class Bound:
 
     @property
     def data_address(self) -> int:
+        """The address of the array's first element."""
         return array_address(self.x)
 
     def view(self) -> np.ndarray:
+        """The array itself (a direct call binds it as it is)."""
         return self.x
 
 
@@ -87,6 +89,7 @@ class Arrays:
         return array_span(a)
 
     def writable(self, a: Any) -> bool:
+        """Whether ``a`` may be written (numpy's WRITEABLE flag)."""
         return bool(a.flags.writeable)
 
     def maker(self, shape: tuple[int, ...], strides: tuple[int, ...],

@@ -42,6 +42,7 @@ def _buffer_len(workspace: Any) -> int:
 
 
 def already_ran() -> AclnnError:
+    """161002 for a second phase 2 on an executor not made repeatable."""
     return AclnnError(Status.ACLNN_ERR_PARAM_INVALID,
                       "executor: already ran; phase 2 runs once per phase 1 unless "
                       "aclSetAclOpExecutorRepeatable was called right after phase 1")

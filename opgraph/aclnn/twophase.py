@@ -71,6 +71,7 @@ def fail(status: Status, msg: str) -> Status:
 
 
 def succeed() -> Status:
+    """ACLNN_SUCCESS, with this thread's recent error message cleared."""
     _last_error.err = None
     return Status.ACLNN_SUCCESS
 

@@ -23,7 +23,7 @@ from opgraph.aclnn.twophase import memory_partner, unwritable_reason, written_in
 from opgraph.core.backend import Backend, Executable, get as get_backend, made
 from opgraph.core.config import BackendRef, check_level, current_backend_ref
 from opgraph.core.executor import tensor_type
-from opgraph.core.ir import Graph
+from opgraph.core.ir import Graph, Node
 from opgraph.core.memory import MemoryPlan, plan_memory
 from opgraph.core.platform import Platform
 from opgraph.core.quiet import restore, silence
@@ -33,7 +33,7 @@ from opgraph.passes.program import optimize_program
 from .recorder import CaptureError
 
 
-def traffic(node) -> int:
+def traffic(node: Node) -> int:
     """Bytes a launched node reads and writes: its operands (at their real size) and results; a
     written operand (a store's destination) counts once, as the result written into it."""
     written = set(node.opdef.written(node))
@@ -54,6 +54,7 @@ class ProgramStats:
 
     @classmethod
     def of(cls, graphs: "list[Graph]") -> "ProgramStats":
+        """The totals over ``graphs`` (free nodes launch nothing; the workspace is the largest one)."""
         launched = [n for g in graphs for n in g.nodes if not n.opdef.is_free(n)]
         kernels = [n for n in launched if not is_collective(n)]
         return cls(sum(len(g.nodes) for g in graphs), len(kernels), len(launched) - len(kernels),
@@ -141,6 +142,7 @@ class Program:
 
     @property
     def workspace_size(self) -> int:
+        """Bytes of workspace a replay needs: the compiled program's memory plan."""
         return self.memory_plan.size
 
     def stats(self) -> ProgramStats:

@@ -70,6 +70,9 @@ class Recorder:
 
     # --- the CallRecorder protocol ------------------------------------------------------------
     def on_phase1(self, ex: Executor, args: Sequence[Any]) -> None:
+        """See :meth:`CallRecorder.on_phase1`; appends the call's graph to the program, its
+        inputs bound to the tensors earlier calls read or wrote (CaptureError on another
+        platform)."""
         if self.platform is None:
             self.platform = ex.platform
         elif ex.platform != self.platform:
@@ -92,6 +95,8 @@ class Recorder:
         self._executors[id(ex)] = ex
 
     def on_phase2(self, ex: Executor) -> bool:
+        """See :meth:`CallRecorder.on_phase2`; defers an executor recorded in this capture (True)
+        and notes the current backend; one from before the capture runs now (False)."""
         if id(ex) not in self._executors:
             return False  # an executor from before the capture runs now
         self.backends.add(current_backend())

@@ -43,6 +43,8 @@ class TorchGroup:
         self.world_size = dist.get_world_size(pg)
 
     def all_gather(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """Each array from every rank, stacked on a new leading rank axis (one gloo all_gather of
+        their bytes)."""
         parts = [np.ascontiguousarray(a).reshape(-1).view(np.uint8) for a in arrays]
         row = torch.from_numpy(np.concatenate(parts))
         rows = [torch.empty_like(row) for _ in range(self.world_size)]
@@ -56,6 +58,7 @@ class TorchGroup:
         return out
 
     def all_reduce(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """Each array summed over the ranks (one all_reduce per dtype)."""
         out: list[np.ndarray] = [np.empty(0)] * len(arrays)
         by_dtype: dict[np.dtype, list[int]] = {}
         for i, a in enumerate(arrays):

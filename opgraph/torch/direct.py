@@ -50,6 +50,7 @@ class TorchBound:
         self.data_address = address_of(x)
 
     def view(self) -> np.ndarray:
+        """A numpy array over the tensor's memory (bfloat16 through ml_dtypes)."""
         return as_numpy(self.x)
 
 
@@ -85,10 +86,13 @@ class TorchArrays(Arrays):
         return lo, lo + a.element_size() * (1 + sum((n - 1) * s for n, s in zip(a.shape, a.stride())))
 
     def writable(self, a: Any) -> bool:
+        """True for a torch tensor (its memory is always writable), else numpy's flag."""
         return True if isinstance(a, Tensor) else super().writable(a)
 
     def maker(self, shape: tuple[int, ...], strides: tuple[int, ...],
               dtype: DataType) -> Optional[Callable[[], Tensor]]:
+        """What makes a new uninitialised torch tensor of ``shape``, element ``strides`` and
+        ``dtype``; None for a dtype torch cannot hold."""
         d = DTYPES.get(dtype.np.name)
         return None if d is None else functools.partial(_EMPTY, shape, strides, dtype=d)
 

@@ -44,6 +44,7 @@ class RankError(RuntimeError):
 
     @property
     def summary(self) -> str:
+        """The first rank's failure in one line (its first and last lines for a traceback)."""
         first = self.failures[0].strip().splitlines()
         return first[0] if len(first) == 1 else f"{first[0]} {first[-1].strip()}"
 

@@ -78,6 +78,8 @@ class SyncBatchNormFunction(torch.autograd.Function):
                 running_mean: Optional[Tensor], running_var: Optional[Tensor], eps: float,
                 momentum: float, process_group: Any, world_size: int,
                 where: Optional[dict[str, Any]] = None) -> Tensor:
+        """The normalised input: per-rank statistics (BatchNormStats), gathered over the group
+        (GatherStatsWithCounts updates the running stats), then BatchNormElemt."""
         where = where or {}
         per_channel = input.numel() // input.shape[1]
         if per_channel == 1 and world_size < 2:
@@ -155,6 +157,8 @@ class SyncBatchNormFunction(torch.autograd.Function):
     @K.eager_under_compile
     @once_differentiable  # its gradients are not differentiable: a second backward says so
     def backward(ctx: Any, grad_output: Tensor) -> tuple[Optional[Tensor], ...]:
+        """The input, weight and bias gradients: per-rank sums (BatchNormReduceBackward), summed
+        over the group, then BatchNormElemtBackward; None for the other arguments."""
         if current_capture() is not ctx.capture:
             raise CaptureError(_SPLIT_STEP[ctx.capture is None])
         if ctx.capture is not None:  # (grad_output as it is, as the forward's input)
@@ -220,6 +224,7 @@ class SyncBatchNorm(_BatchNorm):
         self.backend, self.platform = backend, platform
 
     def extra_repr(self) -> str:
+        """BatchNorm's repr, plus the backend and platform when set."""
         where = (("backend", self.backend), ("platform", self.platform))
         extra = [f"{k}={getattr(v, 'name', getattr(v, 'soc', v))}"
                  for k, v in where if v is not None]
@@ -232,6 +237,8 @@ class SyncBatchNorm(_BatchNorm):
             raise ValueError("SyncBatchNorm number of input channels should be non-zero")
 
     def forward(self, input: Tensor) -> Tensor:
+        """SyncBatchNorm over the process group in training (torch's algorithm), batch norm with
+        the running stats in eval, as ``torch.nn.SyncBatchNorm``."""
         self._check_input_dim(input)
         factor = 0.0 if self.momentum is None else self.momentum
         bn_training = self.training or (self.running_mean is None and self.running_var is None)
