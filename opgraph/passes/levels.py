@@ -1,9 +1,10 @@
-"""The one shape of every level's pipeline, for single op_api graphs (:func:`opgraph.passes.
-pipeline`) and captured programs (:func:`opgraph.passes.program.program_pipeline`), and the one
-way to run one: level 0 is the graph as recorded; level 1 what CANN launches (identities and pure
-views dropped, the final copy redirected); level 2 drops identities, (opt-in) rewrites for fast
-math, the op rewrites, any extra exact rewrites, elementwise fusion, reduction fusion, the fused
-store, then the cleanup (constant folding, CSE, DCE, copies redirected).
+"""The one shape of every level's pipeline, for single op_api graphs
+(:func:`opgraph.passes.pipeline`) and captured programs
+(:func:`opgraph.passes.program.program_pipeline`), and the one way to run one: level 0 is the
+graph as recorded; level 1 what CANN launches (identities and pure views dropped, the final copy
+redirected); level 2 drops identities, (opt-in) rewrites for fast math, the op rewrites, any
+extra exact rewrites, elementwise fusion, reduction fusion, the fused store, then the cleanup
+(constant folding, CSE, DCE, copies redirected).
 
     >>> [p.name for p in level_passes(1)]
     ['prune-identities', 'viewcopy-redirect']
