@@ -32,7 +32,7 @@ from opgraph.core.platform import PRESETS, Platform
 from opgraph.core.tensor import Tensor
 from .common import F16, F32, MAX_RANK, S32, check_dtype, float_dtypes, invalid, require_kernel
 from .direct import NUMPY_CALLS
-from .pythonic import as_tensor, output, refuse_null, require_input, result, run_op_api
+from .pythonic import as_tensor, output, refuse_null, result, run_op_api
 from .twophase import check_not_null, op_api, run_executor
 
 COUNTER_DTYPES = (F32, F16, S32)
@@ -209,9 +209,9 @@ def _batch_norm_elemt_backward(grad_out: Any, input: Any, mean: Any, invstd: Any
     names = ("grad_out", "input", "mean", "invstd", "weight", "sum_dy", "sum_dy_xmu", "counter")
     args = [as_tensor(n, a) for n, a in zip(names, (grad_out, input, mean, invstd, weight, sum_dy,
                                                      sum_dy_xmu, counter))]
-    if args[1] is None:  # no shape for out: the op_api names the first NULL (gradOut, input ...)
+    x = args[1]
+    if x is None:  # no shape for out: the op_api names the first NULL (gradOut, input ...)
         refuse_null(aclnnBatchNormElemtBackwardGetWorkspaceSize, aclnnBatchNormElemtBackward, *args, None)
-    x = require_input("input", args[1])
     out, out_t = output("out", out, x.shape, x.dtype)
     run_op_api(aclnnBatchNormElemtBackwardGetWorkspaceSize, aclnnBatchNormElemtBackward, *args, out_t)
     return result(out, out_t)

@@ -62,7 +62,7 @@ from opgraph.core.tensor import Tensor
 from .common import (F32, check_channel_vector, check_dtype, check_not_private, check_rank,
                      float_dtypes, invalid, require_kernel)
 from .direct import NUMPY_CALLS
-from .pythonic import as_tensor, output, require_input, result, run_op_api
+from .pythonic import as_tensor, output, refuse_null, result, run_op_api
 from .twophase import check_not_null, op_api, run_executor
 
 PLATFORMS = ("Ascend910B", "Ascend910_93", "Ascend950", "Ascend910")  # the doc: not 310B/310P
@@ -344,7 +344,9 @@ def _batch_norm_gather_stats_with_counts(input: Any, mean: Any, invstd: Any, run
     names = ("input", "mean", "invstd", "running_mean", "running_var", "counts")
     x, m, i, rm, rv, c = (as_tensor(n, a) for n, a in zip(
         names, (input, mean, invstd, running_mean, running_var, counts)))
-    x, m, i = require_input("input", x), require_input("mean", m), require_input("invstd", i)
+    if x is None or m is None or i is None:  # no C or dtype for the outputs: the op_api's refusal
+        refuse_null(aclnnBatchNormGatherStatsWithCountsGetWorkspaceSize,
+                    aclnnBatchNormGatherStatsWithCounts, x, m, i, rm, rv, momentum, eps, c, None, None)
     C = x.shape[1] if x.ndim >= 2 else 0
     mean_all, mean_all_t = output("mean_all", None, (C,), m.dtype)
     invstd_all, invstd_all_t = output("invstd_all", None, (C,), i.dtype)

@@ -85,15 +85,8 @@ def run_op_api(get_workspace_size: Callable[..., Any], run: Callable[..., Any], 
 
 def refuse_null(get_workspace_size: Callable[..., Any], run: Callable[..., Any],
                 *args: Any) -> NoReturn:
-    """Phase 1 on ``args`` where a required tensor an output's shape comes from is NULL (that
-    output passed as NULL too): the op_api's own AclnnError, naming the first NULL in its own
-    order, in its own words."""
+    """Phase 1 on ``args`` where a required tensor an output's shape comes from is NULL (the
+    outputs passed as NULL too, having no shape): the op_api's own AclnnError, naming the first
+    NULL in its own order, in its own words — what the Pythonic API raises for a missing tensor."""
     run_op_api(get_workspace_size, run, *args)
     raise AssertionError(f"{get_workspace_size.__name__} accepted a NULL required tensor")
-
-
-def require_input(name: str, t: Optional[Tensor]) -> Tensor:
-    """161001 naming ``name`` when a tensor an output's shape comes from is missing."""
-    if t is None:
-        raise AclnnError(Status.ACLNN_ERR_PARAM_NULLPTR, f"{name}: must not be NULL")
-    return t

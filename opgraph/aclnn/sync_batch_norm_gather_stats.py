@@ -39,7 +39,7 @@ from opgraph.core.platform import Platform
 from opgraph.core.tensor import Tensor
 from .common import BF16, F16, F32, S32, check_dtype, check_not_private, invalid, require_kernel
 from .direct import NUMPY_CALLS
-from .pythonic import as_tensor, output, refuse_null, require_input, run_op_api
+from .pythonic import as_tensor, output, refuse_null, run_op_api
 from .twophase import check_not_null, op_api, run_executor
 
 PLATFORMS = ("Ascend910B", "Ascend910_93", "Ascend950")  # doc: A2, A3, 950
@@ -209,10 +209,10 @@ def _sync_batch_norm_gather_stats(total_sum: Any, total_square_sum: Any, sample_
     names = ("total_sum", "total_square_sum", "sample_count", "mean", "variance")
     args = [as_tensor(n, a) for n, a in zip(names, (total_sum, total_square_sum, sample_count, mean,
                                                      variance))]
-    if args[3] is None:  # no shape for the outputs: the op_api names the first NULL (totalSum ...)
+    m = args[3]
+    if m is None:  # no shape for the outputs: the op_api names the first NULL (totalSum ...)
         refuse_null(aclnnSyncBatchNormGatherStatsGetWorkspaceSize, aclnnSyncBatchNormGatherStats,
                     *args, momentum, eps, None, None)
-    m = require_input("mean", args[3])
     bm, bm_t = output("batch_mean", None, m.shape, m.dtype)
     bi, bi_t = output("batch_invstd", None, m.shape, m.dtype)
     run_op_api(aclnnSyncBatchNormGatherStatsGetWorkspaceSize, aclnnSyncBatchNormGatherStats,
