@@ -1,6 +1,7 @@
 """The conformance kit for backend authors: :func:`check_backend` runs every registered op_api
 through a backend — every level, platform, dtype, generator flag, with contiguous and strided
-outputs — and compares each output bit for bit with the numpy reference backend.
+outputs (and, on request, channels-last tensors) — and compares each output bit for bit with the
+numpy reference backend.
 
     >>> report = check_backend("numpy", op_apis=["aclnnBatchNormElemtBackward"],
     ...                        platforms=["Ascend910B"], levels=[2], dtypes=["float16"])
@@ -31,6 +32,7 @@ from opgraph.core.tensor import tensor
 from opgraph.aclnn.twophase import aclGetRecentErrMsg
 
 SENTINEL = 0xA5  # byte pattern of the gaps of strided output buffers
+LAYOUTS = ("contiguous", "strided", "channels_last")
 
 
 @dataclass(frozen=True)
@@ -118,6 +120,16 @@ def _strided(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return view, buf
 
 
+def channels_last(a: np.ndarray) -> np.ndarray:
+    """A copy of ``a`` (rank ≥ 3) with its dim 1, the channel, innermost in memory.
+
+    >>> channels_last(np.zeros((2, 3, 4, 5), np.float32)).strides
+    (240, 4, 60, 12)
+    """
+    order = (0, *range(2, a.ndim), 1)
+    return np.ascontiguousarray(a.transpose(order)).transpose(np.argsort(order))
+
+
 def _run(spec: OpApiSpec, arrays: dict, layout: str, cfg: InputConfig) -> tuple[Optional[str], dict, dict]:
     """Both phases on fresh copies of ``arrays``; returns (error, written arrays, their buffers)."""
     written = {p.name for p in spec.tensor_params("output", "inout")}
@@ -126,6 +138,8 @@ def _run(spec: OpApiSpec, arrays: dict, layout: str, cfg: InputConfig) -> tuple[
         if isinstance(v, np.ndarray):
             if k in written and layout == "strided" and v.ndim:
                 fresh[k], bufs[k] = _strided(v)
+            elif layout == "channels_last" and v.ndim >= 3 and v.shape == tuple(cfg.shape):
+                fresh[k] = channels_last(v)
             else:
                 fresh[k] = v.copy()
         else:
@@ -167,9 +181,14 @@ def check_backend(backend: Union[str, Backend], *, op_apis: Optional[Sequence[st
     """Run op_apis through ``backend`` (a registered name or an instance) and the numpy reference
     backend on identical inputs — every registered op_api (installed ones too) unless ``op_apis``
     names some, on its platforms, dtypes, generator flags, ``shapes`` (default:
-    :func:`default_shapes`), ``levels`` and output ``layouts`` — and report every case whose
+    :func:`default_shapes`), ``levels`` and ``layouts`` ("contiguous", "strided": the outputs
+    with gaps; "channels_last": every tensor of the op's shape, rank ≥ 3, with the channels
+    innermost) — and report every case whose
     outputs differ, and every case whose phase 2 fails on both (the generator's inputs are valid;
     a phase 1 both refuse, such as an output layout the op_api does not take, is not reported)."""
+    unknown = [x for x in layouts if x not in LAYOUTS]
+    if unknown:
+        raise ValueError(f"unknown layout {unknown[0]!r}: the kit's layouts are {', '.join(LAYOUTS)}")
     target = get(backend)
     report = BackendReport(target.name)
     for ep in load_entry_points():  # installed op_apis are registered ones too (as in the CLI)
@@ -215,4 +234,4 @@ def check_backend(backend: Union[str, Backend], *, op_apis: Optional[Sequence[st
     return report
 
 
-__all__ = ["BackendReport", "Case", "Failure", "check_backend", "compare"]
+__all__ = ["BackendReport", "Case", "Failure", "channels_last", "check_backend", "compare"]

@@ -53,6 +53,34 @@ def test_aclnn_backend_on_the_stub_library_passes_the_kit(stub_backend):
     assert report.ok, str(report)
 
 
+class StridesSeen(NumpyBackend):
+    """The numpy backend, noting the strides (in elements) of every graph input it compiles."""
+
+    name = "strides-seen"
+
+    def __init__(self):
+        super().__init__()
+        self.strides = set()
+
+    def compile(self, graph, memory_plan, platform):
+        self.strides.update(v.type.strides for v in graph.inputs if v.type.strides)
+        return super().compile(graph, memory_plan, platform)
+
+
+def test_the_kit_can_hand_the_backend_channels_last_tensors():
+    seen = StridesSeen()
+    report = check_backend(seen, op_apis=[OP], platforms=["Ascend910B"], levels=(2,),
+                           dtypes=["float32"], layouts=("channels_last",), shapes=[(2, 3, 4, 5)])
+    assert report.ok and report.cases >= 1, str(report)
+    # [2, 3, 4, 5] with the channel innermost: [N, H, W, C] in memory
+    assert (60, 1, 15, 3) in seen.strides and (60, 20, 5, 1) not in seen.strides
+
+
+def test_the_kit_refuses_a_layout_it_does_not_know():
+    with pytest.raises(ValueError, match="unknown layout 'nhwc'.*channels_last"):
+        check_backend("numpy", op_apis=[OP], layouts=("contiguous", "nhwc"))
+
+
 class OffByOneUlp(NumpyBackend):
     """Deliberately wrong: flips the lowest bit of every fused kernel's float32 results."""
 
