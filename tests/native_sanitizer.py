@@ -21,12 +21,13 @@ import shlex
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 from backends.native import NativeBackend, compiler
 from native_limits import REDUCE_LIMITS
-from opgraph.core.opapi import OpApiSpec, op_api_specs
+from opgraph.core.opapi import get_op_api, op_api_specs
 from opgraph.testing import check_backend
 
 SANITIZE = ("-O0", "-fsanitize=address", "-fno-omit-frame-pointer")  # after the backend's flags
@@ -105,46 +106,77 @@ def large_shape(shape: Sequence[int], elements: int = 1 << 21) -> tuple[int, ...
 RUNS = ("thresholds", "reductions in C at any size", "large")  # what workload prints, in order
 
 
-def share(part: int, parts: int) -> list[tuple[str, OpApiSpec]]:
-    """Part ``part`` of ``parts`` of the op_apis with an input generator, by name: dealt out
-    heaviest first (by their generator flags' combinations) to the lightest part so far."""
-    specs = sorted((n, s) for n, s in op_api_specs().items() if s.make_inputs is not None)
-    weight = {n: 2 ** sum(o.type == "flag" for o in s.options) for n, s in specs}
-    shares: list[list[tuple[str, OpApiSpec]]] = [[] for _ in range(parts)]
-    for n, s in sorted(specs, key=lambda item: -weight[item[0]]):
-        min(shares, key=lambda got: sum(weight[m] for m, _ in got)).append((n, s))
-    return sorted(shares[part])
+def share(part: int, parts: int) -> dict[str, list[str]]:
+    """Part ``part`` of ``parts`` of the work: ``{platform: [op_api, ...]}``. The op_apis with an
+    input generator, by name, and each one's platforms (the k-th op_api's list turned by k) are
+    dealt out in turn, so that every part gets some of each platform's kernels to compile.
+
+        >>> sorted(share(0, 1)) == sorted(PLATFORMS)
+        True
+    """
+    names = sorted(n for n, s in op_api_specs().items() if s.make_inputs is not None)
+    out: dict[str, list[str]] = {}
+    turn = 0
+    for k, name in enumerate(names):
+        socs = [p for p in PLATFORMS if p in get_op_api(name).platforms]
+        for soc in socs[k % len(socs):] + socs[:k % len(socs)]:  # each op_api starts on another
+            if turn % parts == part:
+                out.setdefault(soc, []).append(name)
+            turn += 1
+    return out
+
+
+def unit(name: str, soc: str) -> str:
+    """How a workload's line names what it ran: ``op_api@platform``."""
+    return f"{name}@{soc}"
 
 
 def workload(part: int = 0, parts: int = 1) -> None:
     """Part ``part`` of ``parts`` of the op_apis the kit knows (:func:`share`) through native at
-    level 2, on both platforms, each output's bits compared with the numpy reference: every
-    dtype and flag, contiguous, strided and channels-last, at the kit's shapes, once at the
-    backend's thresholds (small reductions as one serial C call) and once with the reductions'
-    C passes at every size; then float32 at a :func:`large_shape`. Raises on a
-    mismatch; prints a line a run."""
-    specs = share(part, parts)
-    names = [n for n, _ in specs]
+    level 2, each output's bits compared with the numpy reference: every dtype and flag,
+    contiguous, strided and channels-last, at the kit's shapes, once at the backend's thresholds
+    (small reductions as one serial C call) and once with the reductions' C passes at every
+    size; then float32 at a :func:`large_shape`. Raises on a mismatch; prints a line a run:
+    ``<run>: <cases> cases by <seconds> s: <op_api@platform> ...``."""
+    start, work = time.monotonic(), share(part, parts)
+    ran = " ".join(unit(name, soc) for soc, names in work.items() for name in names)
+
+    def kit(**how: Any) -> int:
+        cases = 0
+        for soc, names in work.items():
+            report = check_backend("native", op_apis=names, levels=(2,), platforms=[soc], **how)
+            if not report.ok:
+                raise AssertionError(str(report))
+            cases += report.cases
+        return cases
+
+    def line(run: str, cases: int) -> None:
+        print(f"{run}: {cases} cases by {time.monotonic() - start:.1f} s: {ran}", flush=True)
+
     thresholds = {name: getattr(NativeBackend, name) for name in REDUCE_LIMITS}
-    for label, limits in zip(RUNS, (thresholds, dict.fromkeys(thresholds, 0))):
+    for run, limits in zip(RUNS, (thresholds, dict.fromkeys(thresholds, 0))):
         for name, value in limits.items():
             setattr(NativeBackend, name, value)
-        report = check_backend("native", op_apis=names, levels=(2,), platforms=PLATFORMS,
-                               layouts=("contiguous", "strided", "channels_last"))
-        if not report.ok:
-            raise AssertionError(str(report))
-        print(f"{label}: {report.cases} cases: {' '.join(names)}", flush=True)
+        line(run, kit(layouts=("contiguous", "strided", "channels_last")))
     for name, value in thresholds.items():
         setattr(NativeBackend, name, value)
     cases = 0
-    for name, spec in specs:
-        report = check_backend("native", op_apis=[name], levels=(2,), platforms=PLATFORMS,
-                               dtypes=("float32",), layouts=("contiguous", "channels_last"),
-                               shapes=[large_shape(spec.default_shape)])
-        if not report.ok:
-            raise AssertionError(str(report))
-        cases += report.cases
-    print(f"{RUNS[2]}: {cases} cases: {' '.join(names)}", flush=True)
+    for soc, names in work.items():
+        for name in names:
+            cases += kit_large(name, soc)
+    line(RUNS[2], cases)
+
+
+def kit_large(name: str, soc: str) -> int:
+    """The cases of op_api ``name`` on ``soc`` in float32 at its :func:`large_shape`,
+    contiguous and channels-last; raises on a mismatch."""
+    shape = large_shape(get_op_api(name).default_shape)
+    report = check_backend("native", op_apis=[name], levels=(2,), platforms=[soc],
+                           dtypes=("float32",), layouts=("contiguous", "channels_last"),
+                           shapes=[shape])
+    if not report.ok:
+        raise AssertionError(str(report))
+    return report.cases
 
 
 if __name__ == "__main__":

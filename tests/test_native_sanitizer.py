@@ -7,7 +7,7 @@ import pytest
 
 import backends
 from family import shipped_op_apis
-from native_sanitizer import RUNS, run_child, run_workload, sanitized_env
+from native_sanitizer import PLATFORMS, RUNS, run_child, run_workload, sanitized_env, unit
 
 pytestmark = pytest.mark.skipif("native" not in backends.available(),
                                 reason="native backend needs a C compiler (install gcc)")
@@ -40,13 +40,14 @@ def test_the_harness_catches_a_kernel_writing_past_a_tensor(env):
 
 
 def test_every_op_api_on_native_stays_inside_its_tensors(env):
-    ran = {run: set() for run in RUNS}
+    ran = {run: [] for run in RUNS}
     for code, out, err in run_workload(env, parts=2, timeout=600):
         report = out + err[-6000:]
         assert code == 0, report
         assert "Sanitizer" not in err, report
-        for line in out.splitlines():  # "<run>: <n> cases: <op_api> ..."
-            run, _, names = line.split(": ")
-            ran[run].update(names.split())
-    shipped = {s.name for s in shipped_op_apis()}
-    assert all(names == shipped for names in ran.values()), ran
+        for line in out.splitlines():  # "<run>: <n> cases by <t> s: <op_api@platform> ..."
+            run, _, units = line.split(": ")
+            ran[run] += units.split()
+    expected = sorted(unit(s.name, p) for s in shipped_op_apis() for p in PLATFORMS
+                      if p in s.platforms)
+    assert len(expected) >= 14 and all(sorted(units) == expected for units in ran.values()), ran
