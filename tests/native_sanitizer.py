@@ -25,8 +25,10 @@ import time
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from backends.native import NativeBackend, compiler
-from native_limits import REDUCE_LIMITS
+import pytest
+
+from backends.native import compiler
+from native_limits import reduce_limits_at
 from opgraph.core.opapi import get_op_api, op_api_specs
 from opgraph.testing import check_backend
 
@@ -131,6 +133,15 @@ def unit(name: str, soc: str) -> str:
     return f"{name}@{soc}"
 
 
+def checked(names: Sequence[str], soc: str, **how: Any) -> int:
+    """The kit's cases of op_apis ``names`` on ``soc`` through native at level 2 (``how``: the
+    kit's other arguments); raises AssertionError with its report on a mismatch."""
+    report = check_backend("native", op_apis=names, levels=(2,), platforms=[soc], **how)
+    if not report.ok:
+        raise AssertionError(str(report))
+    return report.cases
+
+
 def workload(part: int = 0, parts: int = 1) -> None:
     """Part ``part`` of ``parts`` of the op_apis the kit knows (:func:`share`) through native at
     level 2, each output's bits compared with the numpy reference: every dtype and flag,
@@ -141,42 +152,18 @@ def workload(part: int = 0, parts: int = 1) -> None:
     start, work = time.monotonic(), share(part, parts)
     ran = " ".join(unit(name, soc) for soc, names in work.items() for name in names)
 
-    def kit(**how: Any) -> int:
-        cases = 0
-        for soc, names in work.items():
-            report = check_backend("native", op_apis=names, levels=(2,), platforms=[soc], **how)
-            if not report.ok:
-                raise AssertionError(str(report))
-            cases += report.cases
-        return cases
-
     def line(run: str, cases: int) -> None:
         print(f"{run}: {cases} cases by {time.monotonic() - start:.1f} s: {ran}", flush=True)
 
-    thresholds = {name: getattr(NativeBackend, name) for name in REDUCE_LIMITS}
-    for run, limits in zip(RUNS, (thresholds, dict.fromkeys(thresholds, 0))):
-        for name, value in limits.items():
-            setattr(NativeBackend, name, value)
-        line(run, kit(layouts=("contiguous", "strided", "channels_last")))
-    for name, value in thresholds.items():
-        setattr(NativeBackend, name, value)
-    cases = 0
-    for soc, names in work.items():
-        for name in names:
-            cases += kit_large(name, soc)
-    line(RUNS[2], cases)
-
-
-def kit_large(name: str, soc: str) -> int:
-    """The cases of op_api ``name`` on ``soc`` in float32 at its :func:`large_shape`,
-    contiguous and channels-last; raises on a mismatch."""
-    shape = large_shape(get_op_api(name).default_shape)
-    report = check_backend("native", op_apis=[name], levels=(2,), platforms=[soc],
-                           dtypes=("float32",), layouts=("contiguous", "channels_last"),
-                           shapes=[shape])
-    if not report.ok:
-        raise AssertionError(str(report))
-    return report.cases
+    layouts = ("contiguous", "strided", "channels_last")
+    line(RUNS[0], sum(checked(names, soc, layouts=layouts) for soc, names in work.items()))
+    with pytest.MonkeyPatch.context() as limits:
+        reduce_limits_at(limits, 0)
+        line(RUNS[1], sum(checked(names, soc, layouts=layouts) for soc, names in work.items()))
+    line(RUNS[2], sum(checked([name], soc, dtypes=("float32",),
+                              layouts=("contiguous", "channels_last"),
+                              shapes=[large_shape(get_op_api(name).default_shape)])
+                      for soc, names in work.items() for name in names))
 
 
 if __name__ == "__main__":
