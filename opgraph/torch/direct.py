@@ -68,7 +68,7 @@ class TorchArrays(Arrays):
         strided (sparse, MKL-DNN), with its negative bit set or a ZeroTensor — memory that
         does not hold its values; a conjugate view is of a complex dtype, never learnt)."""
         if isinstance(a, np.ndarray):  # (a subclass has no is_cpu: it raised AttributeError)
-            return (a.dtype, a.shape, a.strides) if type(a) is np.ndarray else None
+            return super().metadata(a)
         if not a.is_cpu or a.layout is not _STRIDED or a.is_neg() or a._is_zerotensor():
             return None
         return a.dtype, a.shape, a.stride()
